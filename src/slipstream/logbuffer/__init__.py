@@ -1,0 +1,27 @@
+"""Log buffers: three term partitions plus metadata over any writable buffer, with append and read."""
+
+from .appender import BufferClaim, ExclusiveAppender, zero_buffer
+from .header import Header
+from .layout import LogBufferError, LogBuffers, compute_log_length
+from .reader import CORRUPT, FragmentHandler, read_term, scan_term
+from .results import ADMIN_ACTION, BACK_PRESSURED, CLOSED, MAX_POSITION_EXCEEDED, NOT_CONNECTED, result_name
+
+__all__ = [
+    "ADMIN_ACTION",
+    "BACK_PRESSURED",
+    "CLOSED",
+    "CORRUPT",
+    "MAX_POSITION_EXCEEDED",
+    "NOT_CONNECTED",
+    "BufferClaim",
+    "ExclusiveAppender",
+    "FragmentHandler",
+    "Header",
+    "LogBufferError",
+    "LogBuffers",
+    "compute_log_length",
+    "read_term",
+    "result_name",
+    "scan_term",
+    "zero_buffer",
+]

@@ -1,0 +1,281 @@
+"""Appending frames to a log: ``offer``, ``try_claim``, fragmentation, padding and term rotation.
+
+One appender has one writer. Within a process, a lock around it makes a publication safe for many
+threads; across processes each publisher owns its own log (Python has no atomic fetch-and-add on
+shared memory, which Aeron's concurrent publications rely on).
+
+The frame length is stored last, after header and payload: a reader that sees a positive length
+sees a complete frame. On x86-64, stores become visible to other processes in program order, so no
+fence is needed; other architectures are not supported for cross-process use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Final
+
+from ..protocol.constants import (
+    BEGIN_FLAG,
+    DATA_HEADER_LENGTH,
+    END_FLAG,
+    HDR_TYPE_DATA,
+    HDR_TYPE_PAD,
+    PARTITION_COUNT,
+    UNFRAGMENTED,
+)
+from ..protocol.positions import (
+    compute_position,
+    index_by_term_count,
+    max_payload_length,
+    max_possible_position,
+    pack_tail,
+    tail_term_id,
+    tail_term_offset,
+    wrap_i32,
+)
+from .layout import LogBuffers
+from .results import ADMIN_ACTION, BACK_PRESSURED, MAX_POSITION_EXCEEDED, NOT_CONNECTED
+
+_HEADER: Final = struct.Struct("<iBBHiiiiq")
+_TAIL_INDEX: Final = 0  # tail counters start the metadata section
+
+
+def zero_buffer(view: memoryview) -> None:
+    """Fill a writable buffer with zeros at memset speed (no temporary allocation)."""
+    if len(view) == 0:
+        return
+    holder = (ctypes.c_char * len(view)).from_buffer(view)
+    try:
+        ctypes.memset(holder, 0, len(view))
+    finally:
+        del holder
+
+
+class BufferClaim:
+    """A frame reserved by ``try_claim``: write the payload into ``buffer``, then ``commit`` or ``abort``.
+
+    Until then, subscribers stop at this frame, so claims should be short-lived.
+    """
+
+    __slots__ = ("_frame_length", "_offset", "_term", "_term_i32", "buffer")
+
+    def __init__(self) -> None:
+        self.buffer: memoryview = memoryview(b"")
+        self._term: memoryview | None = None
+        self._term_i32: memoryview | None = None
+        self._offset = 0
+        self._frame_length = 0
+
+    def _wrap(self, term: memoryview, term_i32: memoryview, offset: int, frame_length: int) -> None:
+        self._term = term
+        self._term_i32 = term_i32
+        self._offset = offset
+        self._frame_length = frame_length
+        self.buffer = term[offset + DATA_HEADER_LENGTH : offset + frame_length]
+
+    @property
+    def reserved_value(self) -> int:
+        if self._term is None:
+            raise RuntimeError("no frame is claimed")
+        return int(struct.unpack_from("<q", self._term, self._offset + 24)[0])
+
+    @reserved_value.setter
+    def reserved_value(self, value: int) -> None:
+        if self._term is None:
+            raise RuntimeError("no frame is claimed")
+        struct.pack_into("<q", self._term, self._offset + 24, value)
+
+    def commit(self) -> None:
+        """Publish the claimed frame to subscribers."""
+        self._publish(HDR_TYPE_DATA)
+
+    def abort(self) -> None:
+        """Give the claimed space up: it becomes padding that subscribers skip."""
+        self._publish(HDR_TYPE_PAD)
+
+    def _publish(self, frame_type: int) -> None:
+        term, term_i32 = self._term, self._term_i32
+        if term is None or term_i32 is None:
+            raise RuntimeError("no frame is claimed (already committed or aborted?)")
+        if frame_type != HDR_TYPE_DATA:
+            struct.pack_into("<H", term, self._offset + 6, frame_type)
+        self.buffer.release()
+        self.buffer = memoryview(b"")
+        term_i32[self._offset >> 2] = self._frame_length
+        self._term = self._term_i32 = None
+
+
+class ExclusiveAppender:
+    """Single-writer appender over a ``LogBuffers``; keeps the tail in local state and mirrors it to metadata."""
+
+    __slots__ = (
+        "_active_index",
+        "_bits",
+        "_initial_term_id",
+        "_max_message_length",
+        "_max_payload",
+        "_max_position",
+        "_session_id",
+        "_stream_id",
+        "_tail_i64",
+        "_term",
+        "_term_begin_position",
+        "_term_i32",
+        "_term_id",
+        "_term_id_shifted",
+        "_term_length",
+        "_term_offset",
+        "log",
+    )
+
+    def __init__(self, log: LogBuffers) -> None:
+        self.log = log
+        self._term_length = log.term_length
+        self._bits = log.bits
+        self._initial_term_id = log.initial_term_id
+        self._session_id = log.session_id
+        self._stream_id = log.stream_id
+        self._max_payload = max_payload_length(log.mtu)
+        self._max_message_length = log.max_message_length()
+        self._max_position = max_possible_position(log.term_length)
+        self._tail_i64 = log.meta_i64  # the three tail counters are its first three entries
+        term_count = log.active_term_count
+        index = index_by_term_count(term_count)
+        raw = log.raw_tail(index)
+        self._set_term(index, tail_term_id(raw), tail_term_offset(raw, self._term_length))
+
+    def _set_term(self, index: int, term_id: int, term_offset: int) -> None:
+        self._active_index = index
+        self._term_id = term_id
+        self._term_id_shifted = pack_tail(term_id, 0)
+        self._term_offset = term_offset
+        self._term = self.log.terms[index]
+        self._term_i32 = self.log.terms_i32[index]
+        self._term_begin_position = compute_position(term_id, 0, self._bits, self._initial_term_id)
+
+    @property
+    def position(self) -> int:
+        """Position of the next byte to be appended."""
+        return self._term_begin_position + self._term_offset
+
+    @property
+    def max_payload_length(self) -> int:
+        return self._max_payload
+
+    @property
+    def max_message_length(self) -> int:
+        return self._max_message_length
+
+    def append(self, payload: bytes | bytearray | memoryview, limit: int, reserved_value: int = 0) -> int:
+        """Append one message if ``position < limit``; return the new position or a negative result code."""
+        length = len(payload)
+        term_offset = self._term_offset
+        position = self._term_begin_position + term_offset
+        if position >= limit:
+            return self._back_pressure_status(position, length)
+        if length > self._max_payload:
+            return self._append_fragmented(payload, length, position, reserved_value)
+        frame_length = length + DATA_HEADER_LENGTH
+        resulting = term_offset + ((frame_length + 31) & -32)
+        if resulting > self._term_length:
+            return self._end_of_term(term_offset, position)
+        term = self._term
+        _HEADER.pack_into(
+            term, term_offset, 0, 0, UNFRAGMENTED, HDR_TYPE_DATA, term_offset, self._session_id, self._stream_id,
+            self._term_id, reserved_value,
+        )
+        term[term_offset + DATA_HEADER_LENGTH : term_offset + frame_length] = payload
+        self._term_i32[term_offset >> 2] = frame_length
+        self._term_offset = resulting
+        self._tail_i64[self._active_index] = self._term_id_shifted | resulting
+        return position + resulting - term_offset
+
+    def claim(self, length: int, limit: int, claim: BufferClaim) -> int:
+        """Reserve one unfragmented frame of ``length`` payload bytes for zero-copy writing."""
+        if length > self._max_payload or length < 0:
+            raise ValueError(f"claim length {length} outside [0, {self._max_payload}] (max payload of one frame)")
+        term_offset = self._term_offset
+        position = self._term_begin_position + term_offset
+        if position >= limit:
+            return self._back_pressure_status(position, length)
+        frame_length = length + DATA_HEADER_LENGTH
+        resulting = term_offset + ((frame_length + 31) & -32)
+        if resulting > self._term_length:
+            return self._end_of_term(term_offset, position)
+        _HEADER.pack_into(
+            self._term, term_offset, 0, 0, UNFRAGMENTED, HDR_TYPE_DATA, term_offset, self._session_id,
+            self._stream_id, self._term_id, 0,
+        )
+        claim._wrap(self._term, self._term_i32, term_offset, frame_length)
+        self._term_offset = resulting
+        self._tail_i64[self._active_index] = self._term_id_shifted | resulting
+        return position + resulting - term_offset
+
+    def _append_fragmented(
+        self, payload: bytes | bytearray | memoryview, length: int, position: int, reserved_value: int
+    ) -> int:
+        if length > self._max_message_length:
+            raise ValueError(f"message of {length} bytes exceeds the maximum message length {self._max_message_length}")
+        max_payload = self._max_payload
+        full_frames, last = divmod(length, max_payload)
+        frame_step = (max_payload + DATA_HEADER_LENGTH + 31) & -32
+        required = full_frames * frame_step + ((last + DATA_HEADER_LENGTH + 31) & -32 if last else 0)
+        term_offset = self._term_offset
+        if term_offset + required > self._term_length:
+            return self._end_of_term(term_offset, position)
+        src = memoryview(payload).cast("B")
+        term, term_i32 = self._term, self._term_i32
+        offset = term_offset
+        consumed = 0
+        flags = BEGIN_FLAG
+        while consumed < length:
+            chunk = min(max_payload, length - consumed)
+            if consumed + chunk == length:
+                flags |= END_FLAG
+            frame_length = chunk + DATA_HEADER_LENGTH
+            _HEADER.pack_into(
+                term, offset, 0, 0, flags, HDR_TYPE_DATA, offset, self._session_id, self._stream_id, self._term_id,
+                reserved_value,
+            )
+            term[offset + DATA_HEADER_LENGTH : offset + frame_length] = src[consumed : consumed + chunk]
+            term_i32[offset >> 2] = frame_length
+            consumed += chunk
+            offset += (frame_length + 31) & -32
+            flags = 0
+        self._term_offset = offset
+        self._tail_i64[self._active_index] = self._term_id_shifted | offset
+        return position + offset - term_offset
+
+    def _end_of_term(self, term_offset: int, position: int) -> int:
+        """Pad the rest of the term and rotate to the next one; the caller retries (ADMIN_ACTION)."""
+        term_length = self._term_length
+        if position - term_offset + term_length >= self._max_position:
+            return MAX_POSITION_EXCEEDED
+        if term_offset < term_length:
+            pad_length = term_length - term_offset
+            _HEADER.pack_into(
+                self._term, term_offset, 0, 0, UNFRAGMENTED, HDR_TYPE_PAD, term_offset, self._session_id,
+                self._stream_id, self._term_id, 0,
+            )
+            self._term_i32[term_offset >> 2] = pad_length
+            self._tail_i64[self._active_index] = self._term_id_shifted | term_length
+        self.rotate()
+        return ADMIN_ACTION
+
+    def rotate(self) -> None:
+        """Move to the next term. Its partition last held the term three back, which every reader has
+        left behind (readers lag by at most half a term), so it is zeroed before use."""
+        next_index = (self._active_index + 1) % PARTITION_COUNT
+        next_term_id = wrap_i32(self._term_id + 1)
+        zero_buffer(self.log.terms[next_index])
+        self._tail_i64[next_index] = pack_tail(next_term_id, 0)
+        self.log.active_term_count = self.log.active_term_count + 1
+        self._set_term(next_index, next_term_id, 0)
+
+    def _back_pressure_status(self, position: int, length: int) -> int:
+        if length > self._max_message_length:
+            raise ValueError(f"message of {length} bytes exceeds the maximum message length {self._max_message_length}")
+        if position + ((length + DATA_HEADER_LENGTH + 31) & -32) >= self._max_position:
+            return MAX_POSITION_EXCEEDED
+        return BACK_PRESSURED if self.log.is_connected else NOT_CONNECTED

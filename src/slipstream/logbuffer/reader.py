@@ -1,0 +1,82 @@
+"""Reading frames out of a term: the subscriber's side of the log.
+
+The reader trusts nothing in the buffer: a frame length that is too small, runs past the term or
+an unknown frame type stops the read and is reported, instead of raising or reading out of bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from ..protocol.constants import DATA_HEADER_LENGTH, HDR_TYPE_DATA, HDR_TYPE_PAD, TYPE_OFFSET
+from .header import Header
+
+FragmentHandler = Callable[[memoryview, Header], object]
+"""Called with a zero-copy view of the payload (valid only during the call) and the frame's header."""
+
+CORRUPT: Final = -1
+"""Returned as the offset when the term holds a frame that cannot be valid."""
+
+
+def read_term(
+    term: memoryview,
+    term_i32: memoryview,
+    offset: int,
+    handler: FragmentHandler,
+    fragment_limit: int,
+    header: Header,
+) -> tuple[int, int]:
+    """Deliver up to ``fragment_limit`` DATA frames from ``offset``; skip padding.
+
+    Returns ``(fragments_delivered, next_offset)``; ``next_offset`` is ``CORRUPT`` if a frame header
+    is impossible (the caller decides what to do with the image).
+    """
+    capacity = len(term)
+    fragments = 0
+    header.buffer = term
+    while fragments < fragment_limit and offset < capacity:
+        frame_length = term_i32[offset >> 2]
+        if frame_length <= 0:
+            break
+        frame_offset = offset
+        if frame_length < DATA_HEADER_LENGTH or frame_length > capacity - frame_offset:
+            return fragments, CORRUPT
+        offset += (frame_length + 31) & -32
+        frame_type = term[frame_offset + TYPE_OFFSET]
+        if frame_type != HDR_TYPE_DATA:
+            if frame_type == HDR_TYPE_PAD and term[frame_offset + TYPE_OFFSET + 1] == 0:
+                continue
+            return fragments, CORRUPT
+        fragments += 1
+        header.offset = frame_offset
+        handler(term[frame_offset + DATA_HEADER_LENGTH : frame_offset + frame_length], header)
+    return fragments, offset
+
+
+def scan_term(term: memoryview, term_i32: memoryview, offset: int, max_length: int) -> tuple[int, int]:
+    """Find the block a sender may transmit in one datagram.
+
+    Returns ``(available, padding)``: ``available`` bytes of whole frames from ``offset`` fitting in
+    ``max_length``; if a PAD frame ends the block, only its header is counted in ``available`` and the
+    rest of it in ``padding`` (consumed but never sent).
+    """
+    capacity = len(term)
+    available = 0
+    padding = 0
+    while offset + available < capacity:
+        frame_offset = offset + available
+        frame_length = term_i32[frame_offset >> 2]
+        if frame_length <= 0 or frame_length > capacity - frame_offset:
+            break
+        aligned = (frame_length + 31) & -32
+        if term[frame_offset + TYPE_OFFSET] == HDR_TYPE_PAD:
+            padding = aligned - DATA_HEADER_LENGTH
+            aligned = DATA_HEADER_LENGTH
+        if available + aligned > max_length:
+            padding = 0
+            break
+        available += aligned
+        if padding:
+            break
+    return available, padding

@@ -1,0 +1,238 @@
+"""Log buffer: layout, append, fragmentation, padding and rotation, reading, corruption."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+
+from slipstream.logbuffer import (
+    ADMIN_ACTION,
+    BACK_PRESSURED,
+    CORRUPT,
+    MAX_POSITION_EXCEEDED,
+    NOT_CONNECTED,
+    BufferClaim,
+    ExclusiveAppender,
+    Header,
+    LogBufferError,
+    LogBuffers,
+    compute_log_length,
+    read_term,
+    scan_term,
+)
+from slipstream.protocol.constants import HDR_TYPE_PAD, TERM_MIN_LENGTH
+from slipstream.protocol.positions import pack_tail
+
+TERM = TERM_MIN_LENGTH
+BIG = 1 << 62
+
+
+def make_log(initial_term_id: int = 7, mtu: int = 1408, connected: bool = True) -> LogBuffers:
+    log = LogBuffers(bytearray(compute_log_length(TERM)), TERM)
+    log.initialize(initial_term_id=initial_term_id, session_id=42, stream_id=1001, mtu=mtu)
+    log.is_connected = connected
+    return log
+
+
+class Reader:
+    """Reads a log from position 0 across terms, reassembling nothing: collects raw fragments."""
+
+    def __init__(self, log: LogBuffers) -> None:
+        self.log = log
+        self.position = 0
+        self.header = Header(log.initial_term_id, log.bits)
+        self.fragments: list[tuple[bytes, int, int]] = []
+
+    def _on(self, payload: memoryview, header: Header) -> None:
+        self.fragments.append((bytes(payload), header.flags, header.session_id))
+
+    def poll(self, limit: int = 1_000_000) -> int:
+        total = 0
+        while True:
+            index = (self.position >> self.log.bits) % 3
+            offset = self.position & (self.log.term_length - 1)
+            n, nxt = read_term(self.log.terms[index], self.log.terms_i32[index], offset, self._on, limit, self.header)
+            assert nxt != CORRUPT
+            total += n
+            if nxt == offset:
+                return total
+            self.position += nxt - offset
+
+
+def offer(app: ExclusiveAppender, payload: bytes) -> int:
+    while True:
+        result = app.append(payload, BIG)
+        if result != ADMIN_ACTION:
+            return result
+
+
+def test_layout_matches_reference() -> None:
+    log = make_log(initial_term_id=7)
+    assert compute_log_length(TERM) == 3 * TERM + 4096
+    assert log.raw_tail(0) == pack_tail(7, 0)
+    assert log.raw_tail(1) == pack_tail(7 + 1 - 3, 0)
+    assert log.raw_tail(2) == pack_tail(7 + 2 - 3, 0)
+    assert log.default_header()[5] == 0xC0 and log.default_header()[6] == 1
+    assert struct.unpack_from("<iii", log.default_header(), 12) == (42, 1001, 7)
+    again = LogBuffers(log._buffer)  # term length found from the metadata
+    assert again.term_length == TERM and again.initial_term_id == 7 and again.session_id == 42
+    again.validate()
+
+
+def test_unfragmented_frame_bytes() -> None:
+    log = make_log()
+    app = ExclusiveAppender(log)
+    assert app.append(b"x" * 14, BIG) == 64  # frame_length 46, aligned to 64
+    frame = bytes(log.terms[0][:64])
+    assert struct.unpack_from("<iBBHiiii", frame) == (46, 0, 0xC0, 1, 0, 42, 1001, 7)
+    assert frame[32:46] == b"x" * 14 and frame[46:64] == bytes(18)
+    assert log.producer_position() == 64
+
+
+def test_fragmentation_flags_and_reassembly_order() -> None:
+    log = make_log(mtu=128)  # max payload 96
+    app = ExclusiveAppender(log)
+    message = bytes(range(250))
+    assert offer(app, message) > 0
+    reader = Reader(log)
+    reader.poll()
+    assert [f[1] for f in reader.fragments] == [0x80, 0x00, 0x40]
+    assert b"".join(f[0] for f in reader.fragments) == message
+
+
+def test_rotation_pads_term_end_and_zeroes_reused_partition() -> None:
+    log = make_log()
+    app = ExclusiveAppender(log)
+    reader = Reader(log)
+    rng = random.Random(1)
+    sent = []
+    admin = 0
+    for i in range(20_000):
+        payload = rng.randbytes(rng.randint(0, 3000))
+        while (result := app.append(payload, BIG)) == ADMIN_ACTION:
+            admin += 1
+        assert result > 0
+        sent.append(payload)
+        if i % 50 == 0:
+            reader.poll()
+    reader.poll()
+    assert admin > 3  # several rotations, so partitions were reused
+    # Reassemble fragments.
+    messages, partial = [], b""
+    for data, flags, _ in reader.fragments:
+        partial += data
+        if flags & 0x40:
+            messages.append(partial)
+            partial = b""
+    assert messages == sent
+    assert reader.position == log.producer_position() == app.position
+
+
+def test_back_pressure_codes() -> None:
+    log = make_log(connected=False)
+    app = ExclusiveAppender(log)
+    assert app.append(b"a", 0) == NOT_CONNECTED
+    log.is_connected = True
+    assert app.append(b"a", 0) == BACK_PRESSURED
+    with pytest.raises(ValueError, match="maximum message length"):
+        app.append(bytes(TERM // 8 + 1), BIG)
+
+
+def test_max_position_exceeded() -> None:
+    log = LogBuffers(bytearray(compute_log_length(TERM)), TERM)
+    last_term = 7 + (1 << 31) - 1  # wraps: the final term a log can hold
+    from slipstream.protocol.positions import wrap_i32
+
+    log.initialize(initial_term_id=7, term_id=wrap_i32(last_term), term_offset=TERM - 64, session_id=1,
+                   stream_id=1, mtu=1408)
+    log.is_connected = True
+    app = ExclusiveAppender(log)
+    assert app.append(b"x" * 100, BIG) == MAX_POSITION_EXCEEDED
+    assert app.append(b"x", app.position) == MAX_POSITION_EXCEEDED
+
+
+def test_try_claim_commit_and_abort() -> None:
+    log = make_log()
+    app = ExclusiveAppender(log)
+    claim = BufferClaim()
+    assert app.claim(5, BIG, claim) == 64
+    claim.buffer[:] = b"hello"
+    reader = Reader(log)
+    assert reader.poll() == 0  # not committed yet: the reader waits
+    claim.commit()
+    assert app.claim(3, BIG, claim) == 128
+    claim.abort()
+    app.append(b"after", BIG)
+    reader.poll()
+    assert [f[0] for f in reader.fragments] == [b"hello", b"after"]
+    with pytest.raises(RuntimeError):
+        claim.commit()
+    with pytest.raises(ValueError):
+        app.claim(2000, BIG, claim)
+
+
+def test_scan_term_blocks_and_padding() -> None:
+    log = make_log()
+    app = ExclusiveAppender(log)
+    for _ in range(10):
+        app.append(bytes(100), BIG)  # 160-byte frames
+    term = log.terms[0]
+    assert scan_term(term, log.terms_i32[0], 0, 1408) == (1280, 0)
+    assert scan_term(term, log.terms_i32[0], 1280, 1408) == (320, 0)
+    # Fill to the end so a pad is written.
+    while app.append(bytes(1000), BIG) != ADMIN_ACTION:
+        pass
+    pad_offset = app.position - TERM if app.position >= TERM else None
+    assert pad_offset == 0  # rotated to term 1
+    off = 0
+    while True:
+        available, padding = scan_term(term, log.terms_i32[0], off, 1408)
+        if padding:
+            assert term[off + available - 32 + 6] == HDR_TYPE_PAD
+            assert off + available + padding == TERM
+            break
+        assert available > 0
+        off += available
+
+
+@pytest.mark.parametrize(
+    "corruption",
+    [
+        lambda t: struct.pack_into("<i", t, 0, 10),  # shorter than a header
+        lambda t: struct.pack_into("<i", t, 0, 1 << 30),  # past the term
+        lambda t: struct.pack_into("<H", t, 6, 0x99),  # unknown type
+    ],
+)
+def test_corrupted_log_does_not_crash_reader(corruption) -> None:  # type: ignore[no-untyped-def]
+    log = make_log()
+    app = ExclusiveAppender(log)
+    app.append(b"abc", BIG)
+    corruption(log.terms[0])
+    header = Header(log.initial_term_id, log.bits)
+    n, nxt = read_term(log.terms[0], log.terms_i32[0], 0, lambda p, h: None, 10, header)
+    assert (n, nxt) == (0, CORRUPT)
+
+
+def test_random_garbage_log_never_raises() -> None:
+    rng = random.Random(5)
+    header = Header(0, 16)
+    for _ in range(200):
+        term = memoryview(bytearray(rng.randbytes(4096)))
+        offset = 0
+        for _ in range(50):
+            n, nxt = read_term(term, term.cast("i"), offset, lambda p, h: (bytes(p), h.position), 100, header)
+            if nxt in (CORRUPT, offset) or nxt >= len(term):
+                break
+            offset = nxt
+        scan_term(term, term.cast("i"), rng.randrange(0, 4096, 32), 1408)
+
+
+def test_foreign_buffer_rejected() -> None:
+    with pytest.raises(LogBufferError):
+        LogBuffers(bytearray(1000))
+    with pytest.raises(LogBufferError):
+        LogBuffers(bytearray(compute_log_length(TERM)))  # no metadata written
+    with pytest.raises(LogBufferError):
+        LogBuffers(memoryview(bytes(compute_log_length(TERM))), TERM)  # read-only
