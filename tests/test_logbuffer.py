@@ -10,7 +10,6 @@ import pytest
 from slipstream.logbuffer import (
     ADMIN_ACTION,
     BACK_PRESSURED,
-    CORRUPT,
     MAX_POSITION_EXCEEDED,
     NOT_CONNECTED,
     BufferClaim,
@@ -53,8 +52,10 @@ class Reader:
         while True:
             index = (self.position >> self.log.bits) % 3
             offset = self.position & (self.log.term_length - 1)
-            n, nxt = read_term(self.log.terms[index], self.log.terms_i32[index], offset, self._on, limit, self.header)
-            assert nxt != CORRUPT
+            n, nxt, intact = read_term(
+                self.log.terms[index], self.log.terms_i32[index], offset, self._on, limit, self.header
+            )
+            assert intact
             total += n
             if nxt == offset:
                 return total
@@ -211,8 +212,7 @@ def test_corrupted_log_does_not_crash_reader(corruption) -> None:  # type: ignor
     app.append(b"abc", BIG)
     corruption(log.terms[0])
     header = Header(log.initial_term_id, log.bits)
-    n, nxt = read_term(log.terms[0], log.terms_i32[0], 0, lambda p, h: None, 10, header)
-    assert (n, nxt) == (0, CORRUPT)
+    assert read_term(log.terms[0], log.terms_i32[0], 0, lambda p, h: None, 10, header) == (0, 0, False)
 
 
 def test_random_garbage_log_never_raises() -> None:
@@ -222,8 +222,8 @@ def test_random_garbage_log_never_raises() -> None:
         term = memoryview(bytearray(rng.randbytes(4096)))
         offset = 0
         for _ in range(50):
-            n, nxt = read_term(term, term.cast("i"), offset, lambda p, h: (bytes(p), h.position), 100, header)
-            if nxt in (CORRUPT, offset) or nxt >= len(term):
+            _, nxt, intact = read_term(term, term.cast("i"), offset, lambda p, h: (bytes(p), h.position), 100, header)
+            if not intact or nxt == offset or nxt >= len(term):
                 break
             offset = nxt
         scan_term(term, term.cast("i"), rng.randrange(0, 4096, 32), 1408)
@@ -234,5 +234,7 @@ def test_foreign_buffer_rejected() -> None:
         LogBuffers(bytearray(1000))
     with pytest.raises(LogBufferError):
         LogBuffers(bytearray(compute_log_length(TERM)))  # no metadata written
-    with pytest.raises(LogBufferError):
-        LogBuffers(memoryview(bytes(compute_log_length(TERM))), TERM)  # read-only
+    log = make_log()
+    reader_view = LogBuffers(memoryview(bytes(log._buffer)))  # read-only is fine for readers
+    with pytest.raises(TypeError):
+        reader_view.is_connected = False

@@ -3,14 +3,13 @@
 from .appender import BufferClaim, ExclusiveAppender, zero_buffer
 from .header import Header
 from .layout import LogBufferError, LogBuffers, compute_log_length
-from .reader import CORRUPT, FragmentHandler, read_term, scan_term
+from .reader import FragmentHandler, read_term, scan_term
 from .results import ADMIN_ACTION, BACK_PRESSURED, CLOSED, MAX_POSITION_EXCEEDED, NOT_CONNECTED, result_name
 
 __all__ = [
     "ADMIN_ACTION",
     "BACK_PRESSURED",
     "CLOSED",
-    "CORRUPT",
     "MAX_POSITION_EXCEEDED",
     "NOT_CONNECTED",
     "BufferClaim",

@@ -117,6 +117,7 @@ class ExclusiveAppender:
         "_max_payload",
         "_max_position",
         "_session_id",
+        "_start_term_count",
         "_stream_id",
         "_tail_i64",
         "_term",
@@ -141,6 +142,7 @@ class ExclusiveAppender:
         self._max_position = max_possible_position(log.term_length)
         self._tail_i64 = log.meta_i64  # the three tail counters are its first three entries
         term_count = log.active_term_count
+        self._start_term_count = term_count
         index = index_by_term_count(term_count)
         raw = log.raw_tail(index)
         self._set_term(index, tail_term_id(raw), tail_term_offset(raw, self._term_length))
@@ -182,8 +184,17 @@ class ExclusiveAppender:
             return self._end_of_term(term_offset, position)
         term = self._term
         _HEADER.pack_into(
-            term, term_offset, 0, 0, UNFRAGMENTED, HDR_TYPE_DATA, term_offset, self._session_id, self._stream_id,
-            self._term_id, reserved_value,
+            term,
+            term_offset,
+            0,
+            0,
+            UNFRAGMENTED,
+            HDR_TYPE_DATA,
+            term_offset,
+            self._session_id,
+            self._stream_id,
+            self._term_id,
+            reserved_value,
         )
         term[term_offset + DATA_HEADER_LENGTH : term_offset + frame_length] = payload
         self._term_i32[term_offset >> 2] = frame_length
@@ -204,8 +215,17 @@ class ExclusiveAppender:
         if resulting > self._term_length:
             return self._end_of_term(term_offset, position)
         _HEADER.pack_into(
-            self._term, term_offset, 0, 0, UNFRAGMENTED, HDR_TYPE_DATA, term_offset, self._session_id,
-            self._stream_id, self._term_id, 0,
+            self._term,
+            term_offset,
+            0,
+            0,
+            UNFRAGMENTED,
+            HDR_TYPE_DATA,
+            term_offset,
+            self._session_id,
+            self._stream_id,
+            self._term_id,
+            0,
         )
         claim._wrap(self._term, self._term_i32, term_offset, frame_length)
         self._term_offset = resulting
@@ -235,7 +255,16 @@ class ExclusiveAppender:
                 flags |= END_FLAG
             frame_length = chunk + DATA_HEADER_LENGTH
             _HEADER.pack_into(
-                term, offset, 0, 0, flags, HDR_TYPE_DATA, offset, self._session_id, self._stream_id, self._term_id,
+                term,
+                offset,
+                0,
+                0,
+                flags,
+                HDR_TYPE_DATA,
+                offset,
+                self._session_id,
+                self._stream_id,
+                self._term_id,
                 reserved_value,
             )
             term[offset + DATA_HEADER_LENGTH : offset + frame_length] = src[consumed : consumed + chunk]
@@ -255,8 +284,17 @@ class ExclusiveAppender:
         if term_offset < term_length:
             pad_length = term_length - term_offset
             _HEADER.pack_into(
-                self._term, term_offset, 0, 0, UNFRAGMENTED, HDR_TYPE_PAD, term_offset, self._session_id,
-                self._stream_id, self._term_id, 0,
+                self._term,
+                term_offset,
+                0,
+                0,
+                UNFRAGMENTED,
+                HDR_TYPE_PAD,
+                term_offset,
+                self._session_id,
+                self._stream_id,
+                self._term_id,
+                0,
             )
             self._term_i32[term_offset >> 2] = pad_length
             self._tail_i64[self._active_index] = self._term_id_shifted | term_length
@@ -265,12 +303,15 @@ class ExclusiveAppender:
 
     def rotate(self) -> None:
         """Move to the next term. Its partition last held the term three back, which every reader has
-        left behind (readers lag by at most half a term), so it is zeroed before use."""
+        left behind (readers lag by at most half a term), so it is zeroed before use; a partition never
+        written since the log was created is still zero and is left untouched (no pages are faulted in)."""
         next_index = (self._active_index + 1) % PARTITION_COUNT
         next_term_id = wrap_i32(self._term_id + 1)
-        zero_buffer(self.log.terms[next_index])
+        next_term_count = self.log.active_term_count + 1
+        if next_term_count - self._start_term_count >= PARTITION_COUNT:
+            zero_buffer(self.log.terms[next_index])
         self._tail_i64[next_index] = pack_tail(next_term_id, 0)
-        self.log.active_term_count = self.log.active_term_count + 1
+        self.log.active_term_count = next_term_count
         self._set_term(next_index, next_term_id, 0)
 
     def _back_pressure_status(self, position: int, length: int) -> int:

@@ -72,7 +72,7 @@ class LogBuffers:
     """Views over the partitions and metadata of a log held in ``buffer``.
 
     The caller owns the buffer (usually an ``mmap``); ``close`` releases the views so the
-    mapping can be closed.
+    mapping can be closed. A read-only buffer is fine for readers; writing methods then raise.
     """
 
     __slots__ = (
@@ -90,8 +90,6 @@ class LogBuffers:
 
     def __init__(self, buffer: memoryview | bytearray, term_length: int | None = None) -> None:
         view = memoryview(buffer)
-        if view.readonly:
-            raise LogBufferError("log buffer must be writable")
         if len(view) < 3 * 65536 + LOG_META_DATA_LENGTH:
             raise LogBufferError(f"buffer of {len(view)} bytes is too small for a log")
         self._buffer = view
@@ -164,8 +162,17 @@ class LogBuffers:
         meta[RELIABLE_OFFSET] = 1 if reliable else 0
         meta[SIGNAL_EOS_OFFSET] = 1 if signal_eos else 0
         _DEFAULT_HEADER.pack_into(
-            meta, DEFAULT_FRAME_HEADER_OFFSET, 0, 0, UNFRAGMENTED, HDR_TYPE_DATA, 0, session_id, stream_id,
-            initial_term_id, 0,
+            meta,
+            DEFAULT_FRAME_HEADER_OFFSET,
+            0,
+            0,
+            UNFRAGMENTED,
+            HDR_TYPE_DATA,
+            0,
+            session_id,
+            stream_id,
+            initial_term_id,
+            0,
         )
         self.initial_term_id = initial_term_id
         self.mtu = mtu

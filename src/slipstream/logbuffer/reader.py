@@ -7,16 +7,11 @@ an unknown frame type stops the read and is reported, instead of raising or read
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
-
 from ..protocol.constants import DATA_HEADER_LENGTH, HDR_TYPE_DATA, HDR_TYPE_PAD, TYPE_OFFSET
 from .header import Header
 
 FragmentHandler = Callable[[memoryview, Header], object]
 """Called with a zero-copy view of the payload (valid only during the call) and the frame's header."""
-
-CORRUPT: Final = -1
-"""Returned as the offset when the term holds a frame that cannot be valid."""
 
 
 def read_term(
@@ -26,11 +21,12 @@ def read_term(
     handler: FragmentHandler,
     fragment_limit: int,
     header: Header,
-) -> tuple[int, int]:
+) -> tuple[int, int, bool]:
     """Deliver up to ``fragment_limit`` DATA frames from ``offset``; skip padding.
 
-    Returns ``(fragments_delivered, next_offset)``; ``next_offset`` is ``CORRUPT`` if a frame header
-    is impossible (the caller decides what to do with the image).
+    Returns ``(fragments_delivered, next_offset, intact)``. ``intact`` is False when the frame at
+    ``next_offset`` cannot be valid; the caller decides what to do with the image. If the handler
+    raises, ``header.offset`` still points at the frame it was given.
     """
     capacity = len(term)
     fragments = 0
@@ -41,17 +37,17 @@ def read_term(
             break
         frame_offset = offset
         if frame_length < DATA_HEADER_LENGTH or frame_length > capacity - frame_offset:
-            return fragments, CORRUPT
+            return fragments, frame_offset, False
         offset += (frame_length + 31) & -32
         frame_type = term[frame_offset + TYPE_OFFSET]
         if frame_type != HDR_TYPE_DATA:
             if frame_type == HDR_TYPE_PAD and term[frame_offset + TYPE_OFFSET + 1] == 0:
                 continue
-            return fragments, CORRUPT
+            return fragments, frame_offset, False
         fragments += 1
         header.offset = frame_offset
         handler(term[frame_offset + DATA_HEADER_LENGTH : frame_offset + frame_length], header)
-    return fragments, offset
+    return fragments, offset, True
 
 
 def scan_term(term: memoryview, term_i32: memoryview, offset: int, max_length: int) -> tuple[int, int]:

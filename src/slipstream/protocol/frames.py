@@ -118,7 +118,6 @@ assert FRAME_HEADER.size == HEADER_LENGTH
 
 _ZEROS: Final = bytes(FRAME_ALIGNMENT)
 _ALIGN_MASK: Final = FRAME_ALIGNMENT - 1
-_I32_MAX: Final = 0x7FFF_FFFF
 
 
 @dataclass(slots=True, frozen=True)
@@ -433,9 +432,7 @@ class ResponseSetup:
             raise _encode_error(self) from None
 
 
-Frame: TypeAlias = (
-    DataFrame | PadFrame | SetupFrame | StatusMessage | Nak | RttMeasurement | ErrorFrame | ResponseSetup
-)
+Frame: TypeAlias = DataFrame | PadFrame | SetupFrame | StatusMessage | Nak | RttMeasurement | ErrorFrame | ResponseSetup
 
 _I32_RANGE: Final = (-(1 << 31), (1 << 31) - 1)
 _I64_RANGE: Final = (-(1 << 63), (1 << 63) - 1)
@@ -453,10 +450,10 @@ def _encode_error(frame: Frame) -> FrameError:
     """Name the offending field; only called once ``struct`` has already refused the values."""
     for field in fields(frame):
         value = getattr(frame, field.name)
-        if field.name in ("payload", "error_text", "is_heartbeat") or value is None:
+        if field.name in ("payload", "error_text", "is_heartbeat") or (field.name == "group_tag" and value is None):
             continue
         low, high = _FIELD_RANGES.get(field.name, _I32_RANGE)
-        if type(value) is not int and not isinstance(value, int):
+        if not isinstance(value, int):
             return FrameError(f"{type(frame).__name__}.{field.name} must be an int: {value!r}")
         if not low <= value <= high:
             return FrameError(f"{type(frame).__name__}.{field.name} out of range [{low}, {high}]: {value}")
@@ -500,7 +497,7 @@ def _byte_view(buf: BytesLike) -> BytesLike:
 
 def _decode_data_or_pad(
     buf: BytesLike, offset: int, available: int, length: int, flags: int, ftype: int
-) -> tuple[Frame, int]:
+) -> tuple[DataFrame | PadFrame, int]:
     if available < DATA_HEADER_LENGTH:
         raise FrameError(f"{available} bytes: shorter than the {DATA_HEADER_LENGTH}-byte DATA/PAD header")
     term_offset, session_id, stream_id, term_id, reserved = _DATA_BODY.unpack_from(buf, offset + HEADER_LENGTH)
@@ -527,9 +524,7 @@ def _decode_setup(buf: BytesLike, offset: int, length: int, flags: int) -> Frame
     (term_offset, session_id, stream_id, initial_term_id, active_term_id, term_length, mtu, ttl) = (
         _SETUP_BODY.unpack_from(buf, offset + HEADER_LENGTH)
     )
-    return SetupFrame(
-        term_offset, session_id, stream_id, initial_term_id, active_term_id, term_length, mtu, ttl, flags
-    )
+    return SetupFrame(term_offset, session_id, stream_id, initial_term_id, active_term_id, term_length, mtu, ttl, flags)
 
 
 def _decode_sm(buf: BytesLike, offset: int, length: int, flags: int) -> Frame:
@@ -539,18 +534,18 @@ def _decode_sm(buf: BytesLike, offset: int, length: int, flags: int) -> Frame:
         group_tag = _I64.unpack_from(buf, offset + SM_LENGTH)[0]
     else:
         raise FrameError(f"SM frame_length must be {SM_LENGTH} or {SM_WITH_GROUP_TAG_LENGTH}: {length}")
-    session_id, stream_id, term_id, term_offset, window, receiver_id = _SM_BODY.unpack_from(
-        buf, offset + HEADER_LENGTH
-    )
+    session_id, stream_id, term_id, term_offset, window, receiver_id = _SM_BODY.unpack_from(buf, offset + HEADER_LENGTH)
     return StatusMessage(session_id, stream_id, term_id, term_offset, window, receiver_id, group_tag, flags)
 
 
 def _decode_nak(buf: BytesLike, offset: int, length: int, flags: int) -> Frame:
-    return Nak(*_NAK_BODY.unpack_from(buf, offset + HEADER_LENGTH), flags)
+    session_id, stream_id, term_id, term_offset, nak_length = _NAK_BODY.unpack_from(buf, offset + HEADER_LENGTH)
+    return Nak(session_id, stream_id, term_id, term_offset, nak_length, flags)
 
 
 def _decode_rttm(buf: BytesLike, offset: int, length: int, flags: int) -> Frame:
-    return RttMeasurement(*_RTTM_BODY.unpack_from(buf, offset + HEADER_LENGTH), flags)
+    session_id, stream_id, echo, delta, receiver_id = _RTTM_BODY.unpack_from(buf, offset + HEADER_LENGTH)
+    return RttMeasurement(session_id, stream_id, echo, delta, receiver_id, flags)
 
 
 def _decode_err(buf: BytesLike, offset: int, length: int, flags: int) -> Frame:
@@ -575,7 +570,8 @@ def _decode_err(buf: BytesLike, offset: int, length: int, flags: int) -> Frame:
 
 
 def _decode_rsp_setup(buf: BytesLike, offset: int, length: int, flags: int) -> Frame:
-    return ResponseSetup(*_RSP_SETUP_BODY.unpack_from(buf, offset + HEADER_LENGTH), flags)
+    session_id, stream_id, response_session_id = _RSP_SETUP_BODY.unpack_from(buf, offset + HEADER_LENGTH)
+    return ResponseSetup(session_id, stream_id, response_session_id, flags)
 
 
 _CONTROL: Final = {
@@ -607,7 +603,7 @@ def decode_frame(buf: BytesLike, offset: int = 0) -> tuple[Frame, int]:
         raise FrameError(f"unsupported version {version}")
     if length < 0:
         raise FrameError(f"negative frame_length {length}")
-    if ftype == HDR_TYPE_DATA or ftype == HDR_TYPE_PAD:
+    if ftype in (HDR_TYPE_DATA, HDR_TYPE_PAD):
         return _decode_data_or_pad(buf, offset, available, length, flags, ftype)
     entry = _CONTROL.get(ftype)
     if entry is None:
@@ -633,36 +629,37 @@ def decode_datagram(buf: BytesLike) -> list[Frame]:
     if total < HEADER_LENGTH:
         raise FrameError(f"datagram of {total} bytes is shorter than a frame header")
     ftype = _U16.unpack_from(buf, TYPE_OFFSET)[0]
-    if ftype != HDR_TYPE_DATA and ftype != HDR_TYPE_PAD:
+    if ftype not in (HDR_TYPE_DATA, HDR_TYPE_PAD):
         return [decode_frame(buf, 0)[0]]
     if total < DATA_HEADER_LENGTH or total & _ALIGN_MASK:
         raise FrameError(f"DATA/PAD datagram of {total} bytes is not a positive multiple of 32")
-    first, used = decode_frame(buf, 0)
-    if isinstance(first, DataFrame) and first.is_heartbeat:
-        if total != DATA_HEADER_LENGTH:
-            raise FrameError("a heartbeat must be alone in a 32-byte datagram")
-        return [first]
-    frames: list[Frame] = [first]
-    prev: DataFrame | PadFrame = first  # type: ignore[assignment]
-    offset = used
-    while True:
-        if isinstance(prev, PadFrame) and used < align(prev.frame_length) and offset != total:
+    frames: list[Frame] = []
+    prev: DataFrame | PadFrame | None = None
+    used = offset = 0
+    while offset < total:
+        length, version, flags, ftype = FRAME_HEADER.unpack_from(buf, offset)
+        if version != CURRENT_VERSION:
+            raise FrameError(f"unsupported version {version}")
+        if length < 0:
+            raise FrameError(f"negative frame_length {length}")
+        if ftype not in (HDR_TYPE_DATA, HDR_TYPE_PAD):
+            raise FrameError(f"frame type {ftype:#06x} inside a DATA/PAD datagram")
+        frame, next_used = _decode_data_or_pad(buf, offset, total - offset, length, flags, ftype)
+        if isinstance(frame, DataFrame):
+            if frame.is_heartbeat and total != DATA_HEADER_LENGTH:
+                raise FrameError("a heartbeat must be alone in a 32-byte datagram")
+        elif next_used < align(length) and offset + next_used != total:
             raise FrameError("a term-end PAD must be the last frame of a datagram")
-        if offset == total:
-            return frames
-        frame, next_used = decode_frame(buf, offset)
-        if not isinstance(frame, DataFrame | PadFrame):
-            raise FrameError(f"{type(frame).__name__} inside a DATA datagram")
-        if isinstance(frame, DataFrame) and frame.is_heartbeat:
-            raise FrameError("a heartbeat must be alone in a 32-byte datagram")
-        if (
-            frame.session_id != prev.session_id
-            or frame.stream_id != prev.stream_id
-            or frame.term_id != prev.term_id
-        ):
-            raise FrameError("frames of one datagram must share session, stream and term")
-        if frame.term_offset != prev.term_offset + used:
-            raise FrameError(f"term_offset {frame.term_offset} not continuous with the previous frame")
+        if prev is not None:
+            if (
+                frame.session_id != prev.session_id
+                or frame.stream_id != prev.stream_id
+                or frame.term_id != prev.term_id
+            ):
+                raise FrameError("frames of one datagram must share session, stream and term")
+            if frame.term_offset != prev.term_offset + used:
+                raise FrameError(f"term_offset {frame.term_offset} not continuous with the previous frame")
         frames.append(frame)
         prev, used = frame, next_used
         offset += used
+    return frames

@@ -350,7 +350,7 @@ def _render(key: str, value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
-        return str(value)
+        return str(int(value))  # int() so IntEnum and friends render as plain digits
     if not isinstance(value, str):
         raise ChannelUriError(f"value must be str, int or bool, got {type(value).__name__}", key)
     if "|" in value:
@@ -465,6 +465,10 @@ class ChannelUri:
 
     def __repr__(self) -> str:
         return f"ChannelUri.parse({str(self)!r})"
+
+    def __reduce__(self) -> tuple[Callable[[str], ChannelUri], tuple[str]]:
+        # Pickle/copy as text: the default slot restore would trip the immutability guard.
+        return (ChannelUri.parse, (str(self),))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ChannelUri):

@@ -1,0 +1,177 @@
+"""Messages between clients and the media driver, and their framing on the driver's socket.
+
+Commands and responses are small typed records (msgspec structs, msgpack encoded) behind a 4-byte
+little-endian length. The data path never goes through here: only set-up, tear-down, image
+notifications and keep-alives. The decoder is sans-I/O: bytes in, messages out, with a bound on
+frame size so that a misbehaving client cannot make the driver allocate without limit.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final, Generic, TypeVar
+
+import msgspec
+
+PROTOCOL_VERSION: Final = 1
+MAX_MESSAGE_LENGTH: Final = 64 * 1024
+_LENGTH = struct.Struct("<I")
+
+
+class CommandError(ValueError):
+    """A frame on the driver socket that is not a valid message."""
+
+
+# -- client to driver -------------------------------------------------------------------------------
+
+
+class Hello(msgspec.Struct, tag=True, frozen=True):
+    client_id: int
+    pid: int
+    version: int = PROTOCOL_VERSION
+
+
+class AddPublication(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    channel: str
+    stream_id: int
+    exclusive: bool
+
+
+class RemovePublication(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    registration_id: int
+
+
+class AddSubscription(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    channel: str
+    stream_id: int
+
+
+class RemoveSubscription(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    registration_id: int
+
+
+class Keepalive(msgspec.Struct, tag=True, frozen=True):
+    pass
+
+
+class CloseClient(msgspec.Struct, tag=True, frozen=True):
+    pass
+
+
+ClientMessage = (
+    Hello | AddPublication | RemovePublication | AddSubscription | RemoveSubscription | Keepalive | CloseClient
+)
+
+# -- driver to client -------------------------------------------------------------------------------
+
+
+class Welcome(msgspec.Struct, tag=True, frozen=True):
+    driver_pid: int
+    client_liveness_timeout_ns: int
+    version: int = PROTOCOL_VERSION
+
+
+class PublicationReady(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    registration_id: int
+    session_id: int
+    stream_id: int
+    log_file: str
+    publication_limit_counter_id: int
+    channel: str
+
+
+class SubscriptionReady(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    registration_id: int
+
+
+class OperationSuccess(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+
+
+class ErrorResponse(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    code: str
+    message: str
+
+
+class ImageAvailable(msgspec.Struct, tag=True, frozen=True):
+    subscription_registration_id: int
+    correlation_id: int
+    session_id: int
+    stream_id: int
+    log_file: str
+    subscriber_position_counter_id: int
+    join_position: int
+    source_identity: str
+
+
+class ImageUnavailable(msgspec.Struct, tag=True, frozen=True):
+    subscription_registration_id: int
+    correlation_id: int
+
+
+DriverMessage = (
+    Welcome
+    | PublicationReady
+    | SubscriptionReady
+    | OperationSuccess
+    | ErrorResponse
+    | ImageAvailable
+    | ImageUnavailable
+)
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(message: ClientMessage | DriverMessage) -> bytes:
+    """One framed message: length prefix, then msgpack."""
+    body = _encoder.encode(message)
+    return _LENGTH.pack(len(body)) + body
+
+
+T = TypeVar("T")
+
+
+class Decoder(Generic[T]):
+    """Splits a byte stream into messages of type ``T``; keeps partial frames between feeds."""
+
+    def __init__(self, message_type: type[T]) -> None:
+        self._decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(message_type)
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[T]:
+        """Messages completed by ``data``. Raises CommandError on a bad frame; the stream is then unusable."""
+        self._buffer += data
+        messages: list[T] = []
+        buf = self._buffer
+        start = 0
+        while len(buf) - start >= 4:
+            (length,) = _LENGTH.unpack_from(buf, start)
+            if length > MAX_MESSAGE_LENGTH:
+                raise CommandError(f"message of {length} bytes exceeds {MAX_MESSAGE_LENGTH}")
+            if len(buf) - start - 4 < length:
+                break
+            body = bytes(buf[start + 4 : start + 4 + length])
+            start += 4 + length
+            try:
+                messages.append(self._decoder.decode(body))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise CommandError(f"invalid message: {exc}") from None
+        del buf[:start]
+        return messages
+
+
+def client_decoder() -> Decoder[ClientMessage]:
+    """Decoder the driver uses for what clients send."""
+    return Decoder(ClientMessage)  # type: ignore[arg-type]
+
+
+def driver_decoder() -> Decoder[DriverMessage]:
+    """Decoder a client uses for what the driver sends."""
+    return Decoder(DriverMessage)  # type: ignore[arg-type]

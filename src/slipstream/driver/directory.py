@@ -1,0 +1,63 @@
+"""The driver directory: where a media driver keeps its shared files, and how they are mapped.
+
+``<dir>/cnc.dat`` holds the driver's identity and counters, ``<dir>/driver.sock`` is its command
+socket, ``<dir>/driver.lock`` is held (flock) for the driver's lifetime so two drivers can never share
+a directory, and ``<dir>/publications/`` holds IPC log buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import mmap
+import os
+from pathlib import Path
+
+CNC_FILE = "cnc.dat"
+SOCKET_FILE = "driver.sock"
+LOCK_FILE = "driver.lock"
+PUBLICATIONS_DIR = "publications"
+ENV_DIR = "SLIPSTREAM_DIR"
+
+
+def default_directory() -> Path:
+    """``$SLIPSTREAM_DIR``, else ``/dev/shm/slipstream-<user>`` (tmpfs, so logs live in memory)."""
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return Path(env)
+    base = Path("/dev/shm")
+    if not base.is_dir():
+        base = Path(os.environ.get("TMPDIR", "/tmp"))
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return base / f"slipstream-{user}"
+
+
+def map_file(path: Path, length: int | None = None, *, create: bool = False, writable: bool = True) -> mmap.mmap:
+    """Map ``path`` shared. With ``create`` the file is made (or truncated) to ``length`` bytes, sparse."""
+    if create:
+        if length is None or length <= 0:
+            raise ValueError("a length is needed to create a mapped file")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, length)
+            return mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if length is not None and size < length:
+            raise ValueError(f"{path} holds {size} bytes, expected at least {length}")
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        return mmap.mmap(fd, length or size, mmap.MAP_SHARED, prot)
+    finally:
+        os.close(fd)
+
+
+def close_mapping(mapping: mmap.mmap) -> None:
+    """Close a mapping; if views of it are still held somewhere, leave it to the garbage collector."""
+    with contextlib.suppress(BufferError):
+        mapping.close()
