@@ -72,6 +72,7 @@ ClientMessage = (
 class Welcome(msgspec.Struct, tag=True, frozen=True):
     driver_pid: int
     client_liveness_timeout_ns: int
+    client_id: int
     version: int = PROTOCOL_VERSION
 
 

@@ -5,7 +5,8 @@ threads; across processes each publisher owns its own log (Python has no atomic 
 shared memory, which Aeron's concurrent publications rely on).
 
 The frame length is stored last, after header and payload: a reader that sees a positive length
-sees a complete frame. On x86-64, stores become visible to other processes in program order, so no
+sees a complete frame. While a frame is being written its length field holds the negated length,
+so a driver can pad over a claim whose writer died. On x86-64, stores become visible to other processes in program order, so no
 fence is needed; other architectures are not supported for cross-process use.
 """
 
@@ -186,7 +187,7 @@ class ExclusiveAppender:
         _HEADER.pack_into(
             term,
             term_offset,
-            0,
+            -frame_length,
             0,
             UNFRAGMENTED,
             HDR_TYPE_DATA,
@@ -217,7 +218,7 @@ class ExclusiveAppender:
         _HEADER.pack_into(
             self._term,
             term_offset,
-            0,
+            -frame_length,
             0,
             UNFRAGMENTED,
             HDR_TYPE_DATA,
@@ -257,7 +258,7 @@ class ExclusiveAppender:
             _HEADER.pack_into(
                 term,
                 offset,
-                0,
+                -frame_length,
                 0,
                 flags,
                 HDR_TYPE_DATA,
@@ -286,7 +287,7 @@ class ExclusiveAppender:
             _HEADER.pack_into(
                 self._term,
                 term_offset,
-                0,
+                -pad_length,
                 0,
                 UNFRAGMENTED,
                 HDR_TYPE_PAD,

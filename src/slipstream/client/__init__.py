@@ -1,0 +1,54 @@
+"""Aeron-style client API: context, publications, subscriptions, images, assembler, idle strategies."""
+
+from ..driver.idle import (
+    BackoffIdleStrategy,
+    BusySpinIdleStrategy,
+    IdleStrategy,
+    SleepingIdleStrategy,
+    YieldingIdleStrategy,
+)
+from ..logbuffer import (
+    ADMIN_ACTION,
+    BACK_PRESSURED,
+    CLOSED,
+    MAX_POSITION_EXCEEDED,
+    NOT_CONNECTED,
+    BufferClaim,
+    FragmentHandler,
+    Header,
+    result_name,
+)
+from .assembler import FragmentAssembler
+from .context import Context
+from .errors import DriverAlreadyRunningError, DriverError, DriverLostError, DriverUnavailableError, RegistrationError
+from .image import Image
+from .publication import ExclusivePublication, Publication
+from .subscription import Subscription
+
+__all__ = [
+    "ADMIN_ACTION",
+    "BACK_PRESSURED",
+    "CLOSED",
+    "MAX_POSITION_EXCEEDED",
+    "NOT_CONNECTED",
+    "BackoffIdleStrategy",
+    "BufferClaim",
+    "BusySpinIdleStrategy",
+    "Context",
+    "DriverAlreadyRunningError",
+    "DriverError",
+    "DriverLostError",
+    "DriverUnavailableError",
+    "ExclusivePublication",
+    "FragmentAssembler",
+    "FragmentHandler",
+    "Header",
+    "IdleStrategy",
+    "Image",
+    "Publication",
+    "RegistrationError",
+    "SleepingIdleStrategy",
+    "Subscription",
+    "YieldingIdleStrategy",
+    "result_name",
+]

@@ -1,0 +1,415 @@
+"""``Context``: a client's connection to a media driver, embedded or standalone.
+
+The context attaches to the driver serving its directory, or (by default) starts one on a thread of
+this process when none runs. Commands go over the driver's socket; a background thread reads the
+driver's answers and image notifications and sends keep-alives. That thread sleeps in ``recv``, so
+an idle client costs no CPU, and it notices at once when the driver's process dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from ..driver import commands as cmd
+from ..driver.cnc import CncError, CncFile
+from ..driver.config import DriverConfig
+from ..driver.counters import CountersReader
+from ..driver.directory import default_directory, map_file
+from ..driver.media_driver import DirectoryHandle, DriverAlreadyRunningError, DriverError, MediaDriver
+from .errors import DriverLostError, DriverUnavailableError, RegistrationError
+from .image import Image
+from .publication import ExclusivePublication, Publication
+from .subscription import ImageHandler, Subscription
+
+log = logging.getLogger("slipstream.client")
+
+DriverMode = Literal["auto", "embedded", "external"]
+
+
+@dataclass(slots=True)
+class _Pending:
+    event: threading.Event
+    response: cmd.DriverMessage | None = None
+    error: DriverError | None = None
+
+
+class Context:
+    """Entry point of the transport API: ``add_publication``, ``add_exclusive_publication`` and
+    ``add_subscription``. Use it as a context manager; closing it closes everything it made.
+
+    ``driver``: ``"auto"`` attaches to a running driver or starts an embedded one; ``"embedded"``
+    always starts one here (and fails if the directory is in use); ``"external"`` only attaches.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path | None = None,
+        *,
+        driver: DriverMode = "auto",
+        driver_config: DriverConfig | None = None,
+        driver_timeout_s: float = 10.0,
+        on_driver_lost: Callable[[DriverError], object] | None = None,
+    ) -> None:
+        if driver not in ("auto", "embedded", "external"):
+            raise ValueError(f"driver must be 'auto', 'embedded' or 'external': {driver!r}")
+        if driver_timeout_s <= 0:
+            raise ValueError(f"driver_timeout_s must be positive: {driver_timeout_s}")
+        if directory is None:
+            directory = driver_config.directory if driver_config is not None else default_directory()
+        self.directory = Path(directory)
+        self.driver_timeout_s = driver_timeout_s
+        self.on_driver_lost = on_driver_lost
+        self._driver_config = replace(driver_config or DriverConfig(), directory=self.directory)
+        self._embedded: MediaDriver | None = None
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._publications: dict[int, ExclusivePublication] = {}
+        self._subscriptions: dict[int, Subscription] = {}
+        self._closed = False
+        self._driver_error: DriverError | None = None
+        self._sequence = 0
+        self._decoder = cmd.driver_decoder()
+        if driver == "embedded":
+            self._embedded = MediaDriver(self._driver_config).launch_embedded()
+        try:
+            self._sock = self._connect(driver)
+            welcome = self._handshake()
+            self.client_id = welcome.client_id
+            self.driver_pid = welcome.driver_pid
+            self._keepalive_s = max(0.05, welcome.client_liveness_timeout_ns / 1e9 / 5)
+            self._cnc = CncFile.open(self.directory)
+        except BaseException:
+            self._stop_embedded()
+            raise
+        self._counters = self._cnc.counters_reader()
+        self._values = self._counters.values_i64
+        self._thread = threading.Thread(target=self._run, name=f"slipstream-client:{self.client_id}", daemon=True)
+        self._thread.start()
+
+    # -- connection -------------------------------------------------------------------------------
+
+    def _connect(self, mode: DriverMode) -> socket.socket:
+        deadline = time.monotonic() + self.driver_timeout_s
+        last_error: OSError | None = None
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                handle = DirectoryHandle(self.directory) if self.directory.is_dir() else None
+                if handle is None:
+                    raise FileNotFoundError(self.directory)
+                try:
+                    sock.connect(handle.socket_path())
+                finally:
+                    handle.close()
+                return sock
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                sock.close()
+                last_error = exc
+                if mode == "auto" and self._embedded is None:
+                    try:
+                        self._embedded = MediaDriver(self._driver_config).launch_embedded()
+                        continue
+                    except DriverAlreadyRunningError:
+                        pass  # another process is starting one: wait for its socket
+            except OSError as exc:
+                sock.close()
+                last_error = exc
+            if time.monotonic() >= deadline:
+                hint = "start one with `slipstream driver --dir DIR`" if mode == "external" else "check its log"
+                raise DriverUnavailableError(
+                    f"no media driver answers in {self.directory} after {self.driver_timeout_s:.1f} s "
+                    f"({last_error}); {hint}"
+                )
+            time.sleep(0.01)
+
+    def _handshake(self) -> cmd.Welcome:
+        self._sock.settimeout(self.driver_timeout_s)
+        self._sock.sendall(cmd.encode(cmd.Hello(0, os.getpid())))
+        try:
+            while True:
+                data = self._sock.recv(65536)
+                if not data:
+                    raise DriverUnavailableError(f"the driver in {self.directory} closed the connection at once")
+                messages = self._decoder.feed(data)
+                if messages:
+                    break
+        except TimeoutError:
+            raise DriverUnavailableError(
+                f"the driver in {self.directory} did not answer within {self.driver_timeout_s:.1f} s; "
+                "it may be hung: stop it and start a new one"
+            ) from None
+        first = messages[0]
+        if not isinstance(first, cmd.Welcome):
+            raise DriverUnavailableError(f"unexpected first message from the driver: {first!r}")
+        for message in messages[1:]:
+            self._dispatch(message)
+        return first
+
+    # -- client thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        sock = self._sock
+        sock.settimeout(self._keepalive_s)
+        next_keepalive = time.monotonic() + self._keepalive_s
+        while not self._closed:
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                data = None
+            except OSError:
+                data = b""
+            if data == b"":
+                if not self._closed:
+                    self._lose_driver(DriverLostError(f"the media driver in {self.directory} went away"))
+                return
+            if data:
+                try:
+                    messages = self._decoder.feed(data)
+                except cmd.CommandError as exc:
+                    self._lose_driver(DriverLostError(f"garbled message from the driver: {exc}"))
+                    return
+                for message in messages:
+                    try:
+                        self._dispatch(message)
+                    except Exception:
+                        log.exception("error while handling %r", message)
+            now = time.monotonic()
+            if now >= next_keepalive:
+                next_keepalive = now + self._keepalive_s
+                with contextlib.suppress(OSError):
+                    self._send(cmd.Keepalive())
+
+    def _dispatch(self, message: cmd.DriverMessage) -> None:
+        match message:
+            case cmd.ImageAvailable():
+                self._on_image_available(message)
+            case cmd.ImageUnavailable():
+                subscription = self._subscriptions.get(message.subscription_registration_id)
+                if subscription is not None:
+                    subscription._remove_image(message.correlation_id)
+            case cmd.PublicationReady() | cmd.SubscriptionReady() | cmd.OperationSuccess() | cmd.ErrorResponse():
+                pending = self._pending.get(message.correlation_id)
+                if pending is not None:
+                    pending.response = message
+                    pending.event.set()
+                elif isinstance(message, cmd.ErrorResponse):
+                    log.warning("driver error: %s %s", message.code, message.message)
+            case _:
+                log.warning("unexpected message from the driver: %r", message)
+
+    def _on_image_available(self, message: cmd.ImageAvailable) -> None:
+        subscription = self._subscriptions.get(message.subscription_registration_id)
+        if subscription is None or subscription.is_closed:
+            return
+        try:
+            mapping = map_file(Path(message.log_file), writable=False)
+        except (OSError, ValueError) as exc:
+            log.warning("cannot map image log %s: %s", message.log_file, exc)
+            return
+        image = Image(
+            subscription_registration_id=message.subscription_registration_id,
+            correlation_id=message.correlation_id,
+            session_id=message.session_id,
+            stream_id=message.stream_id,
+            source_identity=message.source_identity,
+            mapping=mapping,
+            position_values=self._values,
+            position_index=self._counters.value_index(message.subscriber_position_counter_id),
+            join_position=message.join_position,
+        )
+        subscription._add_image(image)
+
+    def _lose_driver(self, error: DriverError) -> None:
+        with self._state_lock:
+            if self._driver_error is not None:
+                return
+            self._driver_error = error
+        log.error("%s", error)
+        for pending in list(self._pending.values()):
+            pending.error = error
+            pending.event.set()
+        for publication in list(self._publications.values()):
+            publication._release()
+        for subscription in list(self._subscriptions.values()):
+            subscription._release_all()
+        if self.on_driver_lost is not None:
+            try:
+                self.on_driver_lost(error)
+            except Exception:
+                log.exception("on_driver_lost handler failed")
+
+    # -- commands ---------------------------------------------------------------------------------
+
+    def _send(self, message: cmd.ClientMessage) -> None:
+        data = cmd.encode(message)
+        with self._send_lock:
+            self._sock.sendall(data)
+
+    def _next_correlation_id(self) -> int:
+        with self._state_lock:
+            self._sequence += 1
+            return (self.client_id << 32) | self._sequence
+
+    def _check_usable(self) -> None:
+        if self._driver_error is not None:
+            raise self._driver_error
+        if self._closed:
+            raise RuntimeError("the context is closed")
+
+    def _request(self, correlation_id: int, message: cmd.ClientMessage) -> cmd.DriverMessage:
+        pending = _Pending(threading.Event())
+        self._pending[correlation_id] = pending
+        try:
+            try:
+                self._send(message)
+            except OSError as exc:
+                raise DriverLostError(f"cannot reach the media driver in {self.directory}: {exc}") from None
+            if not pending.event.wait(self.driver_timeout_s):
+                raise DriverUnavailableError(
+                    f"the media driver in {self.directory} did not answer within {self.driver_timeout_s:.1f} s"
+                )
+        finally:
+            self._pending.pop(correlation_id, None)
+        if pending.error is not None:
+            raise pending.error
+        response = pending.response
+        if isinstance(response, cmd.ErrorResponse):
+            raise RegistrationError(response.code, response.message)
+        assert response is not None
+        return response
+
+    def add_publication(self, channel: str, stream_id: int) -> Publication:
+        """A publication that several threads of this process may offer to."""
+        publication = self._add_publication(channel, stream_id, exclusive=False)
+        assert isinstance(publication, Publication)
+        return publication
+
+    def add_exclusive_publication(self, channel: str, stream_id: int) -> ExclusivePublication:
+        """A publication for one writer thread: the fastest way to offer."""
+        return self._add_publication(channel, stream_id, exclusive=True)
+
+    def _add_publication(self, channel: str, stream_id: int, *, exclusive: bool) -> ExclusivePublication:
+        self._check_usable()
+        correlation_id = self._next_correlation_id()
+        response = self._request(correlation_id, cmd.AddPublication(correlation_id, channel, stream_id, exclusive))
+        assert isinstance(response, cmd.PublicationReady)
+        mapping = map_file(Path(response.log_file))
+        cls = ExclusivePublication if exclusive else Publication
+        publication = cls(
+            channel=channel,
+            stream_id=stream_id,
+            session_id=response.session_id,
+            registration_id=response.registration_id,
+            mapping=mapping,
+            limit_values=self._values,
+            limit_index=self._counters.value_index(response.publication_limit_counter_id),
+            on_close=self._close_publication,
+        )
+        self._publications[response.registration_id] = publication
+        return publication
+
+    def add_subscription(
+        self,
+        channel: str,
+        stream_id: int,
+        *,
+        on_available_image: ImageHandler | None = None,
+        on_unavailable_image: ImageHandler | None = None,
+    ) -> Subscription:
+        """Subscribe; images of matching publishers appear (and the callbacks run, on the client's
+        thread) as publishers come and go."""
+        self._check_usable()
+        correlation_id = self._next_correlation_id()
+        subscription = Subscription(
+            channel=channel,
+            stream_id=stream_id,
+            registration_id=correlation_id,
+            on_available_image=on_available_image,
+            on_unavailable_image=on_unavailable_image,
+            on_close=self._close_subscription,
+        )
+        self._subscriptions[correlation_id] = subscription
+        try:
+            self._request(correlation_id, cmd.AddSubscription(correlation_id, channel, stream_id))
+        except BaseException:
+            self._subscriptions.pop(correlation_id, None)
+            subscription._release_all()
+            raise
+        return subscription
+
+    def _close_publication(self, publication: ExclusivePublication) -> None:
+        self._publications.pop(publication.registration_id, None)
+        self._remove(cmd.RemovePublication, publication.registration_id)
+        publication._release()
+
+    def _close_subscription(self, subscription: Subscription) -> None:
+        self._subscriptions.pop(subscription.registration_id, None)
+        self._remove(cmd.RemoveSubscription, subscription.registration_id)
+        subscription._release_all()
+
+    def _remove(self, kind: type[cmd.RemovePublication] | type[cmd.RemoveSubscription], registration_id: int) -> None:
+        if self._driver_error is not None or self._closed:
+            return
+        correlation_id = self._next_correlation_id()
+        try:
+            self._request(correlation_id, kind(correlation_id, registration_id))
+        except DriverError as exc:
+            log.warning("closing %d: %s", registration_id, exc)
+
+    # -- observation ------------------------------------------------------------------------------
+
+    def counters(self) -> CountersReader:
+        """The driver's counters, read live from shared memory."""
+        return self._counters
+
+    @property
+    def driver_error(self) -> DriverError | None:
+        """Why the driver is gone, once it is."""
+        return self._driver_error
+
+    @property
+    def is_embedded(self) -> bool:
+        """True when this context started the driver it uses."""
+        return self._embedded is not None
+
+    # -- closing ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every publication and subscription, detach from the driver, stop an embedded driver."""
+        if self._closed:
+            return
+        for publication in list(self._publications.values()):
+            publication.close()
+        for subscription in list(self._subscriptions.values()):
+            subscription.close()
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._send(cmd.CloseClient())
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(self.driver_timeout_s)
+        self._sock.close()
+        with contextlib.suppress(CncError, BufferError):
+            self._cnc.close()
+        self._stop_embedded()
+
+    def _stop_embedded(self) -> None:
+        if self._embedded is not None:
+            self._embedded.close()
+            self._embedded = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,114 @@
+"""Images: one publisher's stream as one subscription sees it, read straight from shared memory."""
+
+from __future__ import annotations
+
+import mmap
+
+from ..driver.directory import close_mapping
+from ..logbuffer import FragmentHandler, Header, LogBuffers, read_term
+
+
+class Image:
+    """Replicated stream of one publisher session. ``poll`` delivers fragments from the log and
+    publishes this subscriber's position, which is what lets the publisher move on."""
+
+    def __init__(
+        self,
+        *,
+        subscription_registration_id: int,
+        correlation_id: int,
+        session_id: int,
+        stream_id: int,
+        source_identity: str,
+        mapping: mmap.mmap,
+        position_values: memoryview,
+        position_index: int,
+        join_position: int,
+    ) -> None:
+        self.subscription_registration_id = subscription_registration_id
+        self.correlation_id = correlation_id
+        self.session_id = session_id
+        self.stream_id = stream_id
+        self.source_identity = source_identity
+        self.join_position = join_position
+        self._mapping = mapping
+        self._log = LogBuffers(memoryview(mapping))
+        self._terms = self._log.terms
+        self._terms_i32 = self._log.terms_i32
+        self._bits = self._log.bits
+        self._mask = self._log.term_length - 1
+        self._header = Header(self._log.initial_term_id, self._bits)
+        self._values = position_values
+        self._index = position_index
+        self._position = join_position
+        self._closed = False
+        self.is_corrupt = False
+        """Set when the log held a frame that cannot be valid; the image then delivers nothing more."""
+
+    def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
+        """Deliver up to ``fragment_limit`` fragments to ``handler``; returns how many.
+
+        If the handler raises, the fragments before it and the failing one count as consumed (they
+        are not delivered again) and the exception propagates.
+        """
+        if self._closed:
+            return 0
+        position = self._position
+        offset = position & self._mask
+        index = (position >> self._bits) % 3
+        header = self._header
+        try:
+            fragments, next_offset, intact = read_term(
+                self._terms[index], self._terms_i32[index], offset, handler, fragment_limit, header
+            )
+        except BaseException:
+            failed_end = header.offset + ((header.frame_length + 31) & -32)
+            self._advance(position + failed_end - offset)
+            raise
+        if next_offset != offset:
+            self._advance(position + next_offset - offset)
+        if not intact:
+            self.is_corrupt = True
+            self._closed = True
+        return fragments
+
+    def _advance(self, position: int) -> None:
+        self._position = position
+        self._values[self._index] = position
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    @property
+    def term_length(self) -> int:
+        return self._log.term_length
+
+    @property
+    def initial_term_id(self) -> int:
+        return self._log.initial_term_id
+
+    @property
+    def end_of_stream_position(self) -> int:
+        return self._log.end_of_stream_position
+
+    @property
+    def is_end_of_stream(self) -> bool:
+        """True once every byte the publisher wrote before closing has been consumed here."""
+        return self._position >= self._log.end_of_stream_position
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def _release(self) -> None:
+        """Stop delivering and drop the mapping. Called by the client thread; a poll running in another
+        thread keeps its own references, so the memory stays valid until that poll returns."""
+        self._closed = True
+        close_mapping(self._mapping)
+
+    def __repr__(self) -> str:
+        return (
+            f"Image(session_id={self.session_id}, stream_id={self.stream_id}, position={self._position}, "
+            f"source={self.source_identity!r}, end_of_stream={self.is_end_of_stream})"
+        )

@@ -1,0 +1,129 @@
+"""Publications: append messages to a stream's log in shared memory.
+
+``offer`` copies a message in; ``try_claim`` hands out the frame's own memory to write into. Both
+return the new stream position, or a negative code from ``slipstream.logbuffer.results`` that says
+why nothing was written (never silently dropped).
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from collections.abc import Callable
+
+from ..driver.directory import close_mapping
+from ..logbuffer import CLOSED, BufferClaim, ExclusiveAppender, LogBuffers
+
+
+class ExclusivePublication:
+    """A publication with a single writer thread: no locking on the hot path."""
+
+    def __init__(
+        self,
+        *,
+        channel: str,
+        stream_id: int,
+        session_id: int,
+        registration_id: int,
+        mapping: mmap.mmap,
+        limit_values: memoryview,
+        limit_index: int,
+        on_close: Callable[[ExclusivePublication], None],
+    ) -> None:
+        self.channel = channel
+        self.stream_id = stream_id
+        self.session_id = session_id
+        self.registration_id = registration_id
+        self._mapping = mapping
+        self._log = LogBuffers(memoryview(mapping))
+        self._appender = ExclusiveAppender(self._log)
+        self._limit_values = limit_values
+        self._limit_index = limit_index
+        self._on_close = on_close
+        self._closed = False
+
+    def offer(self, message: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
+        """Append ``message``; returns the new position or NOT_CONNECTED / BACK_PRESSURED / ADMIN_ACTION /
+        CLOSED / MAX_POSITION_EXCEEDED. Raises ValueError if it exceeds ``max_message_length``."""
+        if self._closed:
+            return CLOSED
+        return self._appender.append(message, self._limit_values[self._limit_index], reserved_value)
+
+    def try_claim(self, length: int, claim: BufferClaim) -> int:
+        """Reserve a frame of ``length`` bytes (at most ``max_payload_length``) to write in place."""
+        if self._closed:
+            return CLOSED
+        return self._appender.claim(length, self._limit_values[self._limit_index], claim)
+
+    @property
+    def position(self) -> int:
+        return self._appender.position
+
+    @property
+    def position_limit(self) -> int:
+        return int(self._limit_values[self._limit_index])
+
+    @property
+    def is_connected(self) -> bool:
+        """True while at least one subscriber is attached."""
+        return not self._closed and self._log.is_connected
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def max_message_length(self) -> int:
+        return self._appender.max_message_length
+
+    @property
+    def max_payload_length(self) -> int:
+        return self._appender.max_payload_length
+
+    @property
+    def term_length(self) -> int:
+        return self._log.term_length
+
+    def close(self) -> None:
+        """Close: subscribers receive everything offered so far, then see end of stream."""
+        if self._closed:
+            return
+        self._closed = True
+        self._on_close(self)
+
+    def _release(self) -> None:
+        """Drop the mapping (the client calls this once the driver knows)."""
+        self._closed = True
+        close_mapping(self._mapping)
+
+    def __enter__(self) -> ExclusivePublication:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "
+            f"session_id={self.session_id}, position={self.position}, closed={self._closed})"
+        )
+
+
+class Publication(ExclusivePublication):
+    """A publication that many threads of this process may offer to at once (a lock serialises them).
+
+    Across processes each publisher has its own session: Aeron shares one log between processes using
+    an atomic fetch-and-add on the tail, which Python cannot do on shared memory.
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._lock = threading.Lock()
+
+    def offer(self, message: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
+        with self._lock:
+            return super().offer(message, reserved_value)
+
+    def try_claim(self, length: int, claim: BufferClaim) -> int:
+        with self._lock:
+            return super().try_claim(length, claim)

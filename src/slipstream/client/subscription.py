@@ -1,0 +1,112 @@
+"""Subscriptions: the images of every publisher on a channel and stream, polled together."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..logbuffer import FragmentHandler
+from .image import Image
+
+ImageHandler = Callable[[Image], object]
+
+
+class Subscription:
+    """Polls its images fairly (round robin start) and learns of new and departed images from the
+    client thread; the image list is replaced, never mutated, so ``poll`` needs no lock."""
+
+    def __init__(
+        self,
+        *,
+        channel: str,
+        stream_id: int,
+        registration_id: int,
+        on_available_image: ImageHandler | None,
+        on_unavailable_image: ImageHandler | None,
+        on_close: Callable[[Subscription], None],
+    ) -> None:
+        self.channel = channel
+        self.stream_id = stream_id
+        self.registration_id = registration_id
+        self.on_available_image = on_available_image
+        self.on_unavailable_image = on_unavailable_image
+        self._on_close = on_close
+        self._images: tuple[Image, ...] = ()
+        self._round_robin = 0
+        self._closed = False
+
+    def poll(self, handler: FragmentHandler, fragment_limit: int = 10) -> int:
+        """Deliver up to ``fragment_limit`` fragments across images; returns how many were delivered."""
+        images = self._images
+        count = len(images)
+        if count == 1:
+            return images[0].poll(handler, fragment_limit)
+        if count == 0:
+            return 0
+        start = self._round_robin = (self._round_robin + 1) % count
+        fragments = 0
+        for i in range(count):
+            fragments += images[(start + i) % count].poll(handler, fragment_limit - fragments)
+            if fragments >= fragment_limit:
+                break
+        return fragments
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        return self._images
+
+    @property
+    def image_count(self) -> int:
+        return len(self._images)
+
+    @property
+    def is_connected(self) -> bool:
+        """True while at least one publisher's image is attached."""
+        return bool(self._images)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def image_by_session_id(self, session_id: int) -> Image | None:
+        for image in self._images:
+            if image.session_id == session_id:
+                return image
+        return None
+
+    def _add_image(self, image: Image) -> None:
+        self._images = (*self._images, image)
+        if self.on_available_image is not None:
+            self.on_available_image(image)
+
+    def _remove_image(self, correlation_id: int) -> Image | None:
+        for image in self._images:
+            if image.correlation_id == correlation_id:
+                self._images = tuple(i for i in self._images if i is not image)
+                image._release()
+                if self.on_unavailable_image is not None:
+                    self.on_unavailable_image(image)
+                return image
+        return None
+
+    def _release_all(self) -> None:
+        images, self._images = self._images, ()
+        for image in images:
+            image._release()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._on_close(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Subscription(channel={self.channel!r}, stream_id={self.stream_id}, images={len(self._images)}, "
+            f"closed={self._closed})"
+        )

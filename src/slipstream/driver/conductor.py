@@ -1,0 +1,474 @@
+"""The driver conductor: the agent that serves clients' commands and keeps IPC publications flowing.
+
+Each duty cycle it accepts clients, reads their commands from non-blocking sockets, turns subscriber
+positions into publisher limits, retires closed publications once drained, and times out clients
+that stopped talking. It never blocks: waiting is the idle strategy's job (see ``MediaDriver``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import selectors
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..logbuffer import LogBuffers, compute_log_length
+from ..protocol.positions import wrap_i32
+from ..protocol.uri import ChannelUri, ChannelUriError
+from . import commands as cmd
+from .cnc import CncFile
+from .config import DriverConfig
+from .counters import PUBLISHER_LIMIT_TYPE_ID, SUBSCRIBER_POSITION_TYPE_ID, CountersManager
+from .directory import PUBLICATIONS_DIR, map_file
+from .ipc_publication import IpcPublication, PublicationState
+
+log = logging.getLogger("slipstream.driver")
+
+_RECV_CHUNK = 64 * 1024
+_MAX_OUTBOX = 4 * 1024 * 1024
+
+
+@dataclass(slots=True, eq=False)
+class ClientSession:
+    """One connected client process (or context) as the driver sees it."""
+
+    sock: socket.socket
+    decoder: cmd.Decoder[cmd.ClientMessage]
+    last_seen_ns: int
+    client_id: int = 0
+    pid: int = 0
+    outbox: bytearray = field(default_factory=bytearray)
+    publications: set[int] = field(default_factory=set)
+    subscriptions: set[int] = field(default_factory=set)
+    closed: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class SubscriptionLink:
+    registration_id: int
+    client: ClientSession
+    channel: str
+    stream_id: int
+    session_id: int | None
+
+
+class DriverConductor:
+    """Owns every driver-side resource of one driver directory."""
+
+    def __init__(self, config: DriverConfig, cnc: CncFile, listener: socket.socket, now_ns: int) -> None:
+        self.config = config
+        self.cnc = cnc
+        self.counters: CountersManager = cnc.counters_manager()
+        self.listener = listener
+        self.selector = selectors.DefaultSelector()
+        listener.setblocking(False)
+        self.selector.register(listener, selectors.EVENT_READ, None)
+        self.clients: dict[int, ClientSession] = {}
+        self.publications: dict[int, IpcPublication] = {}
+        self.subscriptions: dict[int, SubscriptionLink] = {}
+        self.publications_dir = config.directory / PUBLICATIONS_DIR
+        self._next_client_id = 1
+        self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        self._next_timer_ns = now_ns
+
+    # -- duty cycle -------------------------------------------------------------------------------
+
+    def do_work(self, now_ns: int, timeout_s: float = 0.0) -> int:
+        """One duty cycle; ``timeout_s`` lets an idle driver sleep in the socket wait itself."""
+        work = self._poll_sockets(now_ns, timeout_s)
+        for publication in list(self.publications.values()):
+            work += publication.update_limit(self.counters)
+            if publication.state is PublicationState.DRAINING:
+                work += self._check_drained(publication, now_ns)
+        if now_ns >= self._next_timer_ns:
+            self._next_timer_ns = now_ns + self.config.timer_interval_ns
+            self.cnc.heartbeat_ms = time.time_ns() // 1_000_000
+            work += self._check_liveness(now_ns)
+        return work
+
+    def _poll_sockets(self, now_ns: int, timeout_s: float) -> int:
+        work = 0
+        for key, _ in self.selector.select(timeout_s):
+            if key.data is None:
+                work += self._accept(now_ns)
+            else:
+                work += self._read_client(key.data, now_ns)
+        for client in list(self.clients.values()):
+            if client.outbox:
+                self._flush(client)
+        return work
+
+    def _accept(self, now_ns: int) -> int:
+        accepted = 0
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return accepted
+            except OSError as exc:
+                log.warning("accept failed: %s", exc)
+                return accepted
+            sock.setblocking(False)
+            client = ClientSession(sock, cmd.client_decoder(), now_ns)
+            self.selector.register(sock, selectors.EVENT_READ, client)
+            accepted += 1
+
+    def _read_client(self, client: ClientSession, now_ns: int) -> int:
+        try:
+            data = client.sock.recv(_RECV_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError:
+            data = b""
+        if not data:
+            self._close_client(client, now_ns, "connection closed")
+            return 1
+        client.last_seen_ns = now_ns
+        try:
+            messages = client.decoder.feed(data)
+        except cmd.CommandError as exc:
+            self._close_client(client, now_ns, f"protocol error: {exc}")
+            return 1
+        for message in messages:
+            if client.closed:
+                break
+            self._on_message(client, message, now_ns)
+        return 1
+
+    def _send(self, client: ClientSession, message: cmd.DriverMessage) -> None:
+        if client.closed:
+            return
+        client.outbox += cmd.encode(message)
+        self._flush(client)
+        if len(client.outbox) > _MAX_OUTBOX:
+            self._close_client(client, 0, "client does not read the driver's messages")
+
+    def _flush(self, client: ClientSession) -> None:
+        try:
+            sent = client.sock.send(client.outbox)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            client.outbox.clear()
+            return
+        del client.outbox[:sent]
+
+    # -- commands ---------------------------------------------------------------------------------
+
+    def _on_message(self, client: ClientSession, message: cmd.ClientMessage, now_ns: int) -> None:
+        if client.client_id == 0:
+            if not isinstance(message, cmd.Hello) or message.version != cmd.PROTOCOL_VERSION:
+                self._close_client(client, now_ns, "first message was not a compatible Hello")
+                return
+            client.client_id = self._next_client_id
+            self._next_client_id += 1
+            client.pid = message.pid
+            self.clients[client.client_id] = client
+            self._send(client, cmd.Welcome(os.getpid(), self.config.client_liveness_timeout_ns, client.client_id))
+            return
+        match message:
+            case cmd.Keepalive():
+                pass
+            case cmd.AddPublication():
+                self._add_publication(client, message, now_ns)
+            case cmd.RemovePublication():
+                self._remove_publication(client, message.correlation_id, message.registration_id, now_ns)
+            case cmd.AddSubscription():
+                self._add_subscription(client, message, now_ns)
+            case cmd.RemoveSubscription():
+                self._remove_subscription(client, message.correlation_id, message.registration_id, now_ns)
+            case cmd.CloseClient():
+                self._close_client(client, now_ns, "client closed")
+            case cmd.Hello():
+                self._error(client, 0, "PROTOCOL", "Hello sent twice")
+
+    def _error(self, client: ClientSession, correlation_id: int, code: str, message: str) -> None:
+        self._send(client, cmd.ErrorResponse(correlation_id, code, message))
+
+    def _check_correlation(self, client: ClientSession, correlation_id: int) -> bool:
+        """Registration ids are the client's correlation ids, unique because they carry its client id."""
+        if (
+            correlation_id >> 32 != client.client_id
+            or correlation_id in self.publications
+            or (correlation_id in self.subscriptions)
+        ):
+            self._error(client, correlation_id, "PROTOCOL", f"correlation id {correlation_id} is not this client's")
+            return False
+        return True
+
+    def _parse_channel(
+        self, client: ClientSession, correlation_id: int, channel: str, stream_id: int
+    ) -> ChannelUri | None:
+        try:
+            uri = ChannelUri.parse(channel)
+        except ChannelUriError as exc:
+            self._error(client, correlation_id, "INVALID_CHANNEL", str(exc))
+            return None
+        if not -(1 << 31) <= stream_id < (1 << 31):
+            self._error(client, correlation_id, "INVALID_CHANNEL", f"stream id {stream_id} is not a 32-bit integer")
+            return None
+        if not uri.is_ipc:
+            self._error(
+                client, correlation_id, "UNSUPPORTED_MEDIA", f"{channel}: this driver serves aeron:ipc channels only"
+            )
+            return None
+        return uri
+
+    def _add_publication(self, client: ClientSession, message: cmd.AddPublication, now_ns: int) -> None:
+        correlation_id = message.correlation_id
+        if not self._check_correlation(client, correlation_id):
+            return
+        uri = self._parse_channel(client, correlation_id, message.channel, message.stream_id)
+        if uri is None:
+            return
+        config = self.config
+        term_length = uri.term_length or config.ipc_term_length
+        mtu = uri.mtu or config.ipc_mtu
+        session_id = uri.session_id
+        if session_id is not None and any(
+            p.session_id == session_id and p.stream_id == message.stream_id and p.state is PublicationState.ACTIVE
+            for p in self.publications.values()
+        ):
+            self._error(
+                client,
+                correlation_id,
+                "SESSION_IN_USE",
+                f"session id {session_id} is already used on stream {message.stream_id}",
+            )
+            return
+        if session_id is None:
+            session_id = self._allocate_session_id(message.stream_id)
+        start = uri.start_position
+        if start is not None:
+            initial_term_id, term_id, term_offset = start.initial_term_id, start.term_id, start.term_offset
+        else:
+            initial_term_id = wrap_i32(self._rng.getrandbits(32))
+            term_id, term_offset = initial_term_id, 0
+        window = term_length // 2
+        if uri.pub_wnd is not None:
+            window = min(window, uri.pub_wnd)
+        elif config.ipc_publication_window is not None:
+            window = min(window, config.ipc_publication_window)
+        path = self.publications_dir / f"{correlation_id}.logbuffer"
+        try:
+            mapping = map_file(path, compute_log_length(term_length), create=True)
+        except OSError as exc:
+            self._error(client, correlation_id, "RESOURCE", f"cannot create {path}: {exc}")
+            return
+        logbuffers = LogBuffers(memoryview(mapping), term_length)
+        logbuffers.initialize(
+            initial_term_id=initial_term_id,
+            term_id=term_id,
+            term_offset=term_offset,
+            session_id=session_id,
+            stream_id=message.stream_id,
+            mtu=mtu,
+            correlation_id=correlation_id,
+            publication_window=window,
+            signal_eos=uri.eos if uri.eos is not None else True,
+        )
+        label = f"pub-lmt: {correlation_id} {session_id} {message.stream_id} {message.channel}"
+        limit_id = self.counters.allocate(
+            label,
+            PUBLISHER_LIMIT_TYPE_ID,
+            registration_id=correlation_id,
+            owner_id=client.client_id,
+            now_ms=now_ns // 1_000_000,
+        )
+        publication = IpcPublication(
+            correlation_id,
+            client.client_id,
+            session_id,
+            message.stream_id,
+            message.channel,
+            message.exclusive,
+            path,
+            mapping,
+            logbuffers,
+            limit_id,
+            window,
+        )
+        self.counters.set(limit_id, publication.producer_position())
+        self.publications[correlation_id] = publication
+        client.publications.add(correlation_id)
+        self._send(
+            client,
+            cmd.PublicationReady(
+                correlation_id, correlation_id, session_id, message.stream_id, str(path), limit_id, message.channel
+            ),
+        )
+        for link in self.subscriptions.values():
+            if self._matches(link, publication):
+                self._link(link, publication, now_ns)
+        publication.update_limit(self.counters)
+
+    def _allocate_session_id(self, stream_id: int) -> int:
+        low, high = self.config.reserved_session_id_low, self.config.reserved_session_id_high
+        used = {p.session_id for p in self.publications.values() if p.stream_id == stream_id}
+        while True:
+            candidate = wrap_i32(self._rng.getrandbits(32))
+            if not low <= candidate <= high and candidate not in used:
+                return candidate
+
+    def _remove_publication(
+        self, client: ClientSession, correlation_id: int, registration_id: int, now_ns: int
+    ) -> None:
+        publication = self.publications.get(registration_id)
+        if publication is None or publication.client_id != client.client_id:
+            self._error(
+                client, correlation_id, "UNKNOWN_PUBLICATION", f"no publication {registration_id} of this client"
+            )
+            return
+        client.publications.discard(registration_id)
+        publication.start_draining(now_ns)
+        self._send(client, cmd.OperationSuccess(correlation_id))
+
+    def _add_subscription(self, client: ClientSession, message: cmd.AddSubscription, now_ns: int) -> None:
+        correlation_id = message.correlation_id
+        if not self._check_correlation(client, correlation_id):
+            return
+        uri = self._parse_channel(client, correlation_id, message.channel, message.stream_id)
+        if uri is None:
+            return
+        link = SubscriptionLink(correlation_id, client, message.channel, message.stream_id, uri.session_id)
+        self.subscriptions[correlation_id] = link
+        client.subscriptions.add(correlation_id)
+        self._send(client, cmd.SubscriptionReady(correlation_id, correlation_id))
+        for publication in self.publications.values():
+            if publication.state is PublicationState.ACTIVE and self._matches(link, publication):
+                self._link(link, publication, now_ns)
+
+    def _remove_subscription(
+        self, client: ClientSession, correlation_id: int, registration_id: int, now_ns: int
+    ) -> None:
+        link = self.subscriptions.get(registration_id)
+        if link is None or link.client is not client:
+            self._error(
+                client, correlation_id, "UNKNOWN_SUBSCRIPTION", f"no subscription {registration_id} of this client"
+            )
+            return
+        self._drop_subscription(link, now_ns)
+        self._send(client, cmd.OperationSuccess(correlation_id))
+
+    @staticmethod
+    def _matches(link: SubscriptionLink, publication: IpcPublication) -> bool:
+        return link.stream_id == publication.stream_id and (
+            link.session_id is None or link.session_id == publication.session_id
+        )
+
+    def _link(self, link: SubscriptionLink, publication: IpcPublication, now_ns: int) -> None:
+        """Join a subscription to a publication at its current position: an image appears."""
+        join = publication.producer_position()
+        label = (
+            f"sub-pos: {link.registration_id} {publication.session_id} {publication.stream_id} {link.channel} @{join}"
+        )
+        counter_id = self.counters.allocate(
+            label,
+            SUBSCRIBER_POSITION_TYPE_ID,
+            registration_id=link.registration_id,
+            owner_id=link.client.client_id,
+            reference_id=publication.registration_id,
+            now_ms=now_ns // 1_000_000,
+        )
+        self.counters.set(counter_id, join)
+        publication.subscribers[link.registration_id] = counter_id
+        self._send(
+            link.client,
+            cmd.ImageAvailable(
+                link.registration_id,
+                publication.registration_id,
+                publication.session_id,
+                publication.stream_id,
+                str(publication.log_path),
+                counter_id,
+                join,
+                "aeron:ipc",
+            ),
+        )
+
+    def _unlink(self, link: SubscriptionLink, publication: IpcPublication, now_ns: int, notify: bool) -> None:
+        counter_id = publication.subscribers.pop(link.registration_id, None)
+        if counter_id is None:
+            return
+        self.counters.free(counter_id, now_ns // 1_000_000)
+        if notify:
+            self._send(link.client, cmd.ImageUnavailable(link.registration_id, publication.registration_id))
+
+    def _drop_subscription(self, link: SubscriptionLink, now_ns: int) -> None:
+        self.subscriptions.pop(link.registration_id, None)
+        link.client.subscriptions.discard(link.registration_id)
+        for publication in self.publications.values():
+            self._unlink(link, publication, now_ns, notify=False)
+
+    # -- end of stream and liveness ---------------------------------------------------------------
+
+    def _check_drained(self, publication: IpcPublication, now_ns: int) -> int:
+        if not publication.is_drained(self.counters):
+            unblocked = publication.unblock(self.counters, now_ns, self.config.publication_unblock_timeout_ns)
+            return 1 if unblocked else 0
+        for registration_id in list(publication.subscribers):
+            link = self.subscriptions.get(registration_id)
+            if link is not None:
+                self._unlink(link, publication, now_ns, notify=True)
+        self.counters.free(publication.limit_counter_id, now_ns // 1_000_000)
+        del self.publications[publication.registration_id]
+        publication.close()
+        return 1
+
+    def _check_liveness(self, now_ns: int) -> int:
+        work = 0
+        timeout = self.config.client_liveness_timeout_ns
+        for client in list(self.clients.values()):
+            if now_ns - client.last_seen_ns > timeout:
+                self._close_client(client, now_ns, f"no keep-alive for {timeout / 1e9:.1f} s")
+                work += 1
+        return work
+
+    def _close_client(self, client: ClientSession, now_ns: int, reason: str) -> None:
+        """Release everything a client held: its subscriptions stop holding publishers back at once,
+        its publications end their streams so subscribers still get every byte before the image goes."""
+        if client.closed:
+            return
+        client.closed = True
+        if client.client_id:
+            log.info("client %d (pid %d) removed: %s", client.client_id, client.pid, reason)
+        self.clients.pop(client.client_id, None)
+        for registration_id in list(client.subscriptions):
+            link = self.subscriptions.get(registration_id)
+            if link is not None:
+                self._drop_subscription(link, now_ns)
+        for registration_id in list(client.publications):
+            publication = self.publications.get(registration_id)
+            if publication is not None:
+                publication.start_draining(now_ns)
+        client.publications.clear()
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(client.sock)
+        with contextlib.suppress(OSError):
+            client.sock.close()
+
+    def close(self) -> None:
+        """Tear everything down: clients see the socket close, files are removed."""
+        for client in list(self.clients.values()):
+            self._close_client(client, 0, "driver closing")
+        for key in list(self.selector.get_map().values()):
+            if isinstance(key.data, ClientSession):
+                self._close_client(key.data, 0, "driver closing")
+        for publication in list(self.publications.values()):
+            publication.close()
+        self.publications.clear()
+        self.selector.close()
+
+
+def clean_publications_dir(directory: Path) -> None:
+    """Remove log files a dead driver left behind, then make sure the folder exists."""
+    folder = directory / PUBLICATIONS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in folder.glob("*.logbuffer"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()

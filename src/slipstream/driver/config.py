@@ -1,0 +1,72 @@
+"""Media driver configuration: every default in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..protocol.constants import (
+    IPC_TERM_DEFAULT_LENGTH,
+    MTU_DEFAULT,
+    RESERVED_SESSION_ID_HIGH_DEFAULT,
+    RESERVED_SESSION_ID_LOW_DEFAULT,
+)
+from ..protocol.positions import check_mtu, check_term_length
+from .directory import default_directory
+from .idle import idle_strategy
+
+MS = 1_000_000
+S = 1_000_000_000
+
+
+@dataclass(slots=True)
+class DriverConfig:
+    """Settings of a media driver. Durations are nanoseconds, sizes bytes."""
+
+    directory: Path = field(default_factory=default_directory)
+    client_liveness_timeout_ns: int = 5 * S
+    """A client that sent nothing (not even a keep-alive) for this long is considered dead."""
+    publication_linger_ns: int = 5 * S
+    publication_unblock_timeout_ns: int = 5 * S
+    """A closed publication whose last claim was never committed is padded after this long."""
+    ipc_term_length: int = IPC_TERM_DEFAULT_LENGTH
+    ipc_mtu: int = MTU_DEFAULT
+    ipc_publication_window: int | None = None
+    """Bytes a publisher may run ahead of its slowest subscriber; None means half a term."""
+    counters_capacity: int = 8192
+    error_log_length: int = 1024 * 1024
+    idle_strategy: str = "backoff"
+    reserved_session_id_low: int = RESERVED_SESSION_ID_LOW_DEFAULT
+    reserved_session_id_high: int = RESERVED_SESSION_ID_HIGH_DEFAULT
+    timer_interval_ns: int = 100 * MS
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad setting."""
+        for name in (
+            "client_liveness_timeout_ns",
+            "publication_linger_ns",
+            "publication_unblock_timeout_ns",
+            "timer_interval_ns",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive: {getattr(self, name)}")
+        try:
+            check_term_length(self.ipc_term_length)
+        except ValueError as exc:
+            raise ValueError(f"ipc_term_length: {exc}") from None
+        try:
+            check_mtu(self.ipc_mtu)
+        except ValueError as exc:
+            raise ValueError(f"ipc_mtu: {exc}") from None
+        if self.ipc_publication_window is not None and self.ipc_publication_window < self.ipc_mtu:
+            raise ValueError(f"ipc_publication_window must be at least the mtu: {self.ipc_publication_window}")
+        if self.counters_capacity < 16:
+            raise ValueError(f"counters_capacity must be at least 16: {self.counters_capacity}")
+        if self.error_log_length < 0 or self.error_log_length % 8:
+            raise ValueError(f"error_log_length must be a non-negative multiple of 8: {self.error_log_length}")
+        if self.reserved_session_id_low > self.reserved_session_id_high:
+            raise ValueError("reserved_session_id_low must not exceed reserved_session_id_high")
+        try:
+            idle_strategy(self.idle_strategy)
+        except ValueError as exc:
+            raise ValueError(f"idle_strategy: {exc}") from None

@@ -1,0 +1,120 @@
+"""The driver's side of an IPC publication: its log file, its publisher limit and its subscribers.
+
+The data path never passes through here. The driver only turns subscriber positions (written by
+subscribers into shared counters) into the publisher limit (read by the publisher), and handles
+end of stream when the publication closes or its client dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..logbuffer import LogBuffers
+from ..protocol.constants import DATA_HEADER_LENGTH, HDR_TYPE_PAD, PARTITION_COUNT
+from .counters import CountersManager
+from .directory import close_mapping
+
+
+class PublicationState(enum.Enum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class IpcPublication:
+    registration_id: int
+    client_id: int
+    session_id: int
+    stream_id: int
+    channel: str
+    exclusive: bool
+    log_path: Path
+    mapping: mmap.mmap
+    log: LogBuffers
+    limit_counter_id: int
+    window: int
+    state: PublicationState = PublicationState.ACTIVE
+    subscribers: dict[int, int] = field(default_factory=dict)
+    """Subscription registration id -> subscriber position counter id."""
+    draining_since_ns: int = 0
+    stuck_position: int = -1
+    stuck_since_ns: int = 0
+
+    def producer_position(self) -> int:
+        return self.log.producer_position()
+
+    def update_limit(self, counters: CountersManager) -> int:
+        """Set the publisher limit from the slowest subscriber; returns 1 if it moved (work done)."""
+        producer = self.producer_position()
+        if self.subscribers:
+            consumer = min(counters.get(cid) for cid in self.subscribers.values())
+            limit = consumer + self.window
+            if not self.log.is_connected:
+                self.log.is_connected = True
+        else:
+            limit = producer
+            if self.log.is_connected:
+                self.log.is_connected = False
+        if self.state is not PublicationState.ACTIVE:
+            limit = producer  # nothing more may be appended once closing
+        if counters.get(self.limit_counter_id) != limit:
+            counters.set(self.limit_counter_id, limit)
+            return 1
+        return 0
+
+    def min_subscriber_position(self, counters: CountersManager) -> int | None:
+        if not self.subscribers:
+            return None
+        return min(counters.get(cid) for cid in self.subscribers.values())
+
+    def start_draining(self, now_ns: int) -> None:
+        if self.state is PublicationState.ACTIVE:
+            self.state = PublicationState.DRAINING
+            self.draining_since_ns = now_ns
+            self.log.end_of_stream_position = self.producer_position()
+
+    def is_drained(self, counters: CountersManager) -> bool:
+        position = self.min_subscriber_position(counters)
+        return position is None or position >= self.log.end_of_stream_position
+
+    def unblock(self, counters: CountersManager, now_ns: int, timeout_ns: int) -> bool:
+        """Pad a claimed-but-never-committed frame that stops subscribers of a closed publication.
+
+        A frame being written carries its length negated; if subscribers sit at such a frame for
+        ``timeout_ns`` after the publisher went away, it becomes padding so they reach end of stream.
+        """
+        position = self.min_subscriber_position(counters)
+        if position is None or position >= self.log.end_of_stream_position:
+            return False
+        if position != self.stuck_position:
+            self.stuck_position = position
+            self.stuck_since_ns = now_ns
+            return False
+        if now_ns - self.stuck_since_ns < timeout_ns:
+            return False
+        log = self.log
+        index = (position >> log.bits) % PARTITION_COUNT
+        offset = position & (log.term_length - 1)
+        term_i32 = log.terms_i32[index]
+        frame_length = term_i32[offset >> 2]
+        if frame_length >= 0 or -frame_length < DATA_HEADER_LENGTH or -frame_length > log.term_length - offset:
+            return False
+        log.terms[index][offset + 6] = HDR_TYPE_PAD
+        log.terms[index][offset + 7] = 0
+        term_i32[offset >> 2] = -frame_length
+        self.stuck_since_ns = now_ns
+        return True
+
+    def close(self) -> None:
+        """Release the mapping and delete the file; mapped readers keep their pages until they unmap."""
+        self.state = PublicationState.DONE
+        self.log.close()
+        close_mapping(self.mapping)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.log_path)

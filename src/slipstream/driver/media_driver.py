@@ -1,0 +1,192 @@
+"""``MediaDriver``: runs a driver conductor for one directory, embedded (a thread) or standalone.
+
+A directory belongs to one driver at a time: the driver holds an exclusive ``flock`` on
+``driver.lock`` for its lifetime, and the kernel releases it if the process dies, so a crashed
+driver never blocks the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from .cnc import STATE_CLOSED, STATE_RUNNING, CncFile
+from .conductor import DriverConductor, clean_publications_dir
+from .config import DriverConfig
+from .directory import CNC_FILE, LOCK_FILE, SOCKET_FILE
+from .idle import idle_strategy
+
+log = logging.getLogger("slipstream.driver")
+
+
+class DriverError(RuntimeError):
+    """The driver cannot start, or a client cannot reach a driver."""
+
+
+class DriverAlreadyRunningError(DriverError):
+    """Another live driver holds the directory."""
+
+
+def socket_address(directory: Path) -> str:
+    """Address of the driver's command socket. Unix socket paths are limited to ~107 bytes, so a long
+    directory is reached through ``/proc/self/fd`` of an open descriptor (see ``DirectoryHandle``)."""
+    return str(directory / SOCKET_FILE)
+
+
+class DirectoryHandle:
+    """Keeps a descriptor of the directory open so long socket paths can be shortened."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+
+    def socket_path(self) -> str:
+        full = socket_address(self.directory)
+        if len(full.encode()) < 100:
+            return full
+        return f"/proc/self/fd/{self._fd}/{SOCKET_FILE}"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+class MediaDriver:
+    """A media driver for ``config.directory``. ``start`` claims the directory; ``run`` serves until
+    ``stop``; ``launch_embedded`` does both on a daemon thread."""
+
+    def __init__(self, config: DriverConfig | None = None) -> None:
+        self.config = config or DriverConfig()
+        self.config.validate()
+        self.directory = Path(self.config.directory)
+        self._lock_fd = -1
+        self._conductor: DriverConductor | None = None
+        self._cnc: CncFile | None = None
+        self._listener: socket.socket | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def start(self) -> MediaDriver:
+        directory = self.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            holder = _lock_holder(directory)
+            raise DriverAlreadyRunningError(
+                f"a media driver{holder} already uses {directory}; attach to it, stop it, or choose another directory"
+            ) from None
+        self._lock_fd = lock_fd
+        os.ftruncate(lock_fd, 0)
+        os.write(lock_fd, f"{os.getpid()}\n".encode())
+        try:
+            self._prepare(directory)
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def _prepare(self, directory: Path) -> None:
+        for stale in (SOCKET_FILE, CNC_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (directory / stale).unlink()
+        clean_publications_dir(directory)
+        config = self.config
+        self._cnc = CncFile.create(
+            directory,
+            counters_capacity=config.counters_capacity,
+            error_log_length=config.error_log_length,
+            client_liveness_timeout_ns=config.client_liveness_timeout_ns,
+            start_timestamp_ms=time.time_ns() // 1_000_000,
+            pid=os.getpid(),
+        )
+        handle = DirectoryHandle(directory)
+        try:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(handle.socket_path())
+            listener.listen(64)
+        finally:
+            handle.close()
+        self._listener = listener
+        self._conductor = DriverConductor(config, self._cnc, listener, time.monotonic_ns())
+        self._cnc.heartbeat_ms = time.time_ns() // 1_000_000
+        self._cnc.state = STATE_RUNNING
+        log.info("media driver started in %s (pid %d)", directory, os.getpid())
+
+    def run(self) -> None:
+        """Serve until ``stop`` is called (from another thread or a signal handler)."""
+        conductor = self._conductor
+        if conductor is None:
+            raise DriverError("start() the driver before run()")
+        idle = idle_strategy(self.config.idle_strategy)
+        try:
+            while not self._stop.is_set():
+                idle.idle(conductor.do_work(time.monotonic_ns()))
+        finally:
+            self._shutdown()
+
+    def launch_embedded(self) -> MediaDriver:
+        """Start and serve on a daemon thread inside this process."""
+        self.start()
+        self._thread = threading.Thread(target=self.run, name=f"slipstream-driver:{self.directory}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def close(self) -> None:
+        """Stop serving and release the directory."""
+        if self._thread is not None:
+            self.stop()
+        else:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._conductor is not None:
+            self._conductor.close()
+        if self._listener is not None:
+            self._listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / SOCKET_FILE).unlink()
+        if self._cnc is not None:
+            self._cnc.state = STATE_CLOSED
+            self._cnc.close()
+        self._release()
+        log.info("media driver in %s stopped", self.directory)
+
+    def _release(self) -> None:
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> MediaDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _lock_holder(directory: Path) -> str:
+    try:
+        pid = (directory / LOCK_FILE).read_text().strip()
+    except OSError:
+        return ""
+    return f" (pid {pid})" if pid.isdigit() else ""
