@@ -1,3 +1,78 @@
-"""slipstream: fast, secure messaging between processes and machines."""
+"""slipstream: fast, secure messaging between processes and machines.
+
+The transport API (Aeron's vocabulary, Python's spelling) is re-exported here:
+``Context``, publications, subscriptions, images, ``FragmentAssembler``, idle strategies and the
+offer result codes.
+"""
+
+from .client import (
+    ADMIN_ACTION,
+    BACK_PRESSURED,
+    CLOSED,
+    MAX_POSITION_EXCEEDED,
+    NOT_CONNECTED,
+    AsyncBackoff,
+    BackoffIdleStrategy,
+    BufferClaim,
+    BusySpinIdleStrategy,
+    Context,
+    DriverAlreadyRunningError,
+    DriverError,
+    DriverLostError,
+    DriverUnavailableError,
+    ExclusivePublication,
+    FragmentAssembler,
+    FragmentHandler,
+    Header,
+    IdleStrategy,
+    Image,
+    Publication,
+    RegistrationError,
+    SleepingIdleStrategy,
+    Subscription,
+    YieldingIdleStrategy,
+    offer_async,
+    poll_async,
+    result_name,
+)
+from .driver.config import DriverConfig
+from .driver.media_driver import MediaDriver
+from .protocol.uri import ChannelUri, ChannelUriError
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "ADMIN_ACTION",
+    "BACK_PRESSURED",
+    "CLOSED",
+    "MAX_POSITION_EXCEEDED",
+    "NOT_CONNECTED",
+    "AsyncBackoff",
+    "BackoffIdleStrategy",
+    "BufferClaim",
+    "BusySpinIdleStrategy",
+    "ChannelUri",
+    "ChannelUriError",
+    "Context",
+    "DriverAlreadyRunningError",
+    "DriverConfig",
+    "DriverError",
+    "DriverLostError",
+    "DriverUnavailableError",
+    "ExclusivePublication",
+    "FragmentAssembler",
+    "FragmentHandler",
+    "Header",
+    "IdleStrategy",
+    "Image",
+    "MediaDriver",
+    "Publication",
+    "RegistrationError",
+    "SleepingIdleStrategy",
+    "Subscription",
+    "YieldingIdleStrategy",
+    "__version__",
+    "offer_async",
+    "poll_async",
+    "result_name",
+]

@@ -18,6 +18,7 @@ from ..logbuffer import (
     Header,
     result_name,
 )
+from .aio import AsyncBackoff, offer_async, poll_async
 from .assembler import FragmentAssembler
 from .context import Context
 from .errors import DriverAlreadyRunningError, DriverError, DriverLostError, DriverUnavailableError, RegistrationError
@@ -31,6 +32,7 @@ __all__ = [
     "CLOSED",
     "MAX_POSITION_EXCEEDED",
     "NOT_CONNECTED",
+    "AsyncBackoff",
     "BackoffIdleStrategy",
     "BufferClaim",
     "BusySpinIdleStrategy",
@@ -50,5 +52,7 @@ __all__ = [
     "SleepingIdleStrategy",
     "Subscription",
     "YieldingIdleStrategy",
+    "offer_async",
+    "poll_async",
     "result_name",
 ]

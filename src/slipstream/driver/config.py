@@ -40,6 +40,9 @@ class DriverConfig:
     reserved_session_id_high: int = RESERVED_SESSION_ID_HIGH_DEFAULT
     timer_interval_ns: int = 100 * MS
 
+    def __post_init__(self) -> None:
+        self.directory = Path(self.directory)
+
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
         for name in (

@@ -91,7 +91,7 @@ class MediaDriver:
         try:
             self._prepare(directory)
         except BaseException:
-            self._release()
+            self._shutdown()
             raise
         return self
 

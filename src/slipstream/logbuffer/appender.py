@@ -6,8 +6,9 @@ shared memory, which Aeron's concurrent publications rely on).
 
 The frame length is stored last, after header and payload: a reader that sees a positive length
 sees a complete frame. While a frame is being written its length field holds the negated length,
-so a driver can pad over a claim whose writer died. On x86-64, stores become visible to other processes in program order, so no
-fence is needed; other architectures are not supported for cross-process use.
+so a driver can pad over a claim whose writer died. On x86-64, stores become visible to other
+processes in program order, so no fence is needed; other architectures are not supported for
+cross-process use.
 """
 
 from __future__ import annotations
@@ -299,21 +300,27 @@ class ExclusiveAppender:
             )
             self._term_i32[term_offset >> 2] = pad_length
             self._tail_i64[self._active_index] = self._term_id_shifted | term_length
-        self.rotate()
-        return ADMIN_ACTION
-
-    def rotate(self) -> None:
-        """Move to the next term. Its partition last held the term three back, which every reader has
-        left behind (readers lag by at most half a term), so it is zeroed before use; a partition never
-        written since the log was created is still zero and is left untouched (no pages are faulted in)."""
         next_index = (self._active_index + 1) % PARTITION_COUNT
         next_term_id = wrap_i32(self._term_id + 1)
-        next_term_count = self.log.active_term_count + 1
-        if next_term_count - self._start_term_count >= PARTITION_COUNT:
-            zero_buffer(self.log.terms[next_index])
+        term_count = self.log.active_term_count + 1
         self._tail_i64[next_index] = pack_tail(next_term_id, 0)
-        self.log.active_term_count = next_term_count
+        self.log.active_term_count = term_count
         self._set_term(next_index, next_term_id, 0)
+        self._prepare_next_partition(term_count)
+        return ADMIN_ACTION
+
+    def _prepare_next_partition(self, term_count: int) -> None:
+        """Zero the partition the term after ``term_count`` will use, as soon as the publisher enters
+        ``term_count``.
+
+        Readers in other processes move into the next term the moment the current one is complete
+        (a pad, or a frame ending exactly at the term's end), possibly before the publisher appends
+        again; so the next partition must already be clean. It last held the term three back, which
+        every reader has left: readers lag the publisher by at most half a term. A partition not
+        written since the log was created is still zero and is left alone (no pages faulted in).
+        """
+        if term_count + 1 - self._start_term_count >= PARTITION_COUNT:
+            zero_buffer(self.log.terms[(term_count + 1) % PARTITION_COUNT])
 
     def _back_pressure_status(self, position: int, length: int) -> int:
         if length > self._max_message_length:

@@ -7,6 +7,7 @@ an unknown frame type stops the read and is reported, instead of raising or read
 from __future__ import annotations
 
 from collections.abc import Callable
+
 from ..protocol.constants import DATA_HEADER_LENGTH, HDR_TYPE_DATA, HDR_TYPE_PAD, TYPE_OFFSET
 from .header import Header
 

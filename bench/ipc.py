@@ -1,0 +1,477 @@
+"""slipstream side of the IPC benchmarks: a standalone driver, publisher/subscriber and ping/pong workers.
+
+Each worker is a function run in its own "spawn" process (see ``bench.Children``), so the measured
+loops share the GIL with nothing but the client's keep-alive thread, which sleeps in ``recv``.
+The parent paces them over a pipe: ``ready`` (endpoints connected) -> ``go`` -> ``result`` -> ``close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from slipstream import (
+    ADMIN_ACTION,
+    BACK_PRESSURED,
+    NOT_CONNECTED,
+    BusySpinIdleStrategy,
+    Context,
+    DriverConfig,
+    ExclusivePublication,
+    Header,
+    Image,
+    MediaDriver,
+    Subscription,
+    YieldingIdleStrategy,
+    result_name,
+)
+
+from . import BenchError, Children, expect, stop_requested
+
+CHANNEL = "aeron:ipc"
+CONNECT_TIMEOUT_S = 15.0
+"""Time allowed for spawning, importing, attaching to the driver and seeing the other side."""
+THROUGHPUT_FRAGMENT_LIMIT = 256
+"""Fragments per poll in the throughput subscriber: batching as a throughput-minded user would."""
+LATENCY_FRAGMENT_LIMIT = 10
+
+PollAsync = Callable[..., Coroutine[Any, Any, int]]
+
+
+def _find_poll_async() -> PollAsync | None:
+    """The client's asyncio helper if this version of slipstream has one (it is being written)."""
+    try:
+        from slipstream.client import aio
+    except ImportError:
+        return None
+    helper = getattr(aio, "poll_async", None)
+    return helper if callable(helper) else None
+
+
+POLL_ASYNC = _find_poll_async()
+ASYNC_WAIT = (
+    "client.aio.poll_async" if POLL_ASYNC is not None else "bench-side asyncio poll loop (no client aio helper)"
+)
+"""How the asyncio pong side waits; shown in the row name so results say what was measured."""
+
+
+def _noop(payload: memoryview, header: Header) -> None:
+    return None
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, read from /proc: how we see what the driver costs."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_connected(
+    deadline: float, publication: ExclusivePublication | None = None, subscription: Subscription | None = None
+) -> None:
+    while (publication is not None and not publication.is_connected) or (
+        subscription is not None and not subscription.is_connected
+    ):
+        if time.monotonic() > deadline:
+            raise BenchError(f"not connected after {CONNECT_TIMEOUT_S} s: {publication!r} {subscription!r}")
+        time.sleep(0.001)
+
+
+def _image_state(image: Image) -> dict[str, Any]:
+    """What a subscriber's image looked like at the end: evidence when a run stalls."""
+    return {
+        "session_id": image.session_id,
+        "position": image.position,
+        "join_position": image.join_position,
+        "is_corrupt": image.is_corrupt,
+        "is_closed": image.is_closed,
+    }
+
+
+# -- standalone driver ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DriverParams:
+    directory: str
+
+
+def driver_worker(conn: Connection, params: DriverParams) -> None:
+    """A standalone media driver; SIGTERM stops it cleanly (``run`` returns and releases the directory)."""
+    driver = MediaDriver(DriverConfig(directory=Path(params.directory))).start()
+    signal.signal(signal.SIGTERM, lambda signum, frame: driver.stop())
+    conn.send(("ready", os.getpid()))
+    driver.run()
+    conn.send(("result", {"cpu_s": time.process_time()}))
+
+
+# -- throughput -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputParams:
+    directory: str
+    stream_id: int
+    size: int
+    count: int
+    time_limit_s: float
+    embedded: bool = False
+    """The publisher process hosts the driver (on a thread) instead of attaching to a standalone one."""
+
+
+def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
+    """Offers ``count`` messages as fast as the log takes them, retrying refusals and counting them."""
+    mode = "embedded" if p.embedded else "external"
+    with Context(p.directory, driver=mode) as ctx:
+        pub = ctx.add_exclusive_publication(CHANNEL, p.stream_id)
+        _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, publication=pub)
+        conn.send(("ready", None))
+        expect(conn, "go", CONNECT_TIMEOUT_S, "publisher")
+        offer = pub.offer
+        message = bytes(p.size)
+        count = p.count
+        sent = back_pressured = back_pressured_messages = admin_actions = not_connected = 0
+        start = time.perf_counter()
+        deadline = start + p.time_limit_s
+        timed_out = False
+        while sent < count:
+            result = offer(message)
+            if result > 0:
+                sent += 1
+                continue
+            # Refused: retry this message until the log takes it, counting every refusal by kind.
+            if result == BACK_PRESSURED:
+                back_pressured_messages += 1
+            while result < 0:
+                if result == BACK_PRESSURED:
+                    back_pressured += 1
+                elif result == ADMIN_ACTION:
+                    admin_actions += 1
+                elif result == NOT_CONNECTED:
+                    not_connected += 1
+                else:
+                    raise BenchError(f"offer failed: {result_name(result)}")
+                if time.perf_counter() > deadline:
+                    timed_out = True
+                    break
+                result = offer(message)
+            if timed_out:
+                break
+            sent += 1
+        elapsed = time.perf_counter() - start
+        conn.send(
+            (
+                "result",
+                {
+                    "sent": sent,
+                    "elapsed_s": elapsed,
+                    "back_pressured": back_pressured,
+                    "back_pressured_messages": back_pressured_messages,
+                    "admin_actions": admin_actions,
+                    "not_connected": not_connected,
+                    "timed_out": sent < count,
+                    "cpu_s": time.process_time(),
+                    "position": pub.position,
+                    "position_limit": pub.position_limit,
+                },
+            )
+        )
+        # Keep the publication (and an embedded driver) up until the subscriber has everything.
+        expect(conn, "close", p.time_limit_s + CONNECT_TIMEOUT_S, "publisher")
+
+
+def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
+    """Counts messages from first to last; the rate it sees is the benchmark's figure."""
+    mode = "external"  # with an embedded driver, the publisher's process hosts it; attach retries meanwhile
+    with Context(p.directory, driver=mode, driver_timeout_s=CONNECT_TIMEOUT_S) as ctx:
+        sub = ctx.add_subscription(CHANNEL, p.stream_id)
+        conn.send(("ready", None))
+        poll = sub.poll
+        limit = THROUGHPUT_FRAGMENT_LIMIT
+        count = p.count
+        deadline = time.perf_counter() + CONNECT_TIMEOUT_S + p.time_limit_s
+        received = 0
+        while received == 0:
+            received = poll(_noop, limit)
+            if not received and time.perf_counter() > deadline:
+                raise BenchError("subscriber: no message arrived")
+        start = time.perf_counter()
+        first = received
+        deadline = start + p.time_limit_s
+        while received < count:
+            got = poll(_noop, limit)
+            if got:
+                received += got
+            elif time.perf_counter() > deadline:
+                break
+        end = time.perf_counter()
+        conn.send(
+            (
+                "result",
+                {
+                    "received": received,
+                    "measured": received - first,
+                    "elapsed_s": end - start,
+                    "timed_out": received < count,
+                    "cpu_s": time.process_time(),
+                    "images": [_image_state(image) for image in sub.images],
+                },
+            )
+        )
+        expect(conn, "close", CONNECT_TIMEOUT_S, "subscriber")
+
+
+def run_throughput(
+    directory: Path, stream_id: int, size: int, count: int, time_limit_s: float, *, driver_pid: int | None
+) -> dict[str, Any]:
+    """One publisher process -> one subscriber process; ``driver_pid`` None means the publisher embeds it."""
+    params = ThroughputParams(str(directory), stream_id, size, count, time_limit_s, embedded=driver_pid is None)
+    with Children() as children:
+        sub = children.start("slipstream-subscriber", subscriber_worker, params)
+        pub = children.start("slipstream-publisher", publisher_worker, params)
+        sub.expect("ready", CONNECT_TIMEOUT_S)
+        pub.expect("ready", CONNECT_TIMEOUT_S)
+        driver_cpu = process_cpu_s(driver_pid) if driver_pid is not None else float("nan")
+        pub.send("go")
+        wait = time_limit_s + CONNECT_TIMEOUT_S
+        pub_result = pub.expect("result", wait)
+        sub_result = sub.expect("result", wait)
+        if driver_pid is not None:
+            driver_cpu = process_cpu_s(driver_pid) - driver_cpu
+        # The subscriber goes first: with an embedded driver, the publisher's exit takes the driver along.
+        sub.send("close")
+        sub.finish()
+        pub.send("close")
+        pub.finish()
+    if sub_result["measured"] <= 0 or sub_result["elapsed_s"] <= 0:
+        raise BenchError(f"throughput run measured nothing: {sub_result}")
+    msgs_per_s = sub_result["measured"] / sub_result["elapsed_s"]
+    return {
+        "params": asdict(params),
+        "driver": "embedded in publisher" if driver_pid is None else "standalone process",
+        "msgs_per_s": msgs_per_s,
+        "mb_per_s": msgs_per_s * size / 1e6,
+        "driver_cpu_s": driver_cpu,
+        "publisher": pub_result,
+        "subscriber": sub_result,
+    }
+
+
+# -- latency --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyParams:
+    directory: str
+    ping_stream: int
+    pong_stream: int
+    size: int
+    warmup: int
+    samples: int
+    time_limit_s: float
+    pong_wait: str = "spin"
+    """``spin`` (busy poll), ``yield`` (sched_yield when idle) or ``asyncio`` (waits in an event loop)."""
+    ping_wait: str = "spin"
+    """How the ping side waits for its pong: ``spin`` or ``yield``."""
+    gap_s: float = 0.0
+    """Pause between pings, long enough for an asyncio pong side to park in its back-off."""
+
+
+def _offer_until(offer: Callable[[memoryview | bytes], int], message: memoryview | bytes, deadline: float) -> None:
+    while (result := offer(message)) < 0:
+        if result not in (BACK_PRESSURED, ADMIN_ACTION, NOT_CONNECTED):
+            raise BenchError(f"offer failed: {result_name(result)}")
+        if time.perf_counter() > deadline:
+            raise BenchError(f"offer still refused at the deadline: {result_name(result)}")
+
+
+def pinger_worker(conn: Connection, p: LatencyParams) -> None:
+    """Sends a ping, busy-polls for its pong, records the round trip; warm-up rounds are not kept."""
+    with Context(p.directory, driver="external") as ctx:
+        sub = ctx.add_subscription(CHANNEL, p.pong_stream)
+        pub = ctx.add_exclusive_publication(CHANNEL, p.ping_stream)
+        _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, pub, sub)
+        conn.send(("ready", None))
+        expect(conn, "go", CONNECT_TIMEOUT_S, "pinger")
+        offer, poll, clock, gap = pub.offer, sub.poll, time.perf_counter_ns, p.gap_s
+        idle = YieldingIdleStrategy().idle if p.ping_wait == "yield" else BusySpinIdleStrategy().idle
+        message = bytes(p.size)
+        total = p.warmup + p.samples
+        rtts: list[int] = []
+        deadline = time.perf_counter() + p.time_limit_s
+        deadline_ns = time.perf_counter_ns() + int(p.time_limit_s * 1e9)
+        for i in range(total):
+            if gap:
+                time.sleep(gap)
+            t0 = clock()
+            if offer(message) < 0:
+                _offer_until(offer, message, deadline)
+            while not poll(_noop, 1):
+                if clock() > deadline_ns:
+                    break
+                idle(0)
+            t1 = clock()
+            if t1 > deadline_ns:
+                break
+            if i >= p.warmup:
+                rtts.append(t1 - t0)
+        conn.send(("result", {"rtt_ns": rtts, "timed_out": len(rtts) < p.samples}))
+        expect(conn, "close", CONNECT_TIMEOUT_S, "pinger")
+
+
+def ponger_worker(conn: Connection, p: LatencyParams) -> None:
+    """Echoes every ping from inside the fragment handler (zero copy until the offer)."""
+    with Context(p.directory, driver="external") as ctx:
+        sub = ctx.add_subscription(CHANNEL, p.ping_stream)
+        pub = ctx.add_exclusive_publication(CHANNEL, p.pong_stream)
+        _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, pub, sub)
+        offer = pub.offer
+        total = p.warmup + p.samples
+        deadline = time.perf_counter() + CONNECT_TIMEOUT_S + p.time_limit_s
+
+        def echo(payload: memoryview, header: Header) -> None:
+            if offer(payload) < 0:
+                _offer_until(offer, payload, deadline)
+
+        conn.send(("ready", None))
+        wall, cpu = time.perf_counter(), time.process_time()
+        if p.pong_wait == "asyncio":
+            echoed = asyncio.run(_pong_async(conn, sub, echo, total, deadline))
+        else:
+            echoed = _pong_spin(conn, sub, echo, total, deadline, yielding=p.pong_wait == "yield")
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        conn.send(("result", {"echoed": echoed, "wait": p.pong_wait, "cpu_s": cpu, "wall_s": wall}))
+        expect(conn, "close", CONNECT_TIMEOUT_S, "ponger")
+
+
+def _pong_spin(
+    conn: Connection,
+    sub: Subscription,
+    echo: Callable[[memoryview, Header], None],
+    total: int,
+    deadline: float,
+    *,
+    yielding: bool,
+) -> int:
+    poll, limit = sub.poll, LATENCY_FRAGMENT_LIMIT
+    idle = YieldingIdleStrategy().idle if yielding else BusySpinIdleStrategy().idle
+    echoed = idle_count = 0
+    while echoed < total:
+        got = poll(echo, limit)
+        if got:
+            echoed += got
+            continue
+        idle(0)
+        idle_count += 1
+        if idle_count & 0x3FFF == 0 and (time.perf_counter() > deadline or stop_requested(conn)):
+            break
+    return echoed
+
+
+async def _pong_async(
+    conn: Connection, sub: Subscription, echo: Callable[[memoryview, Header], None], total: int, deadline: float
+) -> int:
+    """Wait the way an asyncio application would: through the client's helper if there is one,
+    else a loop of our own with the same shape (yield to the loop a few times, then back off)."""
+    echoed = 0
+    limit = LATENCY_FRAGMENT_LIMIT
+    while echoed < total:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0 or stop_requested(conn):
+            break
+        timeout_s = min(remaining, 0.2)
+        if POLL_ASYNC is not None:
+            got = await POLL_ASYNC(sub, echo, limit, timeout_s=timeout_s)
+        else:
+            got = await _fallback_poll_async(sub, echo, limit, timeout_s)
+        echoed += got
+    return echoed
+
+
+async def _fallback_poll_async(
+    sub: Subscription, echo: Callable[[memoryview, Header], None], limit: int, timeout_s: float
+) -> int:
+    deadline = time.perf_counter() + timeout_s
+    spins, sleep_s = 0, 5e-5
+    while not (got := sub.poll(echo, limit)):
+        if time.perf_counter() > deadline:
+            return 0
+        if spins < 20:
+            spins += 1
+            await asyncio.sleep(0)
+        else:
+            await asyncio.sleep(sleep_s)
+            sleep_s = min(sleep_s * 2, 1e-3)
+    return got
+
+
+def run_latency(
+    directory: Path,
+    ping_stream: int,
+    size: int,
+    warmup: int,
+    samples: int,
+    time_limit_s: float,
+    *,
+    pong_wait: str = "spin",
+    ping_wait: str = "spin",
+    gap_s: float = 0.0,
+    driver_pid: int | None = None,
+) -> dict[str, Any]:
+    """Ping-pong between two processes on two streams; returns the kept round-trip samples."""
+    params = LatencyParams(
+        str(directory), ping_stream, ping_stream + 1, size, warmup, samples, time_limit_s, pong_wait, ping_wait, gap_s
+    )
+    with Children() as children:
+        ponger = children.start("slipstream-ponger", ponger_worker, params)
+        pinger = children.start("slipstream-pinger", pinger_worker, params)
+        ponger.expect("ready", CONNECT_TIMEOUT_S)
+        pinger.expect("ready", CONNECT_TIMEOUT_S)
+        driver_cpu = process_cpu_s(driver_pid) if driver_pid is not None else float("nan")
+        pinger.send("go")
+        wait = time_limit_s + CONNECT_TIMEOUT_S
+        ping_result = pinger.expect("result", wait)
+        if driver_pid is not None:
+            driver_cpu = process_cpu_s(driver_pid) - driver_cpu
+        if ping_result["timed_out"]:
+            ponger.send("stop")
+        pong_result = ponger.expect("result", wait)
+        pinger.send("close")
+        ponger.send("close")
+        pinger.finish()
+        ponger.finish()
+    if not ping_result["rtt_ns"]:
+        raise BenchError("latency run kept no samples")
+    return {
+        "params": asdict(params),
+        "pong_wait_impl": {"asyncio": ASYNC_WAIT, "yield": "YieldingIdleStrategy"}.get(pong_wait, "busy spin"),
+        "rtt_ns": ping_result["rtt_ns"],
+        "timed_out": ping_result["timed_out"],
+        "ponger": pong_result,
+        "driver_cpu_s": driver_cpu,
+    }
+
+
+@contextlib.contextmanager
+def standalone_driver(directory: Path) -> Any:
+    """A media driver in its own process for the duration of the block; yields its pid."""
+    with Children() as children:
+        driver = children.start("slipstream-driver", driver_worker, DriverParams(str(directory)))
+        pid = driver.expect("ready", CONNECT_TIMEOUT_S)
+        try:
+            yield pid
+        finally:
+            driver.process.terminate()  # SIGTERM: the driver's handler stops it cleanly
+            with contextlib.suppress(BenchError):
+                driver.expect("result", 10.0)
+            driver.finish()
