@@ -50,7 +50,12 @@ class IpcPublication:
         return self.log.producer_position()
 
     def update_limit(self, counters: CountersManager) -> int:
-        """Set the publisher limit from the slowest subscriber; returns 1 if it moved (work done)."""
+        """Set the publisher limit from the slowest subscriber.
+
+        Returns 1 (work done, so the driver keeps spinning) only if the publisher had used more than
+        half its window: a limit that moves while the publisher is far from it needs no urgency, and
+        an embedded driver that spun on every move would fight the application for the GIL.
+        """
         producer = self.producer_position()
         if self.subscribers:
             consumer = min(counters.get(cid) for cid in self.subscribers.values())
@@ -63,9 +68,10 @@ class IpcPublication:
                 self.log.is_connected = False
         if self.state is not PublicationState.ACTIVE:
             limit = producer  # nothing more may be appended once closing
-        if counters.get(self.limit_counter_id) != limit:
+        old_limit = counters.get(self.limit_counter_id)
+        if old_limit != limit:
             counters.set(self.limit_counter_id, limit)
-            return 1
+            return 1 if producer > old_limit - (self.window >> 1) else 0
         return 0
 
     def min_subscriber_position(self, counters: CountersManager) -> int | None:

@@ -1,0 +1,61 @@
+"""``slipstream driver``: a standalone media driver that client processes attach to by directory."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from ..driver.config import DriverConfig
+from ..driver.directory import default_directory
+from ..driver.media_driver import DriverError, MediaDriver
+from ..protocol.uri import ChannelUriError, parse_size
+
+
+def register(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser("driver", help="run a standalone media driver")
+    parser.add_argument("--dir", type=Path, default=None, help=f"driver directory (default {default_directory()})")
+    parser.add_argument("--ipc-term-length", default=None, help="IPC term length, e.g. 64m (default 64m)")
+    parser.add_argument(
+        "--client-liveness-timeout", type=float, default=None, help="seconds before a silent client is dropped"
+    )
+    parser.add_argument("--idle", default=None, help="idle strategy: spin, yield, backoff (default), sleep")
+    parser.set_defaults(run=run)
+
+
+def config_from_args(args: argparse.Namespace) -> DriverConfig:
+    """Build and validate a driver configuration; errors name the option."""
+    config = DriverConfig()
+    if args.dir is not None:
+        config.directory = args.dir
+    if args.ipc_term_length is not None:
+        try:
+            config.ipc_term_length = parse_size(args.ipc_term_length, "ipc-term-length")
+        except ChannelUriError as exc:
+            raise ValueError(f"--ipc-term-length: {exc}") from None
+    if args.client_liveness_timeout is not None:
+        config.client_liveness_timeout_ns = int(args.client_liveness_timeout * 1e9)
+    if args.idle is not None:
+        config.idle_strategy = args.idle
+    config.validate()
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        driver = MediaDriver(config_from_args(args)).start()
+    except (ValueError, DriverError) as exc:
+        print(f"slipstream driver: {exc}", file=sys.stderr)
+        return 2
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        driver.stop()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    print(f"media driver running in {driver.directory} (Ctrl-C to stop)", flush=True)
+    driver.run()
+    return 0
