@@ -1,9 +1,10 @@
 """``python -m bench``: slipstream vs pyzmq over IPC on this machine, side by side, in one invocation.
 
-Throughput (one publisher process -> one subscriber process) and round-trip latency (ping-pong
-between two processes). slipstream runs against a standalone driver process in a fresh directory
-under /dev/shm, so no driver thread shares the GIL with a measured loop; one extra row puts the
-driver on a thread of the publisher, as the embedded default does.
+Throughput (one publisher process -> one subscriber process, interleaved rounds, median reported)
+and round-trip latency (ping-pong between two processes, percentiles). slipstream runs against a
+standalone driver process in a fresh directory under /dev/shm, so no driver thread shares the GIL
+with a measured loop; one extra row puts the driver on a thread of the publisher, as the embedded
+default does. The table goes to stdout, progress to stderr, everything measured to a JSON file.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -25,12 +27,15 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Plan:
+    """Counts and limits of one invocation; ``--quick`` shrinks them so the smoke test stays fast."""
+
     messages: int
     samples: int
     warmup: int
     parked_samples: int
     parked_gap_s: float
     time_limit_s: float
+    rounds: int = 1
     sizes: tuple[int, ...] = (32, 1024)
     latency_size: int = 32
 
@@ -40,6 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny counts: checks the suite works, measures little")
     parser.add_argument("--messages", type=int, help="messages per throughput run (default 1000000)")
     parser.add_argument("--samples", type=int, help="kept round trips per latency run (default 20000)")
+    parser.add_argument("--rounds", type=int, help="interleaved throughput rounds, median reported (default 3)")
     parser.add_argument("--only", choices=("throughput", "latency"), help="run one half of the suite")
     parser.add_argument("--time-limit", type=float, help="seconds a single run may take before it stops (default 20)")
     parser.add_argument("--out", type=Path, help="JSON output (default bench/results/ipc-<date>.json)")
@@ -48,6 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 2:
             parser.error(f"--{name} must be at least 2")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.time_limit is not None and args.time_limit <= 0:
         parser.error("--time-limit must be positive")
     return args
@@ -58,7 +66,13 @@ def make_plan(args: argparse.Namespace) -> Plan:
         base = Plan(messages=3000, samples=300, warmup=50, parked_samples=20, parked_gap_s=0.002, time_limit_s=10.0)
     else:
         base = Plan(
-            messages=1_000_000, samples=20_000, warmup=2000, parked_samples=500, parked_gap_s=0.002, time_limit_s=20.0
+            messages=1_000_000,
+            samples=20_000,
+            warmup=2000,
+            parked_samples=500,
+            parked_gap_s=0.002,
+            time_limit_s=20.0,
+            rounds=3,
         )
     samples = args.samples or base.samples
     return Plan(
@@ -68,6 +82,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         parked_samples=min(base.parked_samples, samples),
         parked_gap_s=base.parked_gap_s,
         time_limit_s=args.time_limit or base.time_limit_s,
+        rounds=args.rounds or base.rounds,
     )
 
 
@@ -95,19 +110,33 @@ def _percent(worker: dict[str, Any]) -> str:
     return f"{worker['cpu_s'] / worker['wall_s'] * 100:.0f}%" if worker["wall_s"] > 0 else "n/a"
 
 
-def _bp_note(label: str, result: dict[str, Any]) -> str:
-    pub = result["publisher"]
-    return (
-        f"{label}: publisher back-pressured {pub['back_pressured']} times on {pub['back_pressured_messages']} "
-        f"of {pub['sent']} messages, ADMIN_ACTION {pub['admin_actions']}, NOT_CONNECTED {pub['not_connected']}"
-        + (
-            f"; driver process used {result['driver_cpu_s']:.2f} s CPU"
-            if not math.isnan(result["driver_cpu_s"])
-            else ""
-        )
-        + f"; subscriber measured {result['subscriber']['measured']} msgs in {result['subscriber']['elapsed_s']:.3f} s"
-        + (" (stopped at the time limit)" if result["subscriber"]["timed_out"] or pub["timed_out"] else "")
+def _refusals_note(label: str, runs: list[dict[str, Any]]) -> str:
+    """Back-pressure and other refusals over every round, and anything that went missing."""
+    pubs = [run["publisher"] for run in runs]
+    subs = [run["subscriber"] for run in runs]
+    rates = sorted(run["msgs_per_s"] for run in runs)
+    driver_cpu = [run["driver_cpu_s"] for run in runs if not math.isnan(run["driver_cpu_s"])]
+    note = (
+        f"{label}: {len(runs)} rounds, {rates[0] / 1e3:.0f}..{rates[-1] / 1e3:.0f} k msg/s; publisher "
+        f"back-pressured {sum(p['back_pressured'] for p in pubs)} times on "
+        f"{sum(p['back_pressured_messages'] for p in pubs)} of {sum(p['sent'] for p in pubs)} messages, "
+        f"ADMIN_ACTION {sum(p['admin_actions'] for p in pubs)}, NOT_CONNECTED {sum(p['not_connected'] for p in pubs)}"
     )
+    if driver_cpu:
+        note += f"; driver process CPU {sum(driver_cpu):.2f} s in all"
+    if any(p["timed_out"] for p in pubs):
+        note += "; a publisher stopped at the time limit"
+    for pub, sub in zip(pubs, subs, strict=True):
+        if sub["received"] < pub["sent"]:
+            note += (
+                f"; MISSING {pub['sent'] - sub['received']} of {pub['sent']} messages at the subscriber "
+                f"(image state {sub['images']}, publisher position {pub['position']})"
+            )
+    return note
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 def run_suite(args: argparse.Namespace) -> int:
@@ -134,104 +163,121 @@ def run_suite(args: argparse.Namespace) -> int:
             else ""
         )
     )
+    latency_modes = (
+        # key, slipstream pong wait, slipstream ping wait, pyzmq REP wait, gap between pings, samples
+        ("spin", "spin", "spin", "blocking", 0.0, plan.samples),
+        ("yield", "yield", "yield", None, 0.0, plan.samples),  # pyzmq: the blocking run stands in
+        ("asyncio", "asyncio", "spin", "asyncio", 0.0, plan.samples),
+        ("asyncio-parked", "asyncio", "spin", "asyncio", plan.parked_gap_s, plan.parked_samples),
+    )
+    tp: dict[str, list[dict[str, Any]]] = {}
 
     with scratch_dir("slipstream-bench-", "/dev/shm") as shm, scratch_dir("slipstream-bench-zmq-", None) as zdir:
-        # slipstream against a standalone driver process
-        with ipc.standalone_driver(shm / "driver") as driver_pid:
+        stream = 1000
+        driver_dir = shm / "driver"
+        with ipc.standalone_driver(driver_dir) as driver_pid:
             idle_cpu = ipc.process_cpu_s(driver_pid)
-            time.sleep(1.0)
-            idle_cpu = ipc.process_cpu_s(driver_pid) - idle_cpu
+            time.sleep(0.3 if args.quick else 1.0)
+            idle_cpu = (ipc.process_cpu_s(driver_pid) - idle_cpu) / (0.3 if args.quick else 1.0)
             raw["driver_idle_cpu_fraction"] = idle_cpu
-            notes.append(f"standalone driver, idle with no clients: {idle_cpu * 100:.0f}% of a core over 1 s")
-            stream = 1000
-            if do_throughput:
-                for size in plan.sizes:
-                    _progress(f"slipstream throughput {size} B, standalone driver")
-                    raw[f"slipstream.throughput.{size}B.standalone"] = ipc.run_throughput(
-                        shm / "driver", stream, size, plan.messages, plan.time_limit_s, driver_pid=driver_pid
-                    )
-                    stream += 10
+            notes.append(f"standalone driver, idle with no clients: {idle_cpu * 100:.0f}% of a core")
             if do_latency:
-                modes = (
-                    ("spin", "spin", "spin", 0.0, plan.samples),
-                    ("yield", "yield", "yield", 0.0, plan.samples),
-                    ("asyncio", "asyncio", "spin", 0.0, plan.samples),
-                    ("asyncio-parked", "asyncio", "spin", plan.parked_gap_s, plan.parked_samples),
-                )
-                for key, wait, ping_wait, gap, samples in modes:
+                for key, pong_wait, ping_wait, _, gap, samples in latency_modes:
                     _progress(f"slipstream latency, pong {key}")
                     raw[f"slipstream.latency.{key}"] = ipc.run_latency(
-                        shm / "driver",
+                        driver_dir,
                         stream,
                         plan.latency_size,
                         plan.warmup if not gap else min(plan.warmup, 20),
                         samples,
                         plan.time_limit_s,
-                        pong_wait=wait,
+                        pong_wait=pong_wait,
                         ping_wait=ping_wait,
                         gap_s=gap,
                         driver_pid=driver_pid,
                     )
                     stream += 10
-        # the driver on a thread of the publisher process
-        if do_throughput:
-            size = plan.sizes[0]
-            _progress(f"slipstream throughput {size} B, driver embedded in the publisher")
-            raw[f"slipstream.throughput.{size}B.embedded"] = ipc.run_throughput(
-                shm / "embedded", 5000, size, plan.messages, plan.time_limit_s, driver_pid=None
-            )
-        # pyzmq, with no slipstream driver running
-        if do_throughput:
-            for size in plan.sizes:
-                _progress(f"pyzmq PUSH/PULL throughput {size} B")
-                raw[f"pyzmq.throughput.{size}B"] = zmq_peer.run_throughput(
-                    f"ipc://{zdir}/tp-{size}.sock", size, plan.messages, plan.time_limit_s
-                )
         if do_latency:
-            zmodes = (
-                ("spin", "blocking", 0.0, plan.samples),
-                ("asyncio", "asyncio", 0.0, plan.samples),
-                ("asyncio-parked", "asyncio", plan.parked_gap_s, plan.parked_samples),
-            )
-            for key, wait, gap, samples in zmodes:
-                _progress(f"pyzmq REQ/REP latency, REP {wait}{' parked' if gap else ''}")
+            for key, _, _, rep_wait, gap, samples in latency_modes:
+                if rep_wait is None:
+                    continue
+                _progress(f"pyzmq REQ/REP latency, REP {rep_wait}{' parked' if gap else ''}")
                 raw[f"pyzmq.latency.{key}"] = zmq_peer.run_latency(
                     f"ipc://{zdir}/rr-{key}.sock",
                     plan.latency_size,
                     plan.warmup if not gap else min(plan.warmup, 20),
                     samples,
                     plan.time_limit_s,
-                    rep_wait=wait,
+                    rep_wait=rep_wait,
                     gap_s=gap,
                 )
+        # Throughput in rounds that interleave the contenders, so a noisy neighbour or a frequency
+        # change hits both alike; each cell reports the median round.
+        for round_no in range(plan.rounds if do_throughput else 0):
+            tag = f"round {round_no + 1}/{plan.rounds}"
+            with ipc.standalone_driver(driver_dir) as driver_pid:
+                for size in plan.sizes:
+                    _progress(f"{tag}: slipstream throughput {size} B, standalone driver")
+                    tp.setdefault(f"slipstream.throughput.{size}B.standalone", []).append(
+                        ipc.run_throughput(
+                            driver_dir, stream, size, plan.messages, plan.time_limit_s, driver_pid=driver_pid
+                        )
+                    )
+                    stream += 10
+            size = plan.sizes[0]
+            _progress(f"{tag}: slipstream throughput {size} B, driver embedded in the publisher")
+            tp.setdefault(f"slipstream.throughput.{size}B.embedded", []).append(
+                ipc.run_throughput(
+                    shm / f"embedded-{round_no}", stream, size, plan.messages, plan.time_limit_s, driver_pid=None
+                )
+            )
+            stream += 10
+            for size in plan.sizes:  # no slipstream driver runs during these
+                _progress(f"{tag}: pyzmq PUSH/PULL throughput {size} B")
+                tp.setdefault(f"pyzmq.throughput.{size}B", []).append(
+                    zmq_peer.run_throughput(
+                        f"ipc://{zdir}/tp-{size}-{round_no}.sock", size, plan.messages, plan.time_limit_s
+                    )
+                )
+    raw.update(tp)
 
     if do_throughput:
         for size in plan.sizes:
+            zmq_runs = tp[f"pyzmq.throughput.{size}B"]
             for driver in ("standalone", "embedded"):
-                slip = raw.get(f"slipstream.throughput.{size}B.{driver}")
-                if slip is None:
+                runs = tp.get(f"slipstream.throughput.{size}B.{driver}")
+                if not runs:
                     continue
-                zmq = raw[f"pyzmq.throughput.{size}B"]
                 where = "standalone driver" if driver == "standalone" else "driver embedded in publisher"
+                slip_mb = _median([r["mb_per_s"] for r in runs])
+                zmq_mb = _median([r["mb_per_s"] for r in zmq_runs])
                 rows[f"throughput.{size}B.{driver}"] = report.Row(
                     id=f"throughput.{size}B.{driver}",
                     benchmark=f"throughput {_size_label(size)} ({where}) vs PUSH/PULL",
                     kind="throughput",
                     unit="msg/s",
-                    slipstream=slip["msgs_per_s"],
-                    pyzmq=zmq["msgs_per_s"],
-                    slipstream_extra=f"{slip['mb_per_s']:.1f} MB/s",
-                    pyzmq_extra=f"{zmq['mb_per_s']:.1f} MB/s",
+                    slipstream=_median([r["msgs_per_s"] for r in runs]),
+                    pyzmq=_median([r["msgs_per_s"] for r in zmq_runs]),
+                    slipstream_extra=f"{slip_mb:.1f} MB/s",
+                    pyzmq_extra=f"{zmq_mb:.1f} MB/s",
                     details={
-                        "slipstream_mb_per_s": slip["mb_per_s"],
-                        "pyzmq_mb_per_s": zmq["mb_per_s"],
-                        "back_pressured": slip["publisher"]["back_pressured"],
-                        "back_pressured_messages": slip["publisher"]["back_pressured_messages"],
-                        "admin_actions": slip["publisher"]["admin_actions"],
-                        "driver_cpu_s": slip["driver_cpu_s"],
+                        "statistic": f"median of {len(runs)} rounds",
+                        "slipstream_mb_per_s": slip_mb,
+                        "pyzmq_mb_per_s": zmq_mb,
+                        "slipstream_msgs_per_s_rounds": [r["msgs_per_s"] for r in runs],
+                        "pyzmq_msgs_per_s_rounds": [r["msgs_per_s"] for r in zmq_runs],
+                        "back_pressured": sum(r["publisher"]["back_pressured"] for r in runs),
+                        "back_pressured_messages": sum(r["publisher"]["back_pressured_messages"] for r in runs),
+                        "admin_actions": sum(r["publisher"]["admin_actions"] for r in runs),
+                        "missing_messages": sum(r["publisher"]["sent"] - r["subscriber"]["received"] for r in runs),
                     },
                 )
-                notes.append(_bp_note(f"throughput {_size_label(size)} {driver}", slip))
+                notes.append(_refusals_note(f"throughput {_size_label(size)} {driver}", runs))
+            zrates = sorted(r["msgs_per_s"] for r in zmq_runs)
+            notes.append(
+                f"pyzmq throughput {_size_label(size)}: {len(zmq_runs)} rounds, "
+                f"{zrates[0] / 1e3:.0f}..{zrates[-1] / 1e3:.0f} k msg/s"
+            )
     if do_latency:
         titles = {
             "spin": "busy-spin poll vs REQ/REP",

@@ -11,12 +11,13 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from slipstream import (
     ADMIN_ACTION,
@@ -42,6 +43,8 @@ CONNECT_TIMEOUT_S = 15.0
 THROUGHPUT_FRAGMENT_LIMIT = 256
 """Fragments per poll in the throughput subscriber: batching as a throughput-minded user would."""
 LATENCY_FRAGMENT_LIMIT = 10
+IDLE_TIMEOUT_S = 3.0
+"""A throughput receiver that saw nothing for this long stops: the rest is not coming."""
 
 PollAsync = Callable[..., Coroutine[Any, Any, int]]
 
@@ -107,9 +110,21 @@ class DriverParams:
 
 
 def driver_worker(conn: Connection, params: DriverParams) -> None:
-    """A standalone media driver; SIGTERM stops it cleanly (``run`` returns and releases the directory)."""
+    """A standalone media driver; SIGTERM stops it cleanly (``run`` returns and releases the directory).
+
+    A watchdog thread, asleep in ``recv`` (so it never takes the GIL from the driver), also stops it
+    when the parent's end of the pipe closes: a killed benchmark leaves no driver behind.
+    """
     driver = MediaDriver(DriverConfig(directory=Path(params.directory))).start()
     signal.signal(signal.SIGTERM, lambda signum, frame: driver.stop())
+
+    def watchdog() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            while True:
+                conn.recv()
+        driver.stop()
+
+    threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
     conn.send(("ready", os.getpid()))
     driver.run()
     conn.send(("result", {"cpu_s": time.process_time()}))
@@ -131,7 +146,7 @@ class ThroughputParams:
 
 def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
     """Offers ``count`` messages as fast as the log takes them, retrying refusals and counting them."""
-    mode = "embedded" if p.embedded else "external"
+    mode: Literal["embedded", "external"] = "embedded" if p.embedded else "external"
     with Context(p.directory, driver=mode) as ctx:
         pub = ctx.add_exclusive_publication(CHANNEL, p.stream_id)
         _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, publication=pub)
@@ -192,8 +207,9 @@ def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
 
 def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
     """Counts messages from first to last; the rate it sees is the benchmark's figure."""
-    mode = "external"  # with an embedded driver, the publisher's process hosts it; attach retries meanwhile
-    with Context(p.directory, driver=mode, driver_timeout_s=CONNECT_TIMEOUT_S) as ctx:
+    # Always attach: with an embedded driver the publisher's process hosts it, and attaching retries
+    # until that driver's socket appears.
+    with Context(p.directory, driver="external", driver_timeout_s=CONNECT_TIMEOUT_S) as ctx:
         sub = ctx.add_subscription(CHANNEL, p.stream_id)
         conn.send(("ready", None))
         poll = sub.poll
@@ -208,13 +224,20 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
         start = time.perf_counter()
         first = received
         deadline = start + p.time_limit_s
+        idle_since = 0.0
         while received < count:
             got = poll(_noop, limit)
             if got:
                 received += got
-            elif time.perf_counter() > deadline:
+                idle_since = 0.0
+                continue
+            now = time.perf_counter()
+            if not idle_since:
+                idle_since = now
+            elif now - idle_since > IDLE_TIMEOUT_S or now > deadline:
                 break
-        end = time.perf_counter()
+        # If messages never came, the rate is over the time that data flowed, not the wait for more.
+        end = idle_since if received < count and idle_since else time.perf_counter()
         conn.send(
             (
                 "result",

@@ -21,6 +21,8 @@ from . import BenchError, Children, expect, stop_requested
 CONNECT_TIMEOUT_S = 15.0
 POLL_TIMEOUT_MS = 200
 """Socket timeout: short enough to check the run's deadline often, long enough to cost nothing."""
+IDLE_TIMEOUT_S = 3.0
+"""A receiver that saw nothing for this long stops: the rest is not coming."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +93,20 @@ def pull_worker(conn: Connection, p: ThroughputParams) -> None:
         received = 1
         start = time.perf_counter()
         deadline = start + p.time_limit_s
+        idle_since = 0.0
         while received < count:
             try:
                 recv(copy=True)
             except zmq.Again:
-                if time.perf_counter() > deadline:
+                now = time.perf_counter()
+                if not idle_since:
+                    idle_since = now - POLL_TIMEOUT_MS / 1000  # recv waited that long already
+                if now - idle_since > IDLE_TIMEOUT_S or now > deadline:
                     break
                 continue
             received += 1
-        end = time.perf_counter()
+            idle_since = 0.0
+        end = idle_since if received < count and idle_since else time.perf_counter()
         conn.send(
             (
                 "result",

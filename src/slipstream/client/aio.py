@@ -53,6 +53,7 @@ async def poll_async(
 ) -> int:
     """Wait until at least one fragment was delivered (returns the count) or ``timeout_s`` passed (0)."""
     backoff = backoff or AsyncBackoff()
+    backoff.reset()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         fragments = subscription.poll(handler, fragment_limit)
@@ -73,6 +74,7 @@ async def offer_async(
     """Offer, waiting out back-pressure and absent subscribers until ``timeout_s``; returns the new
     position, or the last refusal code (CLOSED and MAX_POSITION_EXCEEDED are returned at once)."""
     backoff = backoff or AsyncBackoff()
+    backoff.reset()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         result = publication.offer(message)

@@ -113,6 +113,9 @@ class ExclusiveAppender:
 
     __slots__ = (
         "_active_index",
+        "_check_offset",
+        "_clean_done",
+        "_clean_index",
         "_bits",
         "_initial_term_id",
         "_max_message_length",
@@ -148,6 +151,9 @@ class ExclusiveAppender:
         index = index_by_term_count(term_count)
         raw = log.raw_tail(index)
         self._set_term(index, tail_term_id(raw), tail_term_offset(raw, self._term_length))
+        self._clean_index = (index + 1) % PARTITION_COUNT
+        self._clean_done = self._term_length  # the next partition has never been written: it is zero
+        self._check_offset = self._term_length
 
     def _set_term(self, index: int, term_id: int, term_offset: int) -> None:
         self._active_index = index
@@ -182,8 +188,10 @@ class ExclusiveAppender:
             return self._append_fragmented(payload, length, position, reserved_value)
         frame_length = length + DATA_HEADER_LENGTH
         resulting = term_offset + ((frame_length + 31) & -32)
-        if resulting > self._term_length:
-            return self._end_of_term(term_offset, position)
+        if resulting > self._check_offset:
+            if resulting > self._term_length:
+                return self._end_of_term(term_offset, position)
+            self._clean_ahead(resulting)
         term = self._term
         _HEADER.pack_into(
             term,
@@ -214,8 +222,10 @@ class ExclusiveAppender:
             return self._back_pressure_status(position, length)
         frame_length = length + DATA_HEADER_LENGTH
         resulting = term_offset + ((frame_length + 31) & -32)
-        if resulting > self._term_length:
-            return self._end_of_term(term_offset, position)
+        if resulting > self._check_offset:
+            if resulting > self._term_length:
+                return self._end_of_term(term_offset, position)
+            self._clean_ahead(resulting)
         _HEADER.pack_into(
             self._term,
             term_offset,
@@ -244,8 +254,10 @@ class ExclusiveAppender:
         frame_step = (max_payload + DATA_HEADER_LENGTH + 31) & -32
         required = full_frames * frame_step + ((last + DATA_HEADER_LENGTH + 31) & -32 if last else 0)
         term_offset = self._term_offset
-        if term_offset + required > self._term_length:
-            return self._end_of_term(term_offset, position)
+        if term_offset + required > self._check_offset:
+            if term_offset + required > self._term_length:
+                return self._end_of_term(term_offset, position)
+            self._clean_ahead(term_offset + required)
         src = memoryview(payload).cast("B")
         term, term_i32 = self._term, self._term_i32
         offset = term_offset
@@ -283,6 +295,7 @@ class ExclusiveAppender:
         term_length = self._term_length
         if position - term_offset + term_length >= self._max_position:
             return MAX_POSITION_EXCEEDED
+        self._clean_ahead(term_length)
         if term_offset < term_length:
             pad_length = term_length - term_offset
             _HEADER.pack_into(
@@ -310,17 +323,32 @@ class ExclusiveAppender:
         return ADMIN_ACTION
 
     def _prepare_next_partition(self, term_count: int) -> None:
-        """Zero the partition the term after ``term_count`` will use, as soon as the publisher enters
-        ``term_count``.
+        """Plan the cleaning of the partition the term after ``term_count`` will use.
 
         Readers in other processes move into the next term the moment the current one is complete
         (a pad, or a frame ending exactly at the term's end), possibly before the publisher appends
-        again; so the next partition must already be clean. It last held the term three back, which
-        every reader has left: readers lag the publisher by at most half a term. A partition not
-        written since the log was created is still zero and is left alone (no pages faulted in).
+        again; so the next partition must be clean by then. It last held the term three back, which
+        every reader has left once the publisher is in ``term_count`` (readers lag by at most half a
+        term). It is zeroed in chunks as the current term fills (``_clean_ahead``), finishing by its
+        middle, so no single offer pays for a whole term. A partition not written since the log
+        was created is still zero and is left alone (no pages faulted in).
         """
+        self._clean_index = (term_count + 1) % PARTITION_COUNT
         if term_count + 1 - self._start_term_count >= PARTITION_COUNT:
-            zero_buffer(self.log.terms[(term_count + 1) % PARTITION_COUNT])
+            self._clean_done = 0
+            self._check_offset = 0
+        else:
+            self._clean_done = self._check_offset = self._term_length
+
+    def _clean_ahead(self, resulting: int) -> None:
+        """Zero more of the next partition: at least twice ``resulting``, in chunks of 1/64 term."""
+        term_length = self._term_length
+        start = self._clean_done
+        target = min(term_length, max(2 * resulting, start + max(65536, term_length >> 6)))
+        if target > start:
+            zero_buffer(self.log.terms[self._clean_index][start:target])
+            self._clean_done = target
+        self._check_offset = term_length if target >= term_length else target >> 1
 
     def _back_pressure_status(self, position: int, length: int) -> int:
         if length > self._max_message_length:
