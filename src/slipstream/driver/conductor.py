@@ -16,16 +16,30 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from ..logbuffer import LogBuffers, compute_log_length
 from ..protocol.positions import wrap_i32
+from ..protocol.receiver import (
+    ImageCreated,
+    ImageReleased,
+    ImageRemoved,
+    LossDetected,
+    ReceiveEndpoint,
+    ReceiverConfig,
+)
+from ..protocol.sender import NetworkPublicationSender, SenderConfig
 from ..protocol.uri import ChannelUri, ChannelUriError
 from . import commands as cmd
 from .cnc import CncFile
 from .config import DriverConfig
 from .counters import PUBLISHER_LIMIT_TYPE_ID, SUBSCRIBER_POSITION_TYPE_ID, CountersManager
-from .directory import PUBLICATIONS_DIR, map_file
+from .directory import IMAGES_DIR, PUBLICATIONS_DIR, map_file
 from .ipc_publication import IpcPublication, PublicationState
+from .network_publication import NetworkPublication
+from .receive_channel import DriverImage, ReceiveChannel
+from .system_counters import SystemCounters
+from .udp_channel import UdpEndpoint, open_socket, resolve
 
 log = logging.getLogger("slipstream.driver")
 
@@ -55,6 +69,8 @@ class SubscriptionLink:
     channel: str
     stream_id: int
     session_id: int | None
+    receive_channel: ReceiveChannel | None = None
+    """The UDP endpoint it listens on; None for IPC."""
 
 
 class DriverConductor:
@@ -71,8 +87,13 @@ class DriverConductor:
         self.clients: dict[int, ClientSession] = {}
         self.publications: dict[int, IpcPublication] = {}
         self.subscriptions: dict[int, SubscriptionLink] = {}
+        self.network_publications: dict[int, NetworkPublication] = {}
+        self.receive_channels: dict[UdpEndpoint, ReceiveChannel] = {}
         self.publications_dir = config.directory / PUBLICATIONS_DIR
+        self.images_dir = config.directory / IMAGES_DIR
+        self.system_counters = SystemCounters(self.counters)
         self._next_client_id = 1
+        self._next_image_id = 0
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self._next_timer_ns = now_ns
 
@@ -85,10 +106,19 @@ class DriverConductor:
             work += publication.update_limit(self.counters)
             if publication.state is PublicationState.DRAINING:
                 work += self._check_drained(publication, now_ns)
+        for network in list(self.network_publications.values()):
+            work += network.do_work(now_ns)
+            network.update_limit(self.counters)
+            if network.state is PublicationState.DRAINING and network.is_done:
+                self._retire_network_publication(network, now_ns)
+                work += 1
+        for channel in list(self.receive_channels.values()):
+            work += self._receive_work(channel, now_ns)
         if now_ns >= self._next_timer_ns:
             self._next_timer_ns = now_ns + self.config.timer_interval_ns
             self.cnc.heartbeat_ms = time.time_ns() // 1_000_000
             work += self._check_liveness(now_ns)
+            self.system_counters.update(self)
         return work
 
     def _poll_sockets(self, now_ns: int, timeout_s: float) -> int:
@@ -212,10 +242,8 @@ class DriverConductor:
         if not -(1 << 31) <= stream_id < (1 << 31):
             self._error(client, correlation_id, "INVALID_CHANNEL", f"stream id {stream_id} is not a 32-bit integer")
             return None
-        if not uri.is_ipc:
-            self._error(
-                client, correlation_id, "UNSUPPORTED_MEDIA", f"{channel}: this driver serves aeron:ipc channels only"
-            )
+        if uri.is_spy:
+            self._error(client, correlation_id, "UNSUPPORTED_MEDIA", f"{channel}: spy subscriptions are not supported")
             return None
         return uri
 
@@ -227,12 +255,32 @@ class DriverConductor:
         if uri is None:
             return
         config = self.config
-        term_length = uri.term_length or config.ipc_term_length
-        mtu = uri.mtu or config.ipc_mtu
+        endpoint: UdpEndpoint | None = None
+        if uri.is_udp:
+            if uri.endpoint is None:
+                self._error(
+                    client,
+                    correlation_id,
+                    "UNSUPPORTED_CHANNEL",
+                    f"{message.channel}: a UDP publication needs endpoint=host:port (MDC control modes are not"
+                    " supported yet)",
+                )
+                return
+            try:
+                endpoint = resolve(uri.endpoint)
+            except ValueError as exc:
+                self._error(client, correlation_id, "INVALID_CHANNEL", str(exc))
+                return
+        term_length = uri.term_length or (config.ipc_term_length if endpoint is None else config.udp_term_length)
+        mtu = uri.mtu or (config.ipc_mtu if endpoint is None else config.udp_mtu)
         session_id = uri.session_id
+        all_publications: list[IpcPublication | NetworkPublication] = [
+            *self.publications.values(),
+            *self.network_publications.values(),
+        ]
         if session_id is not None and any(
             p.session_id == session_id and p.stream_id == message.stream_id and p.state is PublicationState.ACTIVE
-            for p in self.publications.values()
+            for p in all_publications
         ):
             self._error(
                 client,
@@ -252,12 +300,22 @@ class DriverConductor:
         window = term_length // 2
         if uri.pub_wnd is not None:
             window = min(window, uri.pub_wnd)
-        elif config.ipc_publication_window is not None:
+        elif endpoint is None and config.ipc_publication_window is not None:
             window = min(window, config.ipc_publication_window)
+        sock = None
+        if endpoint is not None:
+            rcvbuf, sndbuf = uri.so_rcvbuf or config.so_rcvbuf, uri.so_sndbuf or config.so_sndbuf
+            try:
+                sock = open_socket(endpoint.family, connect=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=sndbuf)
+            except OSError as exc:
+                self._error(client, correlation_id, "RESOURCE", f"{message.channel}: cannot open socket: {exc}")
+                return
         path = self.publications_dir / f"{correlation_id}.logbuffer"
         try:
             mapping = map_file(path, compute_log_length(term_length), create=True)
         except OSError as exc:
+            if sock is not None:
+                sock.close()
             self._error(client, correlation_id, "RESOURCE", f"cannot create {path}: {exc}")
             return
         logbuffers = LogBuffers(memoryview(mapping), term_length)
@@ -270,6 +328,7 @@ class DriverConductor:
             mtu=mtu,
             correlation_id=correlation_id,
             publication_window=window,
+            linger_ns=uri.linger_ns or 0,
             signal_eos=uri.eos if uri.eos is not None else True,
         )
         label = f"pub-lmt: {correlation_id} {session_id} {message.stream_id} {message.channel}"
@@ -280,6 +339,35 @@ class DriverConductor:
             owner_id=client.client_id,
             now_ms=now_ns // 1_000_000,
         )
+        self.counters.set(limit_id, logbuffers.producer_position())
+        ready = cmd.PublicationReady(
+            correlation_id, correlation_id, session_id, message.stream_id, str(path), limit_id, message.channel
+        )
+        client.publications.add(correlation_id)
+        if sock is not None:
+            sender_config = SenderConfig(
+                linger_timeout_ns=uri.linger_ns if uri.linger_ns is not None else config.publication_linger_ns,
+                receiver_window=uri.rcv_wnd or config.receiver_window,
+                signal_eos=uri.eos if uri.eos is not None else True,
+            )
+            network = NetworkPublication(
+                correlation_id,
+                client.client_id,
+                session_id,
+                message.stream_id,
+                message.channel,
+                message.exclusive,
+                path,
+                mapping,
+                logbuffers,
+                limit_id,
+                NetworkPublicationSender(logbuffers, sender_config),
+                sock,
+            )
+            self.network_publications[correlation_id] = network
+            self._send(client, ready)
+            network.update_limit(self.counters)
+            return
         publication = IpcPublication(
             correlation_id,
             client.client_id,
@@ -293,23 +381,17 @@ class DriverConductor:
             limit_id,
             window,
         )
-        self.counters.set(limit_id, publication.producer_position())
         self.publications[correlation_id] = publication
-        client.publications.add(correlation_id)
-        self._send(
-            client,
-            cmd.PublicationReady(
-                correlation_id, correlation_id, session_id, message.stream_id, str(path), limit_id, message.channel
-            ),
-        )
+        self._send(client, ready)
         for link in self.subscriptions.values():
-            if self._matches(link, publication):
+            if link.receive_channel is None and self._matches(link, publication):
                 self._link(link, publication, now_ns)
         publication.update_limit(self.counters)
 
     def _allocate_session_id(self, stream_id: int) -> int:
         low, high = self.config.reserved_session_id_low, self.config.reserved_session_id_high
         used = {p.session_id for p in self.publications.values() if p.stream_id == stream_id}
+        used |= {p.session_id for p in self.network_publications.values() if p.stream_id == stream_id}
         while True:
             candidate = wrap_i32(self._rng.getrandbits(32))
             if not low <= candidate <= high and candidate not in used:
@@ -318,7 +400,7 @@ class DriverConductor:
     def _remove_publication(
         self, client: ClientSession, correlation_id: int, registration_id: int, now_ns: int
     ) -> None:
-        publication = self.publications.get(registration_id)
+        publication = self.publications.get(registration_id) or self.network_publications.get(registration_id)
         if publication is None or publication.client_id != client.client_id:
             self._error(
                 client, correlation_id, "UNKNOWN_PUBLICATION", f"no publication {registration_id} of this client"
@@ -335,13 +417,148 @@ class DriverConductor:
         uri = self._parse_channel(client, correlation_id, message.channel, message.stream_id)
         if uri is None:
             return
-        link = SubscriptionLink(correlation_id, client, message.channel, message.stream_id, uri.session_id)
+        receive_channel = None
+        if uri.is_udp:
+            receive_channel = self._receive_channel(client, correlation_id, message.channel, uri)
+            if receive_channel is None:
+                return
+        link = SubscriptionLink(
+            correlation_id, client, message.channel, message.stream_id, uri.session_id, receive_channel
+        )
         self.subscriptions[correlation_id] = link
         client.subscriptions.add(correlation_id)
         self._send(client, cmd.SubscriptionReady(correlation_id, correlation_id))
+        if receive_channel is not None:
+            receive_channel.subscriptions.add(correlation_id)
+            receive_channel.receive.add_subscription(message.stream_id, reliable=uri.reliable is not False)
+            for image in receive_channel.images.values():
+                if not image.removed and self._image_matches(link, image):
+                    self._link_image(link, image, image.receiver.rebuild_position, now_ns)
+            return
         for publication in self.publications.values():
             if publication.state is PublicationState.ACTIVE and self._matches(link, publication):
                 self._link(link, publication, now_ns)
+
+    def _receive_channel(
+        self, client: ClientSession, correlation_id: int, channel: str, uri: ChannelUri
+    ) -> ReceiveChannel | None:
+        """The bound endpoint for a UDP subscription: shared by every subscription on the same address."""
+        if uri.endpoint is None:
+            self._error(
+                client,
+                correlation_id,
+                "UNSUPPORTED_CHANNEL",
+                f"{channel}: a UDP subscription needs endpoint=host:port (MDC control modes are not supported yet)",
+            )
+            return None
+        try:
+            endpoint = resolve(uri.endpoint)
+        except ValueError as exc:
+            self._error(client, correlation_id, "INVALID_CHANNEL", str(exc))
+            return None
+        existing = self.receive_channels.get(endpoint)
+        if existing is not None:
+            return existing
+        config = self.config
+        rcvbuf = uri.so_rcvbuf or config.so_rcvbuf
+        try:
+            sock = open_socket(endpoint.family, bind=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=uri.so_sndbuf)
+        except OSError as exc:
+            self._error(client, correlation_id, "RESOURCE", f"{channel}: cannot bind {endpoint.host_port}: {exc}")
+            return None
+        receiver_config = ReceiverConfig(
+            receiver_window=uri.rcv_wnd or config.receiver_window,
+            so_rcvbuf=sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+            nak_delay_ns=uri.nak_delay_ns if uri.nak_delay_ns is not None else ReceiverConfig().nak_delay_ns,
+        )
+        channel_state = ReceiveChannel(endpoint, sock, ReceiveEndpoint(receiver_config), self.images_dir)
+        self.receive_channels[endpoint] = channel_state
+        return channel_state
+
+    @staticmethod
+    def _image_matches(link: SubscriptionLink, image: DriverImage) -> bool:
+        receiver = image.receiver
+        return link.stream_id == receiver.stream_id and (
+            link.session_id is None or link.session_id == receiver.session_id
+        )
+
+    def _link_image(self, link: SubscriptionLink, image: DriverImage, join: int, now_ns: int) -> None:
+        receiver = image.receiver
+        label = f"sub-pos: {link.registration_id} {receiver.session_id} {receiver.stream_id} {link.channel} @{join}"
+        counter_id = self.counters.allocate(
+            label,
+            SUBSCRIBER_POSITION_TYPE_ID,
+            registration_id=link.registration_id,
+            owner_id=link.client.client_id,
+            reference_id=image.correlation_id,
+            now_ms=now_ns // 1_000_000,
+        )
+        self.counters.set(counter_id, join)
+        image.subscribers[link.registration_id] = counter_id
+        self._send(
+            link.client,
+            cmd.ImageAvailable(
+                link.registration_id,
+                image.correlation_id,
+                receiver.session_id,
+                receiver.stream_id,
+                str(image.log_path),
+                counter_id,
+                join,
+                image.source_identity,
+            ),
+        )
+
+    def _receive_work(self, channel: ReceiveChannel, now_ns: int) -> int:
+        """Datagrams in, subscriber positions in, datagrams out, then image events to clients."""
+        counters = self.counters
+        for image in channel.images.values():
+            if image.subscribers and not image.removed:
+                image.receiver.on_consumption(min(counters.get(cid) for cid in image.subscribers.values()))
+        work = channel.do_work(now_ns)
+        for event in channel.receive.take_events():
+            work += 1
+            match event:
+                case ImageCreated():
+                    path, mapping = channel.claim_log(event.image.log)
+                    source = cast(tuple[str, int], event.source)
+                    host = f"[{source[0]}]" if ":" in source[0] else source[0]
+                    self._next_image_id += 1
+                    image = DriverImage(self._next_image_id, event.image, path, mapping, f"{host}:{source[1]}")
+                    channel.images[id(event.image)] = image
+                    for registration_id in list(channel.subscriptions):
+                        link = self.subscriptions.get(registration_id)
+                        if link is not None and self._image_matches(link, image):
+                            self._link_image(link, image, event.join_position, now_ns)
+                case ImageRemoved():
+                    removed = channel.images.get(id(event.image))
+                    if removed is not None and not removed.removed:
+                        removed.removed = True
+                        self._unlink_image(removed, now_ns, notify=True)
+                case ImageReleased():
+                    released = channel.images.pop(id(event.image), None)
+                    if released is not None:
+                        self._unlink_image(released, now_ns, notify=True)
+                        released.close()
+                case LossDetected():
+                    self.system_counters.on_loss(channel, event)
+                case _:
+                    pass
+        return work
+
+    def _unlink_image(self, image: DriverImage, now_ns: int, notify: bool) -> None:
+        for registration_id, counter_id in list(image.subscribers.items()):
+            self.counters.free(counter_id, now_ns // 1_000_000)
+            link = self.subscriptions.get(registration_id)
+            if notify and link is not None:
+                self._send(link.client, cmd.ImageUnavailable(registration_id, image.correlation_id))
+        image.subscribers.clear()
+
+    def _retire_network_publication(self, publication: NetworkPublication, now_ns: int) -> None:
+        self.network_publications.pop(publication.registration_id, None)
+        self.system_counters.retire_sender(publication)
+        self.counters.free(publication.limit_counter_id, now_ns // 1_000_000)
+        publication.close()
 
     def _remove_subscription(
         self, client: ClientSession, correlation_id: int, registration_id: int, now_ns: int
@@ -402,8 +619,26 @@ class DriverConductor:
     def _drop_subscription(self, link: SubscriptionLink, now_ns: int) -> None:
         self.subscriptions.pop(link.registration_id, None)
         link.client.subscriptions.discard(link.registration_id)
-        for publication in self.publications.values():
-            self._unlink(link, publication, now_ns, notify=False)
+        channel = link.receive_channel
+        if channel is None:
+            for publication in self.publications.values():
+                self._unlink(link, publication, now_ns, notify=False)
+            return
+        channel.subscriptions.discard(link.registration_id)
+        for image in channel.images.values():
+            counter_id = image.subscribers.pop(link.registration_id, None)
+            if counter_id is not None:
+                self.counters.free(counter_id, now_ns // 1_000_000)
+        still_wanted = any(
+            (other := self.subscriptions.get(r)) is not None and other.stream_id == link.stream_id
+            for r in channel.subscriptions
+        )
+        if not still_wanted:
+            channel.receive.remove_subscription(link.stream_id)
+        if not channel.subscriptions:
+            self.receive_channels.pop(channel.endpoint, None)
+            self.system_counters.retire_receiver(channel)
+            channel.close()
 
     # -- end of stream and liveness ---------------------------------------------------------------
 
@@ -443,7 +678,7 @@ class DriverConductor:
             if link is not None:
                 self._drop_subscription(link, now_ns)
         for registration_id in list(client.publications):
-            publication = self.publications.get(registration_id)
+            publication = self.publications.get(registration_id) or self.network_publications.get(registration_id)
             if publication is not None:
                 publication.start_draining(now_ns)
         client.publications.clear()
@@ -462,13 +697,20 @@ class DriverConductor:
         for publication in list(self.publications.values()):
             publication.close()
         self.publications.clear()
+        for network in list(self.network_publications.values()):
+            network.close()
+        self.network_publications.clear()
+        for channel in list(self.receive_channels.values()):
+            channel.close()
+        self.receive_channels.clear()
         self.selector.close()
 
 
 def clean_publications_dir(directory: Path) -> None:
-    """Remove log files a dead driver left behind, then make sure the folder exists."""
-    folder = directory / PUBLICATIONS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    for path in folder.glob("*.logbuffer"):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+    """Remove log files a dead driver left behind, then make sure the folders exist."""
+    for name in (PUBLICATIONS_DIR, IMAGES_DIR):
+        folder = directory / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in folder.glob("*.logbuffer"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()

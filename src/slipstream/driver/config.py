@@ -8,8 +8,11 @@ from pathlib import Path
 from ..protocol.constants import (
     IPC_TERM_DEFAULT_LENGTH,
     MTU_DEFAULT,
+    RECEIVER_WINDOW_DEFAULT,
     RESERVED_SESSION_ID_HIGH_DEFAULT,
     RESERVED_SESSION_ID_LOW_DEFAULT,
+    SO_RCVBUF_DEFAULT,
+    TERM_DEFAULT_LENGTH,
 )
 from ..protocol.positions import check_mtu, check_term_length
 from .directory import default_directory
@@ -33,6 +36,14 @@ class DriverConfig:
     ipc_mtu: int = MTU_DEFAULT
     ipc_publication_window: int | None = None
     """Bytes a publisher may run ahead of its slowest subscriber; None means half a term."""
+    udp_term_length: int = TERM_DEFAULT_LENGTH
+    udp_mtu: int = MTU_DEFAULT
+    receiver_window: int = RECEIVER_WINDOW_DEFAULT
+    """Initial receiver window of UDP images (``rcv-wnd`` overrides it per channel)."""
+    so_rcvbuf: int | None = SO_RCVBUF_DEFAULT
+    """SO_RCVBUF of UDP sockets (``so-rcvbuf`` overrides it); None keeps the OS default."""
+    so_sndbuf: int | None = None
+    """SO_SNDBUF of UDP sockets; None keeps the OS default."""
     counters_capacity: int = 8192
     error_log_length: int = 1024 * 1024
     idle_strategy: str = "backoff"
@@ -58,9 +69,20 @@ class DriverConfig:
         except ValueError as exc:
             raise ValueError(f"ipc_term_length: {exc}") from None
         try:
-            check_mtu(self.ipc_mtu)
+            check_term_length(self.udp_term_length)
         except ValueError as exc:
-            raise ValueError(f"ipc_mtu: {exc}") from None
+            raise ValueError(f"udp_term_length: {exc}") from None
+        for name in ("ipc_mtu", "udp_mtu"):
+            try:
+                check_mtu(getattr(self, name))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        if self.receiver_window < self.udp_mtu:
+            raise ValueError(f"receiver_window must be at least the mtu: {self.receiver_window}")
+        for name in ("so_rcvbuf", "so_sndbuf"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive or None: {value}")
         if self.ipc_publication_window is not None and self.ipc_publication_window < self.ipc_mtu:
             raise ValueError(f"ipc_publication_window must be at least the mtu: {self.ipc_publication_window}")
         if self.counters_capacity < 16:

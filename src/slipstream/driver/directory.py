@@ -17,6 +17,7 @@ CNC_FILE = "cnc.dat"
 SOCKET_FILE = "driver.sock"
 LOCK_FILE = "driver.lock"
 PUBLICATIONS_DIR = "publications"
+IMAGES_DIR = "images"
 ENV_DIR = "SLIPSTREAM_DIR"
 
 

@@ -113,10 +113,10 @@ class ExclusiveAppender:
 
     __slots__ = (
         "_active_index",
+        "_bits",
         "_check_offset",
         "_clean_done",
         "_clean_index",
-        "_bits",
         "_initial_term_id",
         "_max_message_length",
         "_max_payload",

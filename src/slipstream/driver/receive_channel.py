@@ -1,0 +1,109 @@
+"""The driver's side of a UDP subscription endpoint: one bound socket, its ``ReceiveEndpoint``,
+the images it rebuilds (log files clients map and read) and the subscriptions fed by them.
+
+The sans-I/O endpoint decides everything (which SETUPs make images, when to NAK, what status to
+report); this adapter feeds it datagrams and the subscribers' positions, sends what it returns,
+and maps image logs into files under the driver directory so subscribers in other processes can
+read them like IPC logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+from ..logbuffer import LogBuffers, compute_log_length
+from ..protocol.receiver import ImageParams, PublicationImageReceiver, ReceiveEndpoint
+from .directory import close_mapping, map_file
+from .udp_channel import UdpEndpoint
+
+_RECV_BUDGET = 64
+
+
+@dataclass(slots=True, eq=False)
+class DriverImage:
+    """An image's log file and who reads it."""
+
+    correlation_id: int
+    receiver: PublicationImageReceiver
+    log_path: Path
+    mapping: mmap.mmap
+    source_identity: str
+    subscribers: dict[int, int] = field(default_factory=dict)
+    """Subscription registration id -> subscriber position counter id."""
+    removed: bool = False
+
+    def close(self) -> None:
+        self.receiver.log.close()
+        close_mapping(self.mapping)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.log_path)
+
+
+class ReceiveChannel:
+    """One bound UDP endpoint shared by every subscription on it."""
+
+    def __init__(self, endpoint: UdpEndpoint, sock: socket.socket, receive: ReceiveEndpoint, images_dir: Path) -> None:
+        self.endpoint = endpoint
+        self.sock = sock
+        self.receive = receive
+        self.images_dir = images_dir
+        self.subscriptions: set[int] = set()
+        self.images: dict[int, DriverImage] = {}
+        """By the receiver object's id: the endpoint's events carry the receiver."""
+        self._pending_logs: dict[int, tuple[Path, mmap.mmap]] = {}
+        self._next_log = 0
+        self.short_sends = 0
+        self.send_errors = 0
+        receive.log_factory = self._map_log
+
+    def _map_log(self, params: ImageParams) -> LogBuffers:
+        """Image logs are files, so subscriber processes can map them."""
+        self._next_log += 1
+        path = self.images_dir / f"{os.getpid()}-{id(self)}-{self._next_log}.logbuffer"
+        mapping = map_file(path, compute_log_length(params.term_length), create=True)
+        log = LogBuffers(memoryview(mapping), params.term_length)
+        self._pending_logs[id(log)] = (path, mapping)
+        return log
+
+    def claim_log(self, log: LogBuffers) -> tuple[Path, mmap.mmap]:
+        return self._pending_logs.pop(id(log))
+
+    def do_work(self, now_ns: int) -> int:
+        work = 0
+        sock = self.sock
+        receive = self.receive
+        for _ in range(_RECV_BUDGET):
+            try:
+                data, source = sock.recvfrom(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            receive.on_datagram(data, now_ns, source)
+            work += 1
+        for datagram, destination in receive.poll(now_ns):
+            try:
+                sock.sendto(datagram, cast(tuple[str, int], destination))
+            except (BlockingIOError, InterruptedError):
+                self.short_sends += 1
+            except OSError:
+                self.send_errors += 1
+            work += 1
+        return work
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        for image in self.images.values():
+            image.close()
+        self.images.clear()
+        for path, mapping in self._pending_logs.values():
+            close_mapping(mapping)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
