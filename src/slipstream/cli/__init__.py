@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import demo, driver
+from . import demo, driver, samples
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -16,6 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.register(commands)
     driver.register(commands)
+    samples.register(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
