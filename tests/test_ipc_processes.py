@@ -2,72 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
-
-import pytest
 
 from slipstream import MediaDriver
-
-PEER = str(Path(__file__).with_name("ipc_peer.py"))
-
-
-class Peer:
-    """A peer process whose stdout lines we can wait for, with a bound on every wait."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, PEER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-
-    def expect(self, line: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        os.set_blocking(self.proc.stdout.fileno(), True)
-        while time.monotonic() < deadline:
-            got = self.proc.stdout.readline().strip()
-            if got == line:
-                return
-            if not got and self.proc.poll() is not None:
-                break
-        self.proc.kill()
-        raise AssertionError(f"peer did not print {line!r}: {self.proc.stderr.read() if self.proc.stderr else ''}")
-
-    def result(self, timeout: float = 120.0) -> dict[str, object]:
-        try:
-            out, err = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, err = self.proc.communicate()
-            raise AssertionError(f"peer timed out: {err}") from None
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        assert lines, f"peer printed no result (rc {self.proc.returncode}): {err}"
-        result: dict[str, object] = json.loads(lines[-1])
-        return result
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate()
-
-
-@pytest.fixture
-def peers():  # type: ignore[no-untyped-def]
-    made: list[Peer] = []
-
-    def make(*args: str) -> Peer:
-        peer = Peer(*args)
-        made.append(peer)
-        return peer
-
-    yield make
-    for peer in made:
-        peer.kill()
 
 
 def test_million_messages_of_random_sizes_between_processes(driver: MediaDriver, peers) -> None:  # type: ignore[no-untyped-def]

@@ -1,11 +1,25 @@
-"""Public test helpers: a manual clock and an in-memory lossy datagram network.
+"""Public test helpers: a manual clock, an in-memory lossy datagram network, and netns test hosts.
 
 They let protocol code (which takes ``now_ns`` and bytes) be exercised under loss, reordering,
 duplication and long timeouts deterministically and fast. This package sits at the bottom of the
-layer stack: it knows nothing of slipstream's wire format.
+layer stack: it knows nothing of slipstream's wire format. :mod:`.netns` builds real hosts (network
+namespaces with nftables loss and NAT) for tests that must hit the kernel; it needs root.
 """
 
 from .clock import ManualClock
+from .netns import (
+    Link,
+    Namespace,
+    NamespaceCommandError,
+    NatTopology,
+    NetnsUnavailableError,
+    UdpDropRule,
+    drop_random_udp,
+    link,
+    python_command,
+    remove_stale_namespaces,
+    require_netns,
+)
 from .network import (
     Address,
     Datagram,
@@ -21,8 +35,19 @@ __all__ = [
     "Datagram",
     "DatagramHandler",
     "InMemoryNetwork",
+    "Link",
     "LinkConditions",
     "ManualClock",
+    "Namespace",
+    "NamespaceCommandError",
+    "NatTopology",
+    "NetnsUnavailableError",
     "NetworkEndpoint",
     "NetworkStats",
+    "UdpDropRule",
+    "drop_random_udp",
+    "link",
+    "python_command",
+    "remove_stale_namespaces",
+    "require_netns",
 ]
