@@ -1,6 +1,7 @@
-"""slipstream side of the IPC benchmarks: a standalone driver, publisher/subscriber and ping/pong workers.
+"""slipstream side of the benchmarks: a standalone driver, publisher/subscriber and ping/pong workers.
 
-Each worker is a function run in its own "spawn" process (see ``bench.Children``), so the measured
+The workers take their channel as a parameter: the IPC suite here runs them on ``aeron:ipc``, the UDP
+suite (``bench.udp``) on ``aeron:udp`` channels through the same standalone driver. Each worker is a function run in its own "spawn" process (see ``bench.Children``), so the measured
 loops share the GIL with nothing but the client's keep-alive thread, which sleeps in ``recv``.
 The parent paces them over a pipe: ``ready`` (endpoints connected) -> ``go`` -> ``result`` -> ``close``.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import threading
@@ -27,6 +29,7 @@ from slipstream import (
     Context,
     DriverConfig,
     ExclusivePublication,
+    FragmentAssembler,
     Header,
     Image,
     MediaDriver,
@@ -142,13 +145,16 @@ class ThroughputParams:
     time_limit_s: float
     embedded: bool = False
     """The publisher process hosts the driver (on a thread) instead of attaching to a standalone one."""
+    channel: str = CHANNEL
+    assemble: bool = False
+    """Count whole messages through a FragmentAssembler: needed once messages exceed one frame."""
 
 
 def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
     """Offers ``count`` messages as fast as the log takes them, retrying refusals and counting them."""
     mode: Literal["embedded", "external"] = "embedded" if p.embedded else "external"
     with Context(p.directory, driver=mode) as ctx:
-        pub = ctx.add_exclusive_publication(CHANNEL, p.stream_id)
+        pub = ctx.add_exclusive_publication(p.channel, p.stream_id)
         _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, publication=pub)
         conn.send(("ready", None))
         expect(conn, "go", CONNECT_TIMEOUT_S, "publisher")
@@ -205,20 +211,41 @@ def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
         expect(conn, "close", p.time_limit_s + CONNECT_TIMEOUT_S, "publisher")
 
 
+def _message_poller(sub: Subscription, limit: int, assemble: bool) -> Callable[[], int]:
+    """A poll that returns whole messages taken. Without reassembly a fragment is a message, and the
+    poll stays a C-level partial so the small-message loop pays nothing for this indirection."""
+    if not assemble:
+        return functools.partial(sub.poll, _noop, limit)
+    taken = 0
+
+    def count(payload: memoryview, header: Header) -> None:
+        nonlocal taken
+        taken += 1
+
+    assembler, poll = FragmentAssembler(count), sub.poll
+
+    def poll_messages() -> int:
+        nonlocal taken
+        taken = 0
+        poll(assembler, limit)
+        return taken
+
+    return poll_messages
+
+
 def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
     """Counts messages from first to last; the rate it sees is the benchmark's figure."""
     # Always attach: with an embedded driver the publisher's process hosts it, and attaching retries
     # until that driver's socket appears.
     with Context(p.directory, driver="external", driver_timeout_s=CONNECT_TIMEOUT_S) as ctx:
-        sub = ctx.add_subscription(CHANNEL, p.stream_id)
+        sub = ctx.add_subscription(p.channel, p.stream_id)
         conn.send(("ready", None))
-        poll = sub.poll
-        limit = THROUGHPUT_FRAGMENT_LIMIT
+        poll = _message_poller(sub, THROUGHPUT_FRAGMENT_LIMIT, p.assemble)
         count = p.count
         deadline = time.perf_counter() + CONNECT_TIMEOUT_S + p.time_limit_s
         received = 0
         while received == 0:
-            received = poll(_noop, limit)
+            received = poll()
             if not received and time.perf_counter() > deadline:
                 raise BenchError("subscriber: no message arrived")
         start = time.perf_counter()
@@ -226,7 +253,7 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
         deadline = start + p.time_limit_s
         idle_since = 0.0
         while received < count:
-            got = poll(_noop, limit)
+            got = poll()
             if got:
                 received += got
                 idle_since = 0.0
@@ -255,10 +282,20 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
 
 
 def run_throughput(
-    directory: Path, stream_id: int, size: int, count: int, time_limit_s: float, *, driver_pid: int | None
+    directory: Path,
+    stream_id: int,
+    size: int,
+    count: int,
+    time_limit_s: float,
+    *,
+    driver_pid: int | None,
+    channel: str = CHANNEL,
+    assemble: bool = False,
 ) -> dict[str, Any]:
     """One publisher process -> one subscriber process; ``driver_pid`` None means the publisher embeds it."""
-    params = ThroughputParams(str(directory), stream_id, size, count, time_limit_s, embedded=driver_pid is None)
+    params = ThroughputParams(
+        str(directory), stream_id, size, count, time_limit_s, driver_pid is None, channel, assemble
+    )
     with Children() as children:
         sub = children.start("slipstream-subscriber", subscriber_worker, params)
         pub = children.start("slipstream-publisher", publisher_worker, params)
@@ -308,6 +345,8 @@ class LatencyParams:
     """How the ping side waits for its pong: ``spin`` or ``yield``."""
     gap_s: float = 0.0
     """Pause between pings, long enough for an asyncio pong side to park in its back-off."""
+    ping_channel: str = CHANNEL
+    pong_channel: str = CHANNEL
 
 
 def _offer_until(offer: Callable[[memoryview | bytes], int], message: memoryview | bytes, deadline: float) -> None:
@@ -321,8 +360,8 @@ def _offer_until(offer: Callable[[memoryview | bytes], int], message: memoryview
 def pinger_worker(conn: Connection, p: LatencyParams) -> None:
     """Sends a ping, busy-polls for its pong, records the round trip; warm-up rounds are not kept."""
     with Context(p.directory, driver="external") as ctx:
-        sub = ctx.add_subscription(CHANNEL, p.pong_stream)
-        pub = ctx.add_exclusive_publication(CHANNEL, p.ping_stream)
+        sub = ctx.add_subscription(p.pong_channel, p.pong_stream)
+        pub = ctx.add_exclusive_publication(p.ping_channel, p.ping_stream)
         _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, pub, sub)
         conn.send(("ready", None))
         expect(conn, "go", CONNECT_TIMEOUT_S, "pinger")
@@ -355,8 +394,8 @@ def pinger_worker(conn: Connection, p: LatencyParams) -> None:
 def ponger_worker(conn: Connection, p: LatencyParams) -> None:
     """Echoes every ping from inside the fragment handler (zero copy until the offer)."""
     with Context(p.directory, driver="external") as ctx:
-        sub = ctx.add_subscription(CHANNEL, p.ping_stream)
-        pub = ctx.add_exclusive_publication(CHANNEL, p.pong_stream)
+        sub = ctx.add_subscription(p.ping_channel, p.ping_stream)
+        pub = ctx.add_exclusive_publication(p.pong_channel, p.pong_stream)
         _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, pub, sub)
         offer = pub.offer
         total = p.warmup + p.samples
@@ -450,10 +489,24 @@ def run_latency(
     ping_wait: str = "spin",
     gap_s: float = 0.0,
     driver_pid: int | None = None,
+    ping_channel: str = CHANNEL,
+    pong_channel: str = CHANNEL,
 ) -> dict[str, Any]:
-    """Ping-pong between two processes on two streams; returns the kept round-trip samples."""
+    """Ping-pong between two processes on two streams (and, over UDP, two channels); returns the kept
+    round-trip samples."""
     params = LatencyParams(
-        str(directory), ping_stream, ping_stream + 1, size, warmup, samples, time_limit_s, pong_wait, ping_wait, gap_s
+        str(directory),
+        ping_stream,
+        ping_stream + 1,
+        size,
+        warmup,
+        samples,
+        time_limit_s,
+        pong_wait,
+        ping_wait,
+        gap_s,
+        ping_channel,
+        pong_channel,
     )
     with Children() as children:
         ponger = children.start("slipstream-ponger", ponger_worker, params)

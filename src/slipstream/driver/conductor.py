@@ -33,9 +33,20 @@ from ..protocol.uri import ChannelUri, ChannelUriError
 from . import commands as cmd
 from .cnc import CncFile
 from .config import DriverConfig
-from .counters import PUBLISHER_LIMIT_TYPE_ID, SUBSCRIBER_POSITION_TYPE_ID, CountersManager
+from .counters import (
+    PUBLISHER_LIMIT_TYPE_ID,
+    PUBLISHER_POSITION_TYPE_ID,
+    RECEIVER_HWM_TYPE_ID,
+    RECEIVER_POSITION_TYPE_ID,
+    SENDER_LIMIT_TYPE_ID,
+    SENDER_POSITION_TYPE_ID,
+    SUBSCRIBER_POSITION_TYPE_ID,
+    CountersManager,
+)
 from .directory import IMAGES_DIR, PUBLICATIONS_DIR, map_file
+from .error_log import DistinctErrorLog
 from .ipc_publication import IpcPublication, PublicationState
+from .loss_report import LossReport
 from .network_publication import NetworkPublication
 from .receive_channel import DriverImage, ReceiveChannel
 from .system_counters import SystemCounters
@@ -76,9 +87,14 @@ class SubscriptionLink:
 class DriverConductor:
     """Owns every driver-side resource of one driver directory."""
 
-    def __init__(self, config: DriverConfig, cnc: CncFile, listener: socket.socket, now_ns: int) -> None:
+    def __init__(
+        self, config: DriverConfig, cnc: CncFile, listener: socket.socket, now_ns: int, loss_report: LossReport
+    ) -> None:
         self.config = config
         self.cnc = cnc
+        self.loss_report = loss_report
+        self.error_log = DistinctErrorLog(cnc.error_log)
+        self._invalid_seen: dict[int, int] = {}
         self.counters: CountersManager = cnc.counters_manager()
         self.listener = listener
         self.selector = selectors.DefaultSelector()
@@ -118,6 +134,8 @@ class DriverConductor:
             self._next_timer_ns = now_ns + self.config.timer_interval_ns
             self.cnc.heartbeat_ms = time.time_ns() // 1_000_000
             work += self._check_liveness(now_ns)
+            self._record_invalid_packets()
+            self._update_stream_counters()
             self.system_counters.update(self)
         return work
 
@@ -162,6 +180,7 @@ class DriverConductor:
         try:
             messages = client.decoder.feed(data)
         except cmd.CommandError as exc:
+            self.record_error(f"client pid {client.pid} sent an invalid command: {exc}")
             self._close_client(client, now_ns, f"protocol error: {exc}")
             return 1
         for message in messages:
@@ -218,6 +237,7 @@ class DriverConductor:
                 self._error(client, 0, "PROTOCOL", "Hello sent twice")
 
     def _error(self, client: ClientSession, correlation_id: int, code: str, message: str) -> None:
+        self.record_error(f"{code}: {message}")
         self._send(client, cmd.ErrorResponse(correlation_id, code, message))
 
     def _check_correlation(self, client: ClientSession, correlation_id: int) -> bool:
@@ -365,6 +385,21 @@ class DriverConductor:
                 sock,
             )
             self.network_publications[correlation_id] = network
+            for name, type_id in (
+                ("pub-pos", PUBLISHER_POSITION_TYPE_ID),
+                ("snd-pos", SENDER_POSITION_TYPE_ID),
+                ("snd-lmt", SENDER_LIMIT_TYPE_ID),
+            ):
+                network.position_counters[type_id] = self._stream_counter(
+                    name,
+                    type_id,
+                    correlation_id,
+                    session_id,
+                    message.stream_id,
+                    message.channel,
+                    client.client_id,
+                    now_ns,
+                )
             self._send(client, ready)
             network.update_limit(self.counters)
             return
@@ -382,6 +417,16 @@ class DriverConductor:
             window,
         )
         self.publications[correlation_id] = publication
+        publication.position_counters[PUBLISHER_POSITION_TYPE_ID] = self._stream_counter(
+            "pub-pos",
+            PUBLISHER_POSITION_TYPE_ID,
+            correlation_id,
+            session_id,
+            message.stream_id,
+            message.channel,
+            client.client_id,
+            now_ns,
+        )
         self._send(client, ready)
         for link in self.subscriptions.values():
             if link.receive_channel is None and self._matches(link, publication):
@@ -526,6 +571,11 @@ class DriverConductor:
                     self._next_image_id += 1
                     image = DriverImage(self._next_image_id, event.image, path, mapping, f"{host}:{source[1]}")
                     channel.images[id(event.image)] = image
+                    name = f"aeron:udp?endpoint={channel.endpoint.host_port}"
+                    for label, type_id in (("rcv-hwm", RECEIVER_HWM_TYPE_ID), ("rcv-pos", RECEIVER_POSITION_TYPE_ID)):
+                        image.position_counters[type_id] = self._stream_counter(
+                            label, type_id, image.correlation_id, event.session_id, event.stream_id, name, 0, now_ns
+                        )
                     for registration_id in list(channel.subscriptions):
                         link = self.subscriptions.get(registration_id)
                         if link is not None and self._image_matches(link, image):
@@ -539,9 +589,10 @@ class DriverConductor:
                     released = channel.images.pop(id(event.image), None)
                     if released is not None:
                         self._unlink_image(released, now_ns, notify=True)
+                        self._free_stream_counters(released.position_counters, now_ns)
                         released.close()
                 case LossDetected():
-                    self.system_counters.on_loss(channel, event)
+                    self._record_loss(channel, event)
                 case _:
                     pass
         return work
@@ -558,6 +609,7 @@ class DriverConductor:
         self.network_publications.pop(publication.registration_id, None)
         self.system_counters.retire_sender(publication)
         self.counters.free(publication.limit_counter_id, now_ns // 1_000_000)
+        self._free_stream_counters(publication.position_counters, now_ns)
         publication.close()
 
     def _remove_subscription(
@@ -638,6 +690,8 @@ class DriverConductor:
         if not channel.subscriptions:
             self.receive_channels.pop(channel.endpoint, None)
             self.system_counters.retire_receiver(channel)
+            for image in channel.images.values():
+                self._free_stream_counters(image.position_counters, now_ns)
             channel.close()
 
     # -- end of stream and liveness ---------------------------------------------------------------
@@ -651,6 +705,7 @@ class DriverConductor:
             if link is not None:
                 self._unlink(link, publication, now_ns, notify=True)
         self.counters.free(publication.limit_counter_id, now_ns // 1_000_000)
+        self._free_stream_counters(publication.position_counters, now_ns)
         del self.publications[publication.registration_id]
         publication.close()
         return 1
@@ -660,6 +715,7 @@ class DriverConductor:
         timeout = self.config.client_liveness_timeout_ns
         for client in list(self.clients.values()):
             if now_ns - client.last_seen_ns > timeout:
+                self.system_counters.client_timeouts += 1
                 self._close_client(client, now_ns, f"no keep-alive for {timeout / 1e9:.1f} s")
                 work += 1
         return work
@@ -686,6 +742,91 @@ class DriverConductor:
             self.selector.unregister(client.sock)
         with contextlib.suppress(OSError):
             client.sock.close()
+
+    # -- observability --------------------------------------------------------------------------
+
+    def _stream_counter(
+        self,
+        name: str,
+        type_id: int,
+        registration_id: int,
+        session_id: int,
+        stream_id: int,
+        channel: str,
+        owner_id: int,
+        now_ns: int,
+    ) -> int:
+        """A per-stream counter labelled as Aeron labels them: ``name: registrationId sessionId streamId channel``."""
+        return self.counters.allocate(
+            f"{name}: {registration_id} {session_id} {stream_id} {channel}",
+            type_id,
+            registration_id=registration_id,
+            owner_id=owner_id,
+            now_ms=now_ns // 1_000_000,
+        )
+
+    def _free_stream_counters(self, position_counters: dict[int, int], now_ns: int) -> None:
+        for counter_id in position_counters.values():
+            self.counters.free(counter_id, now_ns // 1_000_000)
+        position_counters.clear()
+
+    def _update_stream_counters(self) -> None:
+        """Positions for readers of the counters file (stat, backlog); refreshed on the driver's timer."""
+        counters = self.counters
+        for publication in self.publications.values():
+            counters.set(publication.position_counters[PUBLISHER_POSITION_TYPE_ID], publication.producer_position())
+        for network in self.network_publications.values():
+            ids = network.position_counters
+            counters.set(ids[PUBLISHER_POSITION_TYPE_ID], network.log.producer_position())
+            counters.set(ids[SENDER_POSITION_TYPE_ID], network.sender.sender_position)
+            counters.set(ids[SENDER_LIMIT_TYPE_ID], network.sender.sender_limit)
+        for channel in self.receive_channels.values():
+            for image in channel.images.values():
+                ids = image.position_counters
+                counters.set(ids[RECEIVER_HWM_TYPE_ID], image.receiver.high_water_mark)
+                counters.set(ids[RECEIVER_POSITION_TYPE_ID], image.receiver.rebuild_position)
+
+    def record_error(self, text: str, observations: int = 1) -> None:
+        """One more observation of a distinct error; also counted by the Errors system counter."""
+        self.error_log.record(text, time.time_ns() // 1_000_000, observations)
+        self.system_counters.errors += observations
+
+    def _record_invalid_packets(self) -> None:
+        """Invalid datagrams are data, not crashes: counted, and summarised in the error log per channel."""
+        sources: list[tuple[int, int, str]] = [
+            (id(p), p.sender.invalid_packets, p.channel) for p in self.network_publications.values()
+        ]
+        sources += [
+            (id(c), c.receive.invalid_packets, f"aeron:udp?endpoint={c.endpoint.host_port}")
+            for c in self.receive_channels.values()
+        ]
+        seen = self._invalid_seen
+        for key, count, channel in sources:
+            delta = count - seen.get(key, 0)
+            if delta > 0:
+                self.record_error(f"invalid datagrams dropped on {channel}", delta)
+            seen[key] = count
+
+    def _record_loss(self, channel: ReceiveChannel, event: LossDetected) -> None:
+        image = next(
+            (
+                i
+                for i in channel.images.values()
+                if i.receiver.session_id == event.session_id and i.receiver.stream_id == event.stream_id
+            ),
+            None,
+        )
+        source = image.source_identity if image is not None else ""
+        key = (channel.endpoint, event.session_id, event.stream_id, image.correlation_id if image else 0)
+        self.loss_report.record(
+            key,
+            event.bytes_lost,
+            time.time_ns() // 1_000_000,
+            event.session_id,
+            event.stream_id,
+            f"aeron:udp?endpoint={channel.endpoint.host_port}",
+            source,
+        )
 
     def close(self) -> None:
         """Tear everything down: clients see the socket close, files are removed."""

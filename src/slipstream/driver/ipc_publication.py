@@ -42,6 +42,8 @@ class IpcPublication:
     state: PublicationState = PublicationState.ACTIVE
     subscribers: dict[int, int] = field(default_factory=dict)
     """Subscription registration id -> subscriber position counter id."""
+    position_counters: dict[int, int] = field(default_factory=dict)
+    """Type id -> counter id of the per-stream position counters the driver keeps current."""
     draining_since_ns: int = 0
     stuck_position: int = -1
     stuck_since_ns: int = 0

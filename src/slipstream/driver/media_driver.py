@@ -21,6 +21,7 @@ from .conductor import DriverConductor, clean_publications_dir
 from .config import DriverConfig
 from .directory import CNC_FILE, LOCK_FILE, SOCKET_FILE
 from .idle import idle_strategy
+from .loss_report import LOSS_REPORT_FILE, LossReport
 
 log = logging.getLogger("slipstream.driver")
 
@@ -68,6 +69,7 @@ class MediaDriver:
         self._lock_fd = -1
         self._conductor: DriverConductor | None = None
         self._cnc: CncFile | None = None
+        self._loss_report: LossReport | None = None
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -96,7 +98,7 @@ class MediaDriver:
         return self
 
     def _prepare(self, directory: Path) -> None:
-        for stale in (SOCKET_FILE, CNC_FILE):
+        for stale in (SOCKET_FILE, CNC_FILE, LOSS_REPORT_FILE):
             with contextlib.suppress(FileNotFoundError):
                 (directory / stale).unlink()
         clean_publications_dir(directory)
@@ -117,7 +119,8 @@ class MediaDriver:
         finally:
             handle.close()
         self._listener = listener
-        self._conductor = DriverConductor(config, self._cnc, listener, time.monotonic_ns())
+        self._loss_report = LossReport(directory)
+        self._conductor = DriverConductor(config, self._cnc, listener, time.monotonic_ns(), self._loss_report)
         self._cnc.heartbeat_ms = time.time_ns() // 1_000_000
         self._cnc.state = STATE_RUNNING
         log.info("media driver started in %s (pid %d)", directory, os.getpid())
@@ -164,6 +167,8 @@ class MediaDriver:
             self._listener.close()
             with contextlib.suppress(FileNotFoundError):
                 (self.directory / SOCKET_FILE).unlink()
+        if self._loss_report is not None:
+            self._loss_report.close()
         if self._cnc is not None:
             self._cnc.state = STATE_CLOSED
             self._cnc.close()

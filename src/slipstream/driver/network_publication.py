@@ -38,6 +38,8 @@ class NetworkPublication:
     sender: NetworkPublicationSender
     sock: socket.socket
     state: PublicationState = PublicationState.ACTIVE
+    position_counters: dict[int, int] = field(default_factory=dict)
+    """Type id -> counter id of the per-stream position counters the driver keeps current."""
     short_sends: int = 0
     send_errors: int = 0
     last_send_error: str = ""

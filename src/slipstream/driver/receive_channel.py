@@ -37,6 +37,7 @@ class DriverImage:
     subscribers: dict[int, int] = field(default_factory=dict)
     """Subscription registration id -> subscriber position counter id."""
     removed: bool = False
+    position_counters: dict[int, int] = field(default_factory=dict)
 
     def close(self) -> None:
         self.receiver.log.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from ..protocol.receiver import LossDetected
 from .counters import SYSTEM_COUNTER_TYPE_ID, CountersManager
 
 if TYPE_CHECKING:
@@ -118,9 +117,6 @@ class SystemCounters:
 
     def retire_receiver(self, channel: ReceiveChannel) -> None:
         self._retire(_receiver_totals(channel))
-
-    def on_loss(self, channel: ReceiveChannel, event: LossDetected) -> None:
-        """Hook for the loss report; totals come from the images themselves."""
 
     def update(self, conductor: DriverConductor) -> None:
         totals = dict(self._retired)
