@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench lint clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
-test: lint
+# System packages the tests need (nft, ip for the netns test hosts); no apt call when present.
+system-deps:
+	bash scripts/ensure-system-deps.sh
+
+test: lint system-deps
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -41,26 +41,37 @@ def publish(args: argparse.Namespace) -> dict[str, object]:
     back_pressured = 0
     crc = 0
     deadline = time.monotonic() + args.timeout
+    dropped: list[str] = []
     with Context(args.dir, driver="external") as ctx:
-        pub = ctx.add_exclusive_publication(args.channel, args.stream)
-        while not pub.is_connected:
+        pubs = {channel: ctx.add_exclusive_publication(channel, args.stream) for channel in args.channel}
+        while not all(pub.is_connected for pub in pubs.values()):
             if time.monotonic() > deadline:
                 return {"error": "no subscriber connected"}
             time.sleep(0.001)
         print("started", flush=True)
-        offer = pub.offer
         for i, (offset, size) in enumerate(messages):
             message = view[offset : offset + size]
-            while (result := offer(message)) < 0:
-                if result == BACK_PRESSURED:
-                    back_pressured += 1
-                elif result not in (ADMIN_ACTION, NOT_CONNECTED):
-                    return {"error": f"offer {i} failed: {result_name(result)}"}
-                if back_pressured & 0x3FF == 0 and time.monotonic() > deadline:
-                    return {"error": f"timed out at message {i}", "back_pressured": back_pressured}
+            for channel, pub in list(pubs.items()):
+                while (result := pub.offer(message)) < 0:
+                    if result == BACK_PRESSURED:
+                        back_pressured += 1
+                    elif result == NOT_CONNECTED and args.tolerate_disconnect:
+                        dropped.append(channel)  # its subscriber went away: carry on with the others
+                        del pubs[channel]
+                        break
+                    elif result not in (ADMIN_ACTION, NOT_CONNECTED):
+                        return {"error": f"offer {i} failed: {result_name(result)}"}
+                    if back_pressured & 0x3FF == 0 and time.monotonic() > deadline:
+                        return {"error": f"timed out at message {i}", "back_pressured": back_pressured}
             crc = zlib.crc32(message, crc)
-        position = pub.position
-    return {"sent": len(messages), "crc": crc, "back_pressured": back_pressured, "position": position}
+        position = max((pub.position for pub in pubs.values()), default=0)
+    return {
+        "sent": len(messages),
+        "crc": crc,
+        "back_pressured": back_pressured,
+        "position": position,
+        "dropped": dropped,
+    }
 
 
 def subscribe(args: argparse.Namespace) -> dict[str, object]:
@@ -79,7 +90,7 @@ def subscribe(args: argparse.Namespace) -> dict[str, object]:
     handler = FragmentAssembler(on_message)
     deadline = time.monotonic() + args.timeout
     with Context(args.dir, driver="external") as ctx:
-        sub = ctx.add_subscription(args.channel, args.stream)
+        sub = ctx.add_subscription(args.channel[0], args.stream)
         print("ready", flush=True)
         stall_at = args.stall_after if args.stall_after >= 0 else None
         end_of_stream = False
@@ -106,7 +117,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["publish", "subscribe"])
     parser.add_argument("--dir", required=True)
-    parser.add_argument("--channel", default="aeron:ipc")
+    parser.add_argument("--channel", action="append", help="repeat to publish every message on several channels")
     parser.add_argument("--stream", type=int, default=1001)
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--seed", type=int, default=1)
@@ -114,7 +125,9 @@ def main() -> int:
     parser.add_argument("--slow", action="store_true")
     parser.add_argument("--stall-after", type=int, default=-1)
     parser.add_argument("--expect-eos", action="store_true")
+    parser.add_argument("--tolerate-disconnect", action="store_true")
     args = parser.parse_args()
+    args.channel = args.channel or ["aeron:ipc"]
     result = publish(args) if args.role == "publish" else subscribe(args)
     result["pid"] = os.getpid()
     print(json.dumps(result), flush=True)

@@ -12,6 +12,7 @@ import json
 import queue
 import subprocess
 import threading
+
 import pytest
 
 from slipstream.testing import (
@@ -232,7 +233,11 @@ def test_nat_lets_replies_in_and_drops_unsolicited_inbound() -> None:
 
 def test_nat_router_forwards_only_inside_its_namespace() -> None:
     needs_netns()
+    with open("/proc/sys/net/ipv4/ip_forward") as f:
+        host_forward_before = f.read()
     with NatTopology() as nat:
         forward = nat.router.run(["cat", "/proc/sys/net/ipv4/ip_forward"]).stdout.strip()
         client_forward = nat.client.run(["cat", "/proc/sys/net/ipv4/ip_forward"]).stdout.strip()
         assert (forward, client_forward) == ("1", "0")
+        with open("/proc/sys/net/ipv4/ip_forward") as f:
+            assert f.read() == host_forward_before, "the host's own forwarding setting is untouched"

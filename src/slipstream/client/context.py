@@ -87,6 +87,7 @@ class Context:
             self.client_id = welcome.client_id
             self.driver_pid = welcome.driver_pid
             self._keepalive_s = max(0.05, welcome.client_liveness_timeout_ns / 1e9 / 5)
+            self._liveness_ms = max(1000, welcome.client_liveness_timeout_ns // 1_000_000)
             self._cnc = CncFile.open(self.directory)
         except BaseException:
             self._stop_embedded()
@@ -188,6 +189,13 @@ class Context:
                 next_keepalive = now + self._keepalive_s
                 with contextlib.suppress(OSError):
                     self._send(cmd.Keepalive())
+                age_ms = time.time_ns() // 1_000_000 - self._cnc.heartbeat_ms
+                if age_ms > self._liveness_ms:
+                    # Alive enough to keep its socket open, but its conductor stopped (hung, stopped).
+                    self._lose_driver(
+                        DriverLostError(f"the media driver in {self.directory} stopped its heartbeat {age_ms} ms ago")
+                    )
+                    return
 
     def _dispatch(self, message: cmd.DriverMessage) -> None:
         match message:
