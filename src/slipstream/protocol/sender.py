@@ -85,6 +85,11 @@ class SenderConfig:
 
     setup_timeout_ns: int = PUBLICATION_SETUP_TIMEOUT_NS
     heartbeat_timeout_ns: int = PUBLICATION_HEARTBEAT_TIMEOUT_NS
+    blocked_heartbeat_ns: int = 1_000_000
+    """Heartbeat period while data waits behind an exhausted window. If the datagrams just before the
+    window's end were lost, only a heartbeat (which raises the receiver's high-water mark) reveals the
+    gap; waiting the idle period (100 ms) for it would stall a lossy stream. Heartbeats are legal at
+    any time on the wire, so peers see nothing new."""
     connection_timeout_ns: int = PUBLICATION_CONNECTION_TIMEOUT_NS
     linger_timeout_ns: int = PUBLICATION_LINGER_TIMEOUT_NS
     retransmit_delay_ns: int = RETRANSMIT_UNICAST_DELAY_NS
@@ -106,7 +111,13 @@ class SenderConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
-        for name in ("setup_timeout_ns", "heartbeat_timeout_ns", "connection_timeout_ns", "retransmit_linger_ns"):
+        for name in (
+            "setup_timeout_ns",
+            "heartbeat_timeout_ns",
+            "blocked_heartbeat_ns",
+            "connection_timeout_ns",
+            "retransmit_linger_ns",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive: {getattr(self, name)}")
         for name in ("linger_timeout_ns", "retransmit_delay_ns", "ttl"):
@@ -201,6 +212,8 @@ class NetworkPublicationSender:
         self._is_connected = False
         self._last_setup_ns: int | None = None
         self._last_data_or_heartbeat_ns: int | None = None
+        self._blocked = False
+        """Data is waiting but the receiver window is exhausted (see ``blocked_heartbeat_ns``)."""
         self._linger_start_ns = 0
         self._receivers: dict[int, int] = {}
         """receiver_id -> time of its last status message."""
@@ -496,7 +509,8 @@ class NetworkPublicationSender:
         if not self._has_initial_connection:
             return
         last = self._last_data_or_heartbeat_ns
-        if last is not None and now_ns <= last + self.config.heartbeat_timeout_ns:
+        timeout = self.config.blocked_heartbeat_ns if self._blocked else self.config.heartbeat_timeout_ns
+        if last is not None and now_ns <= last + timeout:
             return
         term_id, term_offset = self._position_fields()
         eos = self.config.signal_eos and self._is_end_of_stream
@@ -534,9 +548,12 @@ class NetworkPublicationSender:
             self._snd_pos = snd_pos + consumed
             self._last_data_or_heartbeat_ns = now_ns
             self._track_sender_limits = True
-        elif limited and self._track_sender_limits and self.log.producer_position() > snd_pos:
-            self.flow_control_limits += 1
-            self._track_sender_limits = False
+            self._blocked = False
+        else:
+            self._blocked = limited and self.log.producer_position() > snd_pos
+            if self._blocked and self._track_sender_limits:
+                self.flow_control_limits += 1
+                self._track_sender_limits = False
         return consumed
 
     def _process_retransmits(self, now_ns: int, out: list[bytes]) -> None:
