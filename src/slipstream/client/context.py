@@ -322,6 +322,7 @@ class Context:
             limit_values=self._values,
             limit_index=self._counters.value_index(response.publication_limit_counter_id),
             on_close=self._close_publication,
+            manage_destination=self._manage_destination,
         )
         self._publications[response.registration_id] = publication
         return publication
@@ -354,6 +355,12 @@ class Context:
             subscription._release_all()
             raise
         return subscription
+
+    def _manage_destination(self, registration_id: int, channel: str, add: bool) -> None:
+        self._check_usable()
+        correlation_id = self._next_correlation_id()
+        kind = cmd.AddDestination if add else cmd.RemoveDestination
+        self._request(correlation_id, kind(correlation_id, registration_id, channel))
 
     def _close_publication(self, publication: ExclusivePublication) -> None:
         self._publications.pop(publication.registration_id, None)

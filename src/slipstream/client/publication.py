@@ -29,6 +29,7 @@ class ExclusivePublication:
         limit_values: memoryview,
         limit_index: int,
         on_close: Callable[[ExclusivePublication], None],
+        manage_destination: Callable[[int, str, bool], None] | None = None,
     ) -> None:
         self.channel = channel
         self.stream_id = stream_id
@@ -40,6 +41,7 @@ class ExclusivePublication:
         self._limit_values = limit_values
         self._limit_index = limit_index
         self._on_close = on_close
+        self._manage_destination = manage_destination
         self._closed = False
 
     def offer(self, message: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
@@ -83,6 +85,19 @@ class ExclusivePublication:
     @property
     def term_length(self) -> int:
         return self._log.term_length
+
+    def add_destination(self, channel: str) -> None:
+        """Manual multi-destination-cast (``control-mode=manual``): also send to ``aeron:udp?endpoint=H:P``.
+        Raises RegistrationError if the driver refuses."""
+        self._destination(channel, True)
+
+    def remove_destination(self, channel: str) -> None:
+        self._destination(channel, False)
+
+    def _destination(self, channel: str, add: bool) -> None:
+        if self._closed or self._manage_destination is None:
+            raise RuntimeError("the publication is closed")
+        self._manage_destination(self.registration_id, channel, add)
 
     def close(self) -> None:
         """Close: subscribers receive everything offered so far, then see end of stream."""

@@ -54,6 +54,18 @@ class RemoveSubscription(msgspec.Struct, tag=True, frozen=True):
     registration_id: int
 
 
+class AddDestination(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    registration_id: int
+    channel: str
+
+
+class RemoveDestination(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    registration_id: int
+    channel: str
+
+
 class Keepalive(msgspec.Struct, tag=True, frozen=True):
     pass
 
@@ -63,7 +75,15 @@ class CloseClient(msgspec.Struct, tag=True, frozen=True):
 
 
 ClientMessage = (
-    Hello | AddPublication | RemovePublication | AddSubscription | RemoveSubscription | Keepalive | CloseClient
+    Hello
+    | AddPublication
+    | RemovePublication
+    | AddSubscription
+    | RemoveSubscription
+    | AddDestination
+    | RemoveDestination
+    | Keepalive
+    | CloseClient
 )
 
 # -- driver to client -------------------------------------------------------------------------------

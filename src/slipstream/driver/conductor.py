@@ -186,7 +186,12 @@ class DriverConductor:
         for message in messages:
             if client.closed:
                 break
-            self._on_message(client, message, now_ns)
+            try:
+                self._on_message(client, message, now_ns)
+            except Exception as exc:  # a bug must cost one command, never the driver
+                log.exception("command %r failed", message)
+                correlation_id = getattr(message, "correlation_id", 0)
+                self._error(client, correlation_id, "INTERNAL", f"{type(message).__name__} failed: {exc!r}")
         return 1
 
     def _send(self, client: ClientSession, message: cmd.DriverMessage) -> None:
@@ -231,6 +236,8 @@ class DriverConductor:
                 self._add_subscription(client, message, now_ns)
             case cmd.RemoveSubscription():
                 self._remove_subscription(client, message.correlation_id, message.registration_id, now_ns)
+            case cmd.AddDestination() | cmd.RemoveDestination():
+                self._destination(client, message)
             case cmd.CloseClient():
                 self._close_client(client, now_ns, "client closed")
             case cmd.Hello():
@@ -276,18 +283,29 @@ class DriverConductor:
             return
         config = self.config
         endpoint: UdpEndpoint | None = None
+        control_mode = uri.control_mode if uri.is_udp else None
+        if control_mode == "response":
+            self._error(
+                client, correlation_id, "UNSUPPORTED_CHANNEL", f"{message.channel}: response channels are not supported"
+            )
+            return
         if uri.is_udp:
-            if uri.endpoint is None:
+            # Unicast: connect to the endpoint. MDC: bind the control address (or an ephemeral port for
+            # manual mode without one) and send to each destination.
+            target = uri.control if control_mode is not None else uri.endpoint
+            if target is None and control_mode != "manual":
                 self._error(
                     client,
                     correlation_id,
-                    "UNSUPPORTED_CHANNEL",
-                    f"{message.channel}: a UDP publication needs endpoint=host:port (MDC control modes are not"
-                    " supported yet)",
+                    "INVALID_CHANNEL",
+                    f"{message.channel}: a UDP publication needs endpoint=host:port, or control=host:port with "
+                    "control-mode=dynamic|manual",
                 )
                 return
             try:
-                endpoint = resolve(uri.endpoint)
+                endpoint = (
+                    resolve(target, "control" if control_mode else "endpoint") if target else resolve("0.0.0.0:0")
+                )
             except ValueError as exc:
                 self._error(client, correlation_id, "INVALID_CHANNEL", str(exc))
                 return
@@ -326,7 +344,10 @@ class DriverConductor:
         if endpoint is not None:
             rcvbuf, sndbuf = uri.so_rcvbuf or config.so_rcvbuf, uri.so_sndbuf or config.so_sndbuf
             try:
-                sock = open_socket(endpoint.family, connect=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=sndbuf)
+                if control_mode is None:
+                    sock = open_socket(endpoint.family, connect=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=sndbuf)
+                else:
+                    sock = open_socket(endpoint.family, bind=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=sndbuf)
             except OSError as exc:
                 self._error(client, correlation_id, "RESOURCE", f"{message.channel}: cannot open socket: {exc}")
                 return
@@ -369,6 +390,8 @@ class DriverConductor:
                 linger_timeout_ns=uri.linger_ns if uri.linger_ns is not None else config.publication_linger_ns,
                 receiver_window=uri.rcv_wnd or config.receiver_window,
                 signal_eos=uri.eos if uri.eos is not None else True,
+                group=control_mode is not None,
+                max_resend=uri.max_resend or SenderConfig().max_resend,
             )
             network = NetworkPublication(
                 correlation_id,
@@ -383,6 +406,7 @@ class DriverConductor:
                 limit_id,
                 NetworkPublicationSender(logbuffers, sender_config),
                 sock,
+                control_mode=control_mode,
             )
             self.network_publications[correlation_id] = network
             for name, type_id in (
@@ -455,6 +479,42 @@ class DriverConductor:
         publication.start_draining(now_ns)
         self._send(client, cmd.OperationSuccess(correlation_id))
 
+    def _destination(self, client: ClientSession, message: cmd.AddDestination | cmd.RemoveDestination) -> None:
+        """Manual MDC: the application adds and removes a publication's destinations."""
+        publication = self.network_publications.get(message.registration_id)
+        if publication is None or publication.client_id != client.client_id:
+            self._error(
+                client,
+                message.correlation_id,
+                "UNKNOWN_PUBLICATION",
+                f"no UDP publication {message.registration_id} of this client",
+            )
+            return
+        if publication.control_mode != "manual":
+            self._error(
+                client,
+                message.correlation_id,
+                "INVALID_CHANNEL",
+                f"{publication.channel}: destinations can only be managed with control-mode=manual",
+            )
+            return
+        try:
+            uri = ChannelUri.parse(message.channel)
+            if uri.endpoint is None:
+                raise ValueError(f"{message.channel}: a destination needs endpoint=host:port")
+            destination = resolve(uri.endpoint)
+        except ValueError as exc:
+            self._error(client, message.correlation_id, "INVALID_CHANNEL", str(exc))
+            return
+        if isinstance(message, cmd.AddDestination):
+            publication.add_destination(destination.address)
+        elif not publication.remove_destination(destination.address):
+            self._error(
+                client, message.correlation_id, "UNKNOWN_DESTINATION", f"{message.channel} is not a destination"
+            )
+            return
+        self._send(client, cmd.OperationSuccess(message.correlation_id))
+
     def _add_subscription(self, client: ClientSession, message: cmd.AddSubscription, now_ns: int) -> None:
         correlation_id = message.correlation_id
         if not self._check_correlation(client, correlation_id):
@@ -488,21 +548,35 @@ class DriverConductor:
         self, client: ClientSession, correlation_id: int, channel: str, uri: ChannelUri
     ) -> ReceiveChannel | None:
         """The bound endpoint for a UDP subscription: shared by every subscription on the same address."""
-        if uri.endpoint is None:
-            self._error(
-                client,
-                correlation_id,
-                "UNSUPPORTED_CHANNEL",
-                f"{channel}: a UDP subscription needs endpoint=host:port (MDC control modes are not supported yet)",
-            )
-            return None
+        control: UdpEndpoint | None = None
         try:
-            endpoint = resolve(uri.endpoint)
+            if uri.control is not None and uri.control_mode == "dynamic":
+                control = resolve(uri.control, "control")
+            elif uri.endpoint is None:
+                raise ValueError(
+                    f"{channel}: a UDP subscription needs endpoint=host:port, or control=host:port with "
+                    "control-mode=dynamic"
+                )
+            if uri.endpoint is not None:
+                endpoint = resolve(uri.endpoint)
+            else:
+                assert control is not None
+                endpoint = UdpEndpoint(
+                    control.family, ("::", 0) if control.family == socket.AF_INET6 else ("0.0.0.0", 0)
+                )
         except ValueError as exc:
             self._error(client, correlation_id, "INVALID_CHANNEL", str(exc))
             return None
-        existing = self.receive_channels.get(endpoint)
+        existing = self.receive_channels.get(endpoint) if endpoint.address[1] else None
         if existing is not None:
+            if existing.control != control:
+                self._error(
+                    client,
+                    correlation_id,
+                    "INVALID_CHANNEL",
+                    f"{channel}: {endpoint.host_port} is already bound with another control address",
+                )
+                return None
             return existing
         config = self.config
         rcvbuf = uri.so_rcvbuf or config.so_rcvbuf
@@ -516,7 +590,9 @@ class DriverConductor:
             so_rcvbuf=sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
             nak_delay_ns=uri.nak_delay_ns if uri.nak_delay_ns is not None else ReceiverConfig().nak_delay_ns,
         )
-        channel_state = ReceiveChannel(endpoint, sock, ReceiveEndpoint(receiver_config), self.images_dir)
+        if not endpoint.address[1]:  # ephemeral: keyed by the port the OS chose
+            endpoint = UdpEndpoint(endpoint.family, sock.getsockname()[: len(endpoint.address)])
+        channel_state = ReceiveChannel(endpoint, sock, ReceiveEndpoint(receiver_config), self.images_dir, control)
         self.receive_channels[endpoint] = channel_state
         return channel_state
 

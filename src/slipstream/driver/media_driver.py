@@ -133,7 +133,13 @@ class MediaDriver:
         idle = idle_strategy(self.config.idle_strategy)
         try:
             while not self._stop.is_set():
-                idle.idle(conductor.do_work(time.monotonic_ns()))
+                try:
+                    work = conductor.do_work(time.monotonic_ns())
+                except Exception as exc:  # counted and logged like Aeron's agent error handler; keep serving
+                    log.exception("driver duty cycle failed")
+                    conductor.record_error(f"duty cycle failed: {exc!r}")
+                    work = 0
+                idle.idle(work)
         finally:
             self._shutdown()
 

@@ -15,12 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..logbuffer import LogBuffers
+from ..protocol.constants import HDR_TYPE_SM, SM_LENGTH
 from ..protocol.sender import NetworkPublicationSender
 from .counters import CountersManager
 from .directory import close_mapping
 from .ipc_publication import PublicationState
+from .udp_channel import Address
 
 _RECV_BUDGET = 64
+DESTINATION_TIMEOUT_NS = 5_000_000_000
+"""A dynamic MDC destination that sent no status message for this long is dropped (as Aeron)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -38,12 +42,15 @@ class NetworkPublication:
     sender: NetworkPublicationSender
     sock: socket.socket
     state: PublicationState = PublicationState.ACTIVE
+    control_mode: str | None = None
+    """None for unicast (connected socket); "dynamic" or "manual" for multi-destination-cast."""
+    destinations: dict[Address, int] = field(default_factory=dict)
+    """MDC destinations -> time of their last status message (manual ones never expire)."""
     position_counters: dict[int, int] = field(default_factory=dict)
     """Type id -> counter id of the per-stream position counters the driver keeps current."""
     short_sends: int = 0
     send_errors: int = 0
     last_send_error: str = ""
-    stats: dict[str, int] = field(default_factory=dict)
 
     def do_work(self, now_ns: int) -> int:
         """Take in control datagrams (SMs, NAKs, RTTMs), then send what the sender wants sent."""
@@ -58,22 +65,48 @@ class NetworkPublication:
             except OSError:
                 # ECONNREFUSED from an ICMP port-unreachable: nobody listens yet; SETUP keeps trying.
                 break
+            if self.control_mode == "dynamic" and len(data) >= SM_LENGTH and data[6] == HDR_TYPE_SM and not data[7]:
+                # Any status message at the control port adds or refreshes its source as a destination:
+                # the reply traffic a NAT lets through (reference 3.2, 3.5).
+                self.destinations[source] = now_ns
             sender.on_datagram(data, now_ns, source)
             work += 1
-        for datagram in sender.poll(now_ns):
-            try:
-                sent = sock.send(datagram)
-            except (BlockingIOError, InterruptedError):
-                self.short_sends += 1
-                continue
-            except OSError as exc:
-                self.send_errors += 1
-                self.last_send_error = str(exc)
-                continue
-            if sent < len(datagram):
-                self.short_sends += 1
-            work += 1
-        return work
+        datagrams = sender.poll(now_ns)
+        if self.control_mode is None:
+            for datagram in datagrams:
+                self._send(datagram, None)
+        else:
+            if self.control_mode == "dynamic":
+                self._expire_destinations(now_ns)
+            for datagram in datagrams:
+                for destination in self.destinations:
+                    self._send(datagram, destination)
+        return work + len(datagrams)
+
+    def _send(self, datagram: bytes, destination: Address | None) -> None:
+        try:
+            sent = self.sock.send(datagram) if destination is None else self.sock.sendto(datagram, destination)
+        except (BlockingIOError, InterruptedError):
+            self.short_sends += 1
+            return
+        except OSError as exc:
+            self.send_errors += 1
+            self.last_send_error = str(exc)
+            return
+        if sent < len(datagram):
+            self.short_sends += 1
+
+    def _expire_destinations(self, now_ns: int) -> None:
+        expired = [d for d, seen in self.destinations.items() if now_ns - seen > DESTINATION_TIMEOUT_NS]
+        for destination in expired:
+            del self.destinations[destination]
+
+    def add_destination(self, address: Address) -> None:
+        """Manual MDC: a destination that stays until removed."""
+        self.destinations[address] = 1 << 62
+
+    def remove_destination(self, address: Address) -> bool:
+        return self.destinations.pop(address, None) is not None
 
     def update_limit(self, counters: CountersManager) -> int:
         limit = self.sender.publisher_limit()

@@ -18,11 +18,15 @@ from pathlib import Path
 from typing import cast
 
 from ..logbuffer import LogBuffers, compute_log_length
+from ..protocol.constants import SM_SEND_SETUP_FLAG
+from ..protocol.frames import StatusMessage
 from ..protocol.receiver import ImageParams, PublicationImageReceiver, ReceiveEndpoint
 from .directory import close_mapping, map_file
 from .udp_channel import UdpEndpoint
 
 _RECV_BUDGET = 64
+MDC_REGISTRATION_INTERVAL_NS = 1_000_000_000
+"""How often a dynamic MDC subscription (re)registers at the publication's control address."""
 
 
 @dataclass(slots=True, eq=False)
@@ -49,8 +53,18 @@ class DriverImage:
 class ReceiveChannel:
     """One bound UDP endpoint shared by every subscription on it."""
 
-    def __init__(self, endpoint: UdpEndpoint, sock: socket.socket, receive: ReceiveEndpoint, images_dir: Path) -> None:
+    def __init__(
+        self,
+        endpoint: UdpEndpoint,
+        sock: socket.socket,
+        receive: ReceiveEndpoint,
+        images_dir: Path,
+        control: UdpEndpoint | None = None,
+    ) -> None:
         self.endpoint = endpoint
+        self.control = control
+        """Dynamic MDC: the publication's control address, where this endpoint registers and reports."""
+        self._next_registration_ns = 0
         self.sock = sock
         self.receive = receive
         self.images_dir = images_dir
@@ -88,15 +102,27 @@ class ReceiveChannel:
                 break
             receive.on_datagram(data, now_ns, source)
             work += 1
+        control = self.control
+        if control is not None:
+            if now_ns >= self._next_registration_ns:
+                # Sent from the data socket, so the NAT on the way learns the mapping the data comes back on.
+                self._next_registration_ns = now_ns + MDC_REGISTRATION_INTERVAL_NS
+                registration = StatusMessage(0, 0, 0, 0, 0, receive.receiver_id, flags=SM_SEND_SETUP_FLAG)
+                self._sendto(registration.encode(), control.address)
+            for image in receive.images:
+                image.control_address = control.address  # image SMs and NAKs go to the control address too
         for datagram, destination in receive.poll(now_ns):
-            try:
-                sock.sendto(datagram, cast(tuple[str, int], destination))
-            except (BlockingIOError, InterruptedError):
-                self.short_sends += 1
-            except OSError:
-                self.send_errors += 1
+            self._sendto(datagram, destination)
             work += 1
         return work
+
+    def _sendto(self, datagram: bytes, destination: object) -> None:
+        try:
+            self.sock.sendto(datagram, cast(tuple[str, int], destination))
+        except (BlockingIOError, InterruptedError):
+            self.short_sends += 1
+        except OSError:
+            self.send_errors += 1
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
