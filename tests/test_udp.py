@@ -134,8 +134,10 @@ def test_session_filter_on_udp_subscription(ctx: Context) -> None:
 def test_bad_udp_channels_refused(ctx: Context) -> None:
     with pytest.raises(RegistrationError, match="cannot resolve"):
         ctx.add_publication("aeron:udp?endpoint=no-such-host.invalid:4000", 1)
-    with pytest.raises(RegistrationError, match="MDC"):
-        ctx.add_subscription("aeron:udp?control=127.0.0.1:4000|control-mode=dynamic", 1)
+    with pytest.raises(RegistrationError, match="needs endpoint"):
+        ctx.add_subscription("aeron:udp?control=127.0.0.1:4000|control-mode=manual", 1)
+    with pytest.raises(RegistrationError, match="response channels"):
+        ctx.add_publication("aeron:udp?endpoint=127.0.0.1:4000|control-mode=response", 1)
     taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     taken.bind(("127.0.0.1", 0))
     try:

@@ -598,35 +598,56 @@ class DriverConductor:
 
     @staticmethod
     def _image_matches(link: SubscriptionLink, image: DriverImage) -> bool:
-        receiver = image.receiver
-        return link.stream_id == receiver.stream_id and (
-            link.session_id is None or link.session_id == receiver.session_id
-        )
+        return _wants(link, image.receiver.stream_id, image.receiver.session_id)
 
     def _link_image(self, link: SubscriptionLink, image: DriverImage, join: int, now_ns: int) -> None:
         receiver = image.receiver
-        label = f"sub-pos: {link.registration_id} {receiver.session_id} {receiver.stream_id} {link.channel} @{join}"
+        self._add_subscriber(
+            link,
+            image.subscribers,
+            image.correlation_id,
+            receiver.session_id,
+            receiver.stream_id,
+            image.log_path,
+            join,
+            image.source_identity,
+            now_ns,
+        )
+
+    def _add_subscriber(
+        self,
+        link: SubscriptionLink,
+        subscribers: dict[int, int],
+        correlation_id: int,
+        session_id: int,
+        stream_id: int,
+        log_path: Path,
+        join: int,
+        source_identity: str,
+        now_ns: int,
+    ) -> None:
+        """A subscriber position counter at ``join``, and the client told that an image appeared."""
         counter_id = self.counters.allocate(
-            label,
+            f"sub-pos: {link.registration_id} {session_id} {stream_id} {link.channel} @{join}",
             SUBSCRIBER_POSITION_TYPE_ID,
             registration_id=link.registration_id,
             owner_id=link.client.client_id,
-            reference_id=image.correlation_id,
+            reference_id=correlation_id,
             now_ms=now_ns // 1_000_000,
         )
         self.counters.set(counter_id, join)
-        image.subscribers[link.registration_id] = counter_id
+        subscribers[link.registration_id] = counter_id
         self._send(
             link.client,
             cmd.ImageAvailable(
                 link.registration_id,
-                image.correlation_id,
-                receiver.session_id,
-                receiver.stream_id,
-                str(image.log_path),
+                correlation_id,
+                session_id,
+                stream_id,
+                str(log_path),
                 counter_id,
                 join,
-                image.source_identity,
+                source_identity,
             ),
         )
 
@@ -702,38 +723,20 @@ class DriverConductor:
 
     @staticmethod
     def _matches(link: SubscriptionLink, publication: IpcPublication) -> bool:
-        return link.stream_id == publication.stream_id and (
-            link.session_id is None or link.session_id == publication.session_id
-        )
+        return _wants(link, publication.stream_id, publication.session_id)
 
     def _link(self, link: SubscriptionLink, publication: IpcPublication, now_ns: int) -> None:
         """Join a subscription to a publication at its current position: an image appears."""
-        join = publication.producer_position()
-        label = (
-            f"sub-pos: {link.registration_id} {publication.session_id} {publication.stream_id} {link.channel} @{join}"
-        )
-        counter_id = self.counters.allocate(
-            label,
-            SUBSCRIBER_POSITION_TYPE_ID,
-            registration_id=link.registration_id,
-            owner_id=link.client.client_id,
-            reference_id=publication.registration_id,
-            now_ms=now_ns // 1_000_000,
-        )
-        self.counters.set(counter_id, join)
-        publication.subscribers[link.registration_id] = counter_id
-        self._send(
-            link.client,
-            cmd.ImageAvailable(
-                link.registration_id,
-                publication.registration_id,
-                publication.session_id,
-                publication.stream_id,
-                str(publication.log_path),
-                counter_id,
-                join,
-                "aeron:ipc",
-            ),
+        self._add_subscriber(
+            link,
+            publication.subscribers,
+            publication.registration_id,
+            publication.session_id,
+            publication.stream_id,
+            publication.log_path,
+            publication.producer_position(),
+            "aeron:ipc",
+            now_ns,
         )
 
     def _unlink(self, link: SubscriptionLink, publication: IpcPublication, now_ns: int, notify: bool) -> None:
@@ -921,6 +924,11 @@ class DriverConductor:
             channel.close()
         self.receive_channels.clear()
         self.selector.close()
+
+
+def _wants(link: SubscriptionLink, stream_id: int, session_id: int) -> bool:
+    """Does the subscription take this stream (and session, if it named one)?"""
+    return link.stream_id == stream_id and (link.session_id is None or link.session_id == session_id)
 
 
 def clean_publications_dir(directory: Path) -> None:

@@ -20,7 +20,7 @@ from ..protocol.sender import NetworkPublicationSender
 from .counters import CountersManager
 from .directory import close_mapping
 from .ipc_publication import PublicationState
-from .udp_channel import Address
+from .udp_channel import Address, receive_datagrams
 
 _RECV_BUDGET = 64
 DESTINATION_TIMEOUT_NS = 5_000_000_000
@@ -56,15 +56,7 @@ class NetworkPublication:
         """Take in control datagrams (SMs, NAKs, RTTMs), then send what the sender wants sent."""
         work = 0
         sender = self.sender
-        sock = self.sock
-        for _ in range(_RECV_BUDGET):
-            try:
-                data, source = sock.recvfrom(65536)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                # ECONNREFUSED from an ICMP port-unreachable: nobody listens yet; SETUP keeps trying.
-                break
+        for data, source in receive_datagrams(self.sock, _RECV_BUDGET):
             if self.control_mode == "dynamic" and len(data) >= SM_LENGTH and data[6] == HDR_TYPE_SM and not data[7]:
                 # Any status message at the control port adds or refreshes its source as a destination:
                 # the reply traffic a NAT lets through (reference 3.2, 3.5).

@@ -22,7 +22,7 @@ from ..protocol.constants import SM_SEND_SETUP_FLAG
 from ..protocol.frames import StatusMessage
 from ..protocol.receiver import ImageParams, PublicationImageReceiver, ReceiveEndpoint
 from .directory import close_mapping, map_file
-from .udp_channel import UdpEndpoint
+from .udp_channel import UdpEndpoint, receive_datagrams
 
 _RECV_BUDGET = 64
 MDC_REGISTRATION_INTERVAL_NS = 1_000_000_000
@@ -91,15 +91,8 @@ class ReceiveChannel:
 
     def do_work(self, now_ns: int) -> int:
         work = 0
-        sock = self.sock
         receive = self.receive
-        for _ in range(_RECV_BUDGET):
-            try:
-                data, source = sock.recvfrom(65536)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break
+        for data, source in receive_datagrams(self.sock, _RECV_BUDGET):
             receive.on_datagram(data, now_ns, source)
             work += 1
         control = self.control

@@ -8,6 +8,7 @@ Host names resolve to IPv4, as Aeron does; ``[::1]`` style literals give IPv6.
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..protocol.uri import ChannelUri, parse_endpoint
@@ -70,3 +71,14 @@ def socket_buffers(
 ) -> tuple[int | None, int | None]:
     """Socket buffer sizes: the channel's ``so-rcvbuf``/``so-sndbuf``, else the driver's settings."""
     return (uri.so_rcvbuf or default_rcvbuf, uri.so_sndbuf or default_sndbuf)
+
+
+def receive_datagrams(sock: socket.socket, budget: int) -> Iterator[tuple[bytes, Address]]:
+    """Up to ``budget`` datagrams waiting on a non-blocking socket. Errors end the batch: on a connected
+    socket an ICMP port-unreachable surfaces here as ECONNREFUSED, which only means nobody listens yet."""
+    for _ in range(budget):
+        try:
+            data, source = sock.recvfrom(65536)
+        except OSError:
+            return
+        yield data, source
