@@ -1,8 +1,9 @@
 """slipstream side of the benchmarks: a standalone driver, publisher/subscriber and ping/pong workers.
 
 The workers take their channel as a parameter: the IPC suite here runs them on ``aeron:ipc``, the UDP
-suite (``bench.udp``) on ``aeron:udp`` channels through the same standalone driver. Each worker is a function run in its own "spawn" process (see ``bench.Children``), so the measured
-loops share the GIL with nothing but the client's keep-alive thread, which sleeps in ``recv``.
+suite (``bench.udp``) on ``aeron:udp`` channels through the same standalone driver. Each worker is a
+function run in its own "spawn" process (see ``bench.Children``), so the measured loops share the GIL
+with nothing but the client's keep-alive thread, which sleeps in ``recv``.
 The parent paces them over a pipe: ``ready`` (endpoints connected) -> ``go`` -> ``result`` -> ``close``.
 """
 

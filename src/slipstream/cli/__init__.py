@@ -1,4 +1,4 @@
-"""The ``slipstream`` command: ``demo``, ``driver`` ... (one module per command)."""
+"""The ``slipstream`` command: ``demo``, ``driver``, ``stat`` ... (one module per command or family)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import demo, driver, samples
+from . import demo, driver, observe, samples
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -16,6 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.register(commands)
     driver.register(commands)
+    observe.register(commands)
     samples.register(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(

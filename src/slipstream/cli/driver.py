@@ -10,13 +10,30 @@ from types import FrameType
 from typing import Any
 
 from ..driver.config import DriverConfig
+from ..driver.config_file import format_config, load_config
 from ..driver.directory import default_directory
 from ..driver.media_driver import DriverError, MediaDriver
 from ..protocol.uri import ChannelUriError, parse_size
 
 
 def register(commands: Any) -> None:
-    parser: argparse.ArgumentParser = commands.add_parser("driver", help="run a standalone media driver")
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "driver",
+        help="run a standalone media driver",
+        description="Run a standalone media driver. Settings come from the defaults, then --config FILE, "
+        "then the options below; --print-config shows the result.",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="settings file: TOML if it ends in .toml, else Java-style properties (key=value); "
+        "keys are the names --print-config shows, or Aeron's (aeron.dir, aeron.mtu.length, ...)",
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print every setting's effective value (as TOML) and exit"
+    )
     parser.add_argument("--dir", type=Path, default=None, help=f"driver directory (default {default_directory()})")
     parser.add_argument("--ipc-term-length", default=None, help="IPC term length, e.g. 64m (default 64m)")
     parser.add_argument(
@@ -27,8 +44,9 @@ def register(commands: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> DriverConfig:
-    """Build and validate a driver configuration; errors name the option."""
-    config = DriverConfig()
+    """Build and validate a driver configuration: defaults, then the file, then the options (which win);
+    errors name the option or the file's key."""
+    config = load_config(args.config) if args.config is not None else DriverConfig()
     if args.dir is not None:
         config.directory = args.dir
     if args.ipc_term_length is not None:
@@ -46,7 +64,11 @@ def config_from_args(args: argparse.Namespace) -> DriverConfig:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        driver = MediaDriver(config_from_args(args)).start()
+        config = config_from_args(args)
+        if args.print_config:
+            print(format_config(config))
+            return 0
+        driver = MediaDriver(config).start()
     except (ValueError, DriverError) as exc:
         print(f"slipstream driver: {exc}", file=sys.stderr)
         return 2
