@@ -206,3 +206,40 @@ def test_udp_between_processes(driver, peers) -> None:  # type: ignore[no-untype
     assert received["errors"] == 0 and received["crc"] == sent["crc"]
     assert received["end_of_stream"] is True
     assert os.path.isdir(driver.directory / "images")
+
+
+def test_closing_an_embedded_driver_finishes_its_streams_first(tmp_path: Path) -> None:
+    """Everything offer() accepted reaches the subscriber, and it sees end of stream, even when the
+    publisher's process closes its context (and embedded driver) right after the last offer."""
+    import shutil
+    import uuid
+
+    dirs = [Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    gone: list[Image] = []
+    try:
+        with Context(dirs[0]) as receiving:
+            sub = receiving.add_subscription(channel, 12, on_unavailable_image=gone.append)
+            got: list[int] = []
+            sending = Context(dirs[1])
+            pub = sending.add_exclusive_publication(channel, 12)
+            wait_for(lambda: pub.is_connected and sub.image_count == 1)
+            stop = threading.Event()
+
+            def consume() -> None:  # the receiving application keeps polling meanwhile
+                while not stop.is_set():
+                    if sub.poll(lambda b, h: got.append(int.from_bytes(b[:4], "little")), 100) == 0:
+                        time.sleep(0.0005)
+
+            consumer = threading.Thread(target=consume, daemon=True)
+            consumer.start()
+            for i in range(3000):
+                offer(pub, i.to_bytes(4, "little") * 100)
+            sending.close()  # at once: the driver must finish the stream before it stops
+            wait_for(lambda: bool(gone), timeout=15)
+            stop.set()
+            consumer.join(5)
+            assert got == list(range(3000)) and gone[0].is_end_of_stream
+    finally:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)

@@ -405,6 +405,9 @@ class Context:
             return
         for publication in list(self._publications.values()):
             publication.close()
+        if self._embedded is not None and self._driver_error is None:
+            # Our own subscriptions stay open meanwhile: they answer end of stream, which ends a linger.
+            self._embedded.drain()
         for subscription in list(self._subscriptions.values()):
             subscription.close()
         self._closed = True

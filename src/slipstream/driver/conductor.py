@@ -585,9 +585,12 @@ class DriverConductor:
         except OSError as exc:
             self._error(client, correlation_id, "RESOURCE", f"{channel}: cannot bind {endpoint.host_port}: {exc}")
             return None
+        actual_rcvbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         receiver_config = ReceiverConfig(
-            receiver_window=uri.rcv_wnd or config.receiver_window,
-            so_rcvbuf=sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+            # Never advertise more than the socket can hold: a sender filling the window would
+            # overflow the buffer and turn into retransmissions (the C driver refuses this set-up).
+            receiver_window=min(uri.rcv_wnd or config.receiver_window, actual_rcvbuf),
+            so_rcvbuf=actual_rcvbuf,
             nak_delay_ns=uri.nak_delay_ns if uri.nak_delay_ns is not None else ReceiverConfig().nak_delay_ns,
         )
         if not endpoint.address[1]:  # ephemeral: keyed by the port the OS chose

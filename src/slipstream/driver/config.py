@@ -10,7 +10,6 @@ from ..protocol.constants import (
     MTU_DEFAULT,
     RESERVED_SESSION_ID_HIGH_DEFAULT,
     RESERVED_SESSION_ID_LOW_DEFAULT,
-    SO_RCVBUF_DEFAULT,
     TERM_DEFAULT_LENGTH,
 )
 from ..protocol.positions import check_mtu, check_term_length
@@ -42,8 +41,10 @@ class DriverConfig:
     Aeron's default is 128 KiB; a Python driver repairs a gap in about a millisecond rather than
     microseconds, so a larger window keeps data flowing while gaps are repaired (at 5 % loss this
     doubles throughput)."""
-    so_rcvbuf: int | None = SO_RCVBUF_DEFAULT
-    """SO_RCVBUF of UDP sockets (``so-rcvbuf`` overrides it); None keeps the OS default."""
+    so_rcvbuf: int | None = 2 * 1024 * 1024
+    """SO_RCVBUF of UDP sockets (``so-rcvbuf`` overrides it); None keeps the OS default. Sized for the
+    receiver window (the kernel may grant less: ``net.core.rmem_max``); a window is never larger than
+    the buffer the socket really got, as the reference requires."""
     so_sndbuf: int | None = None
     """SO_SNDBUF of UDP sockets; None keeps the OS default."""
     counters_capacity: int = 8192

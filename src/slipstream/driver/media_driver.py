@@ -21,7 +21,9 @@ from .conductor import DriverConductor, clean_publications_dir
 from .config import DriverConfig
 from .directory import CNC_FILE, LOCK_FILE, SOCKET_FILE
 from .idle import idle_strategy
+from .ipc_publication import PublicationState
 from .loss_report import LOSS_REPORT_FILE, LossReport
+from .network_publication import NetworkPublication
 
 log = logging.getLogger("slipstream.driver")
 
@@ -157,11 +159,41 @@ class MediaDriver:
             thread.join(timeout)
 
     def close(self) -> None:
-        """Stop serving and release the directory."""
+        """Stop serving and release the directory.
+
+        Closed UDP publications are first given time to finish (send what was offered, signal end
+        of stream, linger), bounded by the publication linger: an embedded driver closing with its
+        application must not drop data its ``offer`` calls accepted.
+        """
         if self._thread is not None:
+            self.drain()
             self.stop()
         else:
             self._shutdown()
+
+    def drain(self) -> None:
+        """Give closed UDP publications time to finish before the driver stops.
+
+        First every byte offered is sent, while a receiver is connected (bounded by the publication
+        linger plus a second); then up to half a second more for end of stream to be heard and
+        acknowledged. Publications nobody receives are not waited for.
+        """
+        conductor = self._conductor
+        if conductor is None or not self._thread or not self._thread.is_alive():
+            return
+
+        def closing() -> list[NetworkPublication]:
+            return [p for p in list(conductor.network_publications.values()) if p.state is not PublicationState.ACTIVE]
+
+        def unsent(p: NetworkPublication) -> bool:
+            return p.sender.is_connected and p.sender.sender_position < p.log.producer_position()
+
+        deadline = time.monotonic() + self.config.publication_linger_ns / 1e9 + 1.0
+        while time.monotonic() < deadline and any(unsent(p) for p in closing()):
+            time.sleep(0.005)
+        deadline = min(deadline, time.monotonic() + 0.5)
+        while time.monotonic() < deadline and any(p.sender.is_connected for p in closing()):
+            time.sleep(0.005)
 
     def _shutdown(self) -> None:
         if self._closed:
