@@ -58,9 +58,10 @@ def ctx(driver_dir: Path):  # type: ignore[no-untyped-def]
 def test_messages_fragments_and_end_of_stream_over_loopback(ctx: Context) -> None:
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     gone: list[Image] = []
-    sub = ctx.add_subscription(channel, 1001, on_unavailable_image=gone.append)
     pub = ctx.add_exclusive_publication(channel, 1001)
+    time.sleep(0.2)  # SETUPs go unanswered: nobody listens yet
     assert pub.offer(b"too early") == NOT_CONNECTED  # only SETUP until the first status message
+    sub = ctx.add_subscription(channel, 1001, on_unavailable_image=gone.append)
     wait_for(lambda: pub.is_connected and sub.image_count == 1)
     image = sub.images[0]
     assert image.session_id == pub.session_id and image.source_identity.startswith("127.0.0.1:")
