@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +17,13 @@ from slipstream.testing import Namespace, drop_random_udp, require_netns
 
 PORT = 40501
 MESSAGES = 90_000  # about 50 MB with the peer's size mix (mean ~560 bytes, up to 6000)
+
+
+def cli(command: str, directory: Path, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "slipstream", command, "--dir", str(directory), *args],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def counters(directory: Path) -> dict[str, int]:
@@ -58,10 +66,12 @@ def test_reliable_stream_survives_random_loss(percent: int, driver_dir: Path) ->
             assert totals["Retransmits sent"] > 0
             losses = list(read_loss_report(driver_dir))
             assert losses and losses[0].total_bytes_lost > 0 and losses[0].stream_id == 1001
-            stat = subprocess.run([sys.executable, "-m", "slipstream", "stat", "--dir", str(driver_dir), "--once"],
-                                  capture_output=True, text=True, timeout=30)
-            if stat.returncode == 0:  # the stat command reports what the counters file holds
-                assert "NAKs sent" in stat.stdout
+            # The same, as a user reads it with the driver's tools.
+            loss = cli("loss", driver_dir)
+            assert losses[0].csv() in loss
+            stat = cli("stat", driver_dir, "--once")
+            assert re.search(r"[1-9][\d,]* - NAKs received", stat)
+            assert re.search(r"[1-9][\d,]* - Retransmits sent", stat)
             print(f"{percent}% loss: {sent['position'] / elapsed / 1e6:.1f} MB/s, "
                   f"{rule.dropped()} datagrams dropped, NAKs {totals['NAKs sent']}, "
                   f"retransmits {totals['Retransmits sent']}")
