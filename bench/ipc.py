@@ -1,9 +1,9 @@
 """slipstream side of the benchmarks: a standalone driver, publisher/subscriber and ping/pong workers.
 
-The workers take their channel as a parameter: the IPC suite here runs them on ``aeron:ipc``, the UDP
-suite (``bench.udp``) on ``aeron:udp`` channels through the same standalone driver. Each worker is a
-function run in its own "spawn" process (see ``bench.Children``), so the measured loops share the GIL
-with nothing but the client's keep-alive thread, which sleeps in ``recv``.
+The workers take their channel as a parameter: the IPC suite (``run_suite`` at the end) runs them on
+``aeron:ipc``, the UDP suite (``bench.udp``) on ``aeron:udp`` channels through the same standalone
+driver. Each worker is a function run in its own "spawn" process (see ``bench.Children``), so the
+measured loops share the GIL with nothing but the client's keep-alive thread, which sleeps in ``recv``.
 The parent paces them over a pipe: ``ready`` (endpoints connected) -> ``go`` -> ``result`` -> ``close``.
 """
 
@@ -40,6 +40,16 @@ from slipstream import (
 )
 
 from . import BenchError, Children, expect, stop_requested
+from .report import (
+    Plan,
+    SuiteResult,
+    latency_rows,
+    progress,
+    refusals_note,
+    size_label,
+    throughput_row,
+    zmq_spread_note,
+)
 
 CHANNEL = "aeron:ipc"
 CONNECT_TIMEOUT_S = 15.0
@@ -72,6 +82,13 @@ ASYNC_WAIT = (
 
 def _noop(payload: memoryview, header: Header) -> None:
     return None
+
+
+def _idler(wait: str) -> Callable[[int], None]:
+    """The idle call of a worker's wait mode: ``spin`` never gives the core up, ``yield`` does."""
+    if wait not in ("spin", "yield"):
+        raise ValueError(f"unknown wait mode {wait!r}")
+    return YieldingIdleStrategy().idle if wait == "yield" else BusySpinIdleStrategy().idle
 
 
 def process_cpu_s(pid: int) -> float:
@@ -111,6 +128,10 @@ def _image_state(image: Image) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class DriverParams:
     directory: str
+    idle_strategy: str = "backoff"
+    """The driver's default. Over UDP the driver is on the data path, so this shapes the figures."""
+    profile_path: str | None = None
+    """Run the driver under cProfile and dump its statistics here (``--profile-driver``)."""
 
 
 def driver_worker(conn: Connection, params: DriverParams) -> None:
@@ -119,7 +140,8 @@ def driver_worker(conn: Connection, params: DriverParams) -> None:
     A watchdog thread, asleep in ``recv`` (so it never takes the GIL from the driver), also stops it
     when the parent's end of the pipe closes: a killed benchmark leaves no driver behind.
     """
-    driver = MediaDriver(DriverConfig(directory=Path(params.directory))).start()
+    config = DriverConfig(directory=Path(params.directory), idle_strategy=params.idle_strategy)
+    driver = MediaDriver(config).start()
     signal.signal(signal.SIGTERM, lambda signum, frame: driver.stop())
 
     def watchdog() -> None:
@@ -130,7 +152,14 @@ def driver_worker(conn: Connection, params: DriverParams) -> None:
 
     threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
     conn.send(("ready", os.getpid()))
-    driver.run()
+    if params.profile_path is None:
+        driver.run()
+    else:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.runcall(driver.run)
+        profiler.dump_stats(params.profile_path)
     conn.send(("result", {"cpu_s": time.process_time()}))
 
 
@@ -149,6 +178,8 @@ class ThroughputParams:
     channel: str = CHANNEL
     assemble: bool = False
     """Count whole messages through a FragmentAssembler: needed once messages exceed one frame."""
+    wait: str = "spin"
+    """How both sides wait on a refused offer or an empty poll: ``spin`` or ``yield`` (sched_yield)."""
 
 
 def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
@@ -159,7 +190,7 @@ def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
         _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, publication=pub)
         conn.send(("ready", None))
         expect(conn, "go", CONNECT_TIMEOUT_S, "publisher")
-        offer = pub.offer
+        offer, idle = pub.offer, _idler(p.wait)
         message = bytes(p.size)
         count = p.count
         sent = back_pressured = back_pressured_messages = admin_actions = not_connected = 0
@@ -186,6 +217,7 @@ def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
                 if time.perf_counter() > deadline:
                     timed_out = True
                     break
+                idle(0)
                 result = offer(message)
             if timed_out:
                 break
@@ -241,7 +273,7 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
     with Context(p.directory, driver="external", driver_timeout_s=CONNECT_TIMEOUT_S) as ctx:
         sub = ctx.add_subscription(p.channel, p.stream_id)
         conn.send(("ready", None))
-        poll = _message_poller(sub, THROUGHPUT_FRAGMENT_LIMIT, p.assemble)
+        poll, idle = _message_poller(sub, THROUGHPUT_FRAGMENT_LIMIT, p.assemble), _idler(p.wait)
         count = p.count
         deadline = time.perf_counter() + CONNECT_TIMEOUT_S + p.time_limit_s
         received = 0
@@ -264,6 +296,7 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
                 idle_since = now
             elif now - idle_since > IDLE_TIMEOUT_S or now > deadline:
                 break
+            idle(0)
         # If messages never came, the rate is over the time that data flowed, not the wait for more.
         end = idle_since if received < count and idle_since else time.perf_counter()
         conn.send(
@@ -292,10 +325,11 @@ def run_throughput(
     driver_pid: int | None,
     channel: str = CHANNEL,
     assemble: bool = False,
+    wait: str = "spin",
 ) -> dict[str, Any]:
     """One publisher process -> one subscriber process; ``driver_pid`` None means the publisher embeds it."""
     params = ThroughputParams(
-        str(directory), stream_id, size, count, time_limit_s, driver_pid is None, channel, assemble
+        str(directory), stream_id, size, count, time_limit_s, driver_pid is None, channel, assemble, wait
     )
     with Children() as children:
         sub = children.start("slipstream-subscriber", subscriber_worker, params)
@@ -303,12 +337,14 @@ def run_throughput(
         sub.expect("ready", CONNECT_TIMEOUT_S)
         pub.expect("ready", CONNECT_TIMEOUT_S)
         driver_cpu = process_cpu_s(driver_pid) if driver_pid is not None else float("nan")
+        driver_wall = time.perf_counter()
         pub.send("go")
         wait = time_limit_s + CONNECT_TIMEOUT_S
         pub_result = pub.expect("result", wait)
         sub_result = sub.expect("result", wait)
         if driver_pid is not None:
             driver_cpu = process_cpu_s(driver_pid) - driver_cpu
+        driver_wall = time.perf_counter() - driver_wall
         # The subscriber goes first: with an embedded driver, the publisher's exit takes the driver along.
         sub.send("close")
         sub.finish()
@@ -323,6 +359,7 @@ def run_throughput(
         "msgs_per_s": msgs_per_s,
         "mb_per_s": msgs_per_s * size / 1e6,
         "driver_cpu_s": driver_cpu,
+        "driver_wall_s": driver_wall,
         "publisher": pub_result,
         "subscriber": sub_result,
     }
@@ -367,7 +404,7 @@ def pinger_worker(conn: Connection, p: LatencyParams) -> None:
         conn.send(("ready", None))
         expect(conn, "go", CONNECT_TIMEOUT_S, "pinger")
         offer, poll, clock, gap = pub.offer, sub.poll, time.perf_counter_ns, p.gap_s
-        idle = YieldingIdleStrategy().idle if p.ping_wait == "yield" else BusySpinIdleStrategy().idle
+        idle = _idler(p.ping_wait)
         message = bytes(p.size)
         total = p.warmup + p.samples
         rtts: list[int] = []
@@ -427,7 +464,7 @@ def _pong_spin(
     yielding: bool,
 ) -> int:
     poll, limit = sub.poll, LATENCY_FRAGMENT_LIMIT
-    idle = YieldingIdleStrategy().idle if yielding else BusySpinIdleStrategy().idle
+    idle = _idler("yield" if yielding else "spin")
     echoed = idle_count = 0
     while echoed < total:
         got = poll(echo, limit)
@@ -540,10 +577,11 @@ def run_latency(
 
 
 @contextlib.contextmanager
-def standalone_driver(directory: Path) -> Any:
+def standalone_driver(directory: Path, idle_strategy: str = "backoff", profile_path: Path | None = None) -> Any:
     """A media driver in its own process for the duration of the block; yields its pid."""
+    params = DriverParams(str(directory), idle_strategy, None if profile_path is None else str(profile_path))
     with Children() as children:
-        driver = children.start("slipstream-driver", driver_worker, DriverParams(str(directory)))
+        driver = children.start("slipstream-driver", driver_worker, params)
         pid = driver.expect("ready", CONNECT_TIMEOUT_S)
         try:
             yield pid
@@ -552,3 +590,125 @@ def standalone_driver(directory: Path) -> Any:
             with contextlib.suppress(BenchError):
                 driver.expect("result", 10.0)
             driver.finish()
+
+
+# -- the IPC suite --------------------------------------------------------------------------------
+
+
+def run_suite(plan: Plan, shm: Path, zdir: Path, *, quick: bool, only: str | None) -> SuiteResult:
+    """slipstream ``aeron:ipc`` vs pyzmq ``ipc://``: throughput (standalone and embedded driver) and
+    latency in four waiting styles. ``shm`` is a fresh directory under /dev/shm, ``zdir`` one for sockets."""
+    from . import zmq_peer
+
+    result = SuiteResult()
+    notes, raw = result.notes, result.raw
+    do_throughput = only in (None, "throughput")
+    do_latency = only in (None, "latency")
+    latency_modes = (
+        # key, slipstream pong wait, slipstream ping wait, pyzmq REP wait, gap between pings, samples
+        ("spin", "spin", "spin", "blocking", 0.0, plan.samples),
+        ("yield", "yield", "yield", None, 0.0, plan.samples),  # pyzmq: the blocking run stands in
+        ("asyncio", "asyncio", "spin", "asyncio", 0.0, plan.samples),
+        ("asyncio-parked", "asyncio", "spin", "asyncio", plan.parked_gap_s, plan.parked_samples),
+    )
+
+    def counts(gap: float, samples: int) -> tuple[int, int, int, float]:
+        """Size, warm-up, samples and time limit of a latency run, the same for both contenders."""
+        return plan.latency_size, plan.warmup if not gap else min(plan.warmup, 20), samples, plan.time_limit_s
+
+    tp: dict[str, list[dict[str, Any]]] = {}
+    stream = 1000
+    driver_dir = shm / "driver"
+    with standalone_driver(driver_dir) as driver_pid:
+        idle_s = 0.3 if quick else 1.0
+        idle_cpu = process_cpu_s(driver_pid)
+        time.sleep(idle_s)
+        idle_cpu = (process_cpu_s(driver_pid) - idle_cpu) / idle_s
+        raw["driver_idle_cpu_fraction"] = idle_cpu
+        notes.append(f"standalone driver, idle with no clients: {idle_cpu * 100:.0f}% of a core")
+        if do_latency:
+            for key, pong_wait, ping_wait, _, gap, samples in latency_modes:
+                progress(f"ipc: slipstream latency, pong {key}")
+                raw[f"slipstream.latency.{key}"] = run_latency(
+                    driver_dir,
+                    stream,
+                    *counts(gap, samples),
+                    pong_wait=pong_wait,
+                    ping_wait=ping_wait,
+                    gap_s=gap,
+                    driver_pid=driver_pid,
+                )
+                stream += 10
+    if do_latency:
+        for key, _, _, rep_wait, gap, samples in latency_modes:
+            if rep_wait is None:
+                continue
+            progress(f"ipc: pyzmq REQ/REP latency, REP {rep_wait}{' parked' if gap else ''}")
+            raw[f"pyzmq.latency.{key}"] = zmq_peer.run_latency(
+                f"ipc://{zdir}/rr-{key}.sock", *counts(gap, samples), rep_wait=rep_wait, gap_s=gap
+            )
+    # Throughput in rounds that interleave the contenders, so a noisy neighbour or a frequency
+    # change hits both alike; each cell reports the median round.
+    for round_no in range(plan.rounds if do_throughput else 0):
+        tag = f"ipc round {round_no + 1}/{plan.rounds}"
+        with standalone_driver(driver_dir) as driver_pid:
+            for size in plan.sizes:
+                progress(f"{tag}: slipstream throughput {size} B, standalone driver")
+                tp.setdefault(f"slipstream.throughput.{size}B.standalone", []).append(
+                    run_throughput(driver_dir, stream, size, plan.messages, plan.time_limit_s, driver_pid=driver_pid)
+                )
+                stream += 10
+        size = plan.sizes[0]
+        progress(f"{tag}: slipstream throughput {size} B, driver embedded in the publisher")
+        tp.setdefault(f"slipstream.throughput.{size}B.embedded", []).append(
+            run_throughput(
+                shm / f"embedded-{round_no}", stream, size, plan.messages, plan.time_limit_s, driver_pid=None
+            )
+        )
+        stream += 10
+        for size in plan.sizes:  # no slipstream driver runs during these
+            progress(f"{tag}: pyzmq PUSH/PULL throughput {size} B")
+            tp.setdefault(f"pyzmq.throughput.{size}B", []).append(
+                zmq_peer.run_throughput(
+                    f"ipc://{zdir}/tp-{size}-{round_no}.sock", size, plan.messages, plan.time_limit_s
+                )
+            )
+    raw.update(tp)
+
+    if do_throughput:
+        for size in plan.sizes:
+            zmq_runs = tp[f"pyzmq.throughput.{size}B"]
+            for driver in ("standalone", "embedded"):
+                runs = tp.get(f"slipstream.throughput.{size}B.{driver}")
+                if not runs:
+                    continue
+                where = "standalone driver" if driver == "standalone" else "driver embedded in publisher"
+                result.rows.append(
+                    throughput_row(
+                        f"throughput.{size}B.{driver}",
+                        f"throughput {size_label(size)} ({where}) vs PUSH/PULL",
+                        runs,
+                        zmq_runs,
+                        suite="ipc",
+                    )
+                )
+                notes.append(refusals_note(f"throughput {size_label(size)} {driver}", runs))
+            notes.append(zmq_spread_note(f"throughput {size_label(size)}", zmq_runs))
+    if do_latency:
+        titles = {
+            "spin": "busy-spin poll vs REQ/REP",
+            "yield": "poll + sched_yield (YieldingIdleStrategy) vs REQ/REP",
+            "asyncio": f"asyncio pong [{ASYNC_WAIT}] vs zmq.asyncio REP",
+            "asyncio-parked": (
+                f"asyncio pong parked, ping every {plan.parked_gap_s * 1e3:g} ms [{ASYNC_WAIT}] vs zmq.asyncio REP"
+            ),
+        }
+        for key, title in titles.items():
+            # a yielding pyzmq REQ/REP is the blocking one: it sleeps in the kernel either way
+            slip, zmq = raw[f"slipstream.latency.{key}"], raw[f"pyzmq.latency.{'spin' if key == 'yield' else key}"]
+            rows, note = latency_rows(
+                f"latency.{plan.latency_size}B.{key}", title, slip, zmq, suite="ipc", size=plan.latency_size
+            )
+            result.rows.extend(rows)
+            notes.append(f"latency {key}: {note}")
+    return result

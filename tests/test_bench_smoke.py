@@ -1,6 +1,6 @@
-"""The benchmark suite still runs end to end: ``python -m bench --quick`` in a real subprocess.
+"""The benchmark suites still run end to end: ``python -m bench --quick`` (IPC and UDP) in a real subprocess.
 
-Only that it works and reports every row with usable numbers is checked here; speed targets live in
+Only that they work and report every row with usable numbers is checked here; speed targets live in
 the benchmarks and issues, never in timed unit tests.
 """
 
@@ -14,37 +14,47 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-EXPECTED_ROWS = {
+PERCENTILES = ("50", "99", "99.9")
+IPC_ROWS = {
     "throughput.32B.standalone",
     "throughput.32B.embedded",
     "throughput.1024B.standalone",
-    *(
-        f"latency.32B.{mode}.p{pct}"
-        for mode in ("spin", "yield", "asyncio", "asyncio-parked")
-        for pct in ("50", "99", "99.9")
-    ),
+    *(f"latency.32B.{mode}.p{pct}" for mode in ("spin", "yield", "asyncio", "asyncio-parked") for pct in PERCENTILES),
+}
+UDP_ROWS = {
+    "udp.throughput.32B",
+    "udp.throughput.1024B",
+    "udp.bulk.65536B",
+    *(f"udp.latency.32B.{mode}.p{pct}" for mode in ("spin", "yield") for pct in PERCENTILES),
 }
 
 
-def test_quick_benchmark_writes_every_row(tmp_path: Path) -> None:
+def test_quick_benchmark_writes_every_row_of_both_suites(tmp_path: Path) -> None:
     out = tmp_path / "x.json"
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=55,
+        timeout=90,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     document = json.loads(out.read_text())
 
+    assert document["suites"] == ["ipc", "udp"]
     rows = {row["id"]: row for row in document["rows"]}
-    assert set(rows) == EXPECTED_ROWS
+    assert set(rows) == IPC_ROWS | UDP_ROWS
+    assert {rows[r]["suite"] for r in IPC_ROWS} == {"ipc"} and {rows[r]["suite"] for r in UDP_ROWS} == {"udp"}
     for row in rows.values():
         for key in ("slipstream", "pyzmq", "ratio"):
             value = row[key]
             assert isinstance(value, float) and math.isfinite(value) and value > 0, (row["id"], key, value)
         assert row["benchmark"] in proc.stdout
+
+    bulk = rows["udp.bulk.65536B"]["details"]
+    assert bulk["slipstream_bytes_received"] == bulk["bytes_planned"] == 4 << 20, "quick bulk moved every byte"
+    assert [item["id"] for item in document["not_measured"]] == ["udp.throughput.loss5pct"]
+    assert "UDP throughput with 5 % random loss" in proc.stdout
 
     machine = document["machine"]
     assert machine["cpu_count"] >= 1
