@@ -21,6 +21,7 @@ from slipstream import (
     Image,
     RegistrationError,
 )
+from slipstream.driver import observe
 
 
 def free_port(family: socket.AddressFamily = socket.AF_INET) -> int:
@@ -193,6 +194,12 @@ def test_flood_of_hostile_datagrams_does_not_disturb_a_stream(ctx: Context) -> N
     assert got == list(range(20_000))
     assert sent[0] > 1000
     wait_for(lambda: counter(ctx, "Invalid packets") > 0, timeout=5)
+    # The error log holds each distinct error once, with how often it was seen.
+    def invalid_records() -> list[int]:
+        return [r.observation_count for r in observe.errors(ctx.directory) if r.text.startswith("invalid datagrams")]
+
+    wait_for(lambda: invalid_records() == [counter(ctx, "Invalid packets")], timeout=5)
+    assert invalid_records()[0] > 1
 
 
 def test_udp_between_processes(driver, peers) -> None:  # type: ignore[no-untyped-def]
