@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..driver import commands as cmd
-from ..driver.cnc import CncError, CncFile
+from ..driver.cnc import PARKED_INDEX, CncError, CncFile
 from ..driver.config import DriverConfig
 from ..driver.counters import CountersReader
 from ..driver.directory import default_directory, map_file
@@ -33,6 +33,7 @@ from .subscription import ImageHandler, Subscription
 log = logging.getLogger("slipstream.client")
 
 DriverMode = Literal["auto", "embedded", "external"]
+_WAKE = cmd.encode(cmd.Wake())
 
 
 @dataclass(slots=True)
@@ -258,8 +259,8 @@ class Context:
 
     # -- commands ---------------------------------------------------------------------------------
 
-    def _send(self, message: cmd.ClientMessage) -> None:
-        data = cmd.encode(message)
+    def _send(self, message: cmd.ClientMessage | bytes) -> None:
+        data = message if isinstance(message, bytes) else cmd.encode(message)
         with self._send_lock:
             self._sock.sendall(data)
 
@@ -323,6 +324,7 @@ class Context:
             limit_index=self._counters.value_index(response.publication_limit_counter_id),
             on_close=self._close_publication,
             manage_destination=self._manage_destination,
+            doorbell=(self._cnc.header_i64, PARKED_INDEX, self._ring) if channel.startswith("aeron:udp") else None,
         )
         self._publications[response.registration_id] = publication
         return publication
@@ -355,6 +357,11 @@ class Context:
             subscription._release_all()
             raise
         return subscription
+
+    def _ring(self) -> None:
+        """Wake a parked driver: it has datagrams to send for us."""
+        with contextlib.suppress(OSError):
+            self._send(_WAKE)
 
     def _manage_destination(self, registration_id: int, channel: str, add: bool) -> None:
         self._check_usable()

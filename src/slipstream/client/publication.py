@@ -15,6 +15,10 @@ from ..driver.directory import close_mapping
 from ..logbuffer import CLOSED, BufferClaim, ExclusiveAppender, LogBuffers
 
 
+def _nothing() -> None:
+    return None
+
+
 class ExclusivePublication:
     """A publication with a single writer thread: no locking on the hot path."""
 
@@ -30,6 +34,7 @@ class ExclusivePublication:
         limit_index: int,
         on_close: Callable[[ExclusivePublication], None],
         manage_destination: Callable[[int, str, bool], None] | None = None,
+        doorbell: tuple[memoryview, int, Callable[[], None]] | None = None,
     ) -> None:
         self.channel = channel
         self.stream_id = stream_id
@@ -42,6 +47,12 @@ class ExclusivePublication:
         self._limit_index = limit_index
         self._on_close = on_close
         self._manage_destination = manage_destination
+        self._parked: memoryview | None = None
+        self._parked_index = 0
+        self._wake: Callable[[], None] = _nothing
+        if doorbell is not None:
+            # UDP publications: the driver does the sending, and may be parked in select.
+            self._parked, self._parked_index, self._wake = doorbell
         self._closed = False
 
     def offer(self, message: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
@@ -49,7 +60,11 @@ class ExclusivePublication:
         CLOSED / MAX_POSITION_EXCEEDED. Raises ValueError if it exceeds ``max_message_length``."""
         if self._closed:
             return CLOSED
-        return self._appender.append(message, self._limit_values[self._limit_index], reserved_value)
+        result = self._appender.append(message, self._limit_values[self._limit_index], reserved_value)
+        parked = self._parked
+        if parked is not None and result > 0 and parked[self._parked_index]:
+            self._wake()
+        return result
 
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         """Reserve a frame of ``length`` bytes (at most ``max_payload_length``) to write in place."""

@@ -22,6 +22,9 @@ HEADER_LENGTH: Final = 128
 _HEADER = struct.Struct("<iiiiiiqqqi")
 _HEARTBEAT_OFFSET: Final = 64
 _STATE_OFFSET: Final = 72
+PARKED_INDEX: Final = 80 // 8
+"""i64 slot of the header: 1 while the driver sleeps in ``select``; clients that give it UDP work
+then ring its doorbell (a Wake message) instead of waiting out the sleep."""
 
 STATE_STARTING: Final = 0
 STATE_RUNNING: Final = 1
@@ -148,6 +151,11 @@ class CncFile:
     @heartbeat_ms.setter
     def heartbeat_ms(self, value: int) -> None:
         self._i64[_HEARTBEAT_OFFSET // 8] = value
+
+    @property
+    def header_i64(self) -> memoryview:
+        """The header as i64 slots (``PARKED_INDEX``), for hot paths that read one flag."""
+        return self._i64
 
     @property
     def state(self) -> int:

@@ -66,6 +66,10 @@ class RemoveDestination(msgspec.Struct, tag=True, frozen=True):
     channel: str
 
 
+class Wake(msgspec.Struct, tag=True, frozen=True):
+    """Doorbell: a parked driver has UDP work (a client appended to a network publication)."""
+
+
 class Keepalive(msgspec.Struct, tag=True, frozen=True):
     pass
 
@@ -82,6 +86,7 @@ ClientMessage = (
     | RemoveSubscription
     | AddDestination
     | RemoveDestination
+    | Wake
     | Keepalive
     | CloseClient
 )

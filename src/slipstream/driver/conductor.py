@@ -31,7 +31,7 @@ from ..protocol.receiver import (
 from ..protocol.sender import NetworkPublicationSender, SenderConfig
 from ..protocol.uri import ChannelUri, ChannelUriError
 from . import commands as cmd
-from .cnc import CncFile
+from .cnc import PARKED_INDEX, CncFile
 from .config import DriverConfig
 from .counters import (
     PUBLISHER_LIMIT_TYPE_ID,
@@ -115,6 +115,26 @@ class DriverConductor:
 
     # -- duty cycle -------------------------------------------------------------------------------
 
+    def park(self, timeout_s: float) -> int:
+        """Sleep until a client speaks (commands, doorbell), a datagram arrives, or ``timeout_s``.
+
+        The flag in cnc.dat tells clients to ring the doorbell when they append to a UDP publication.
+        A wake-up lost to store/load reordering costs at most ``timeout_s``; nothing is lost.
+        """
+        parked = self.cnc.header_i64
+        parked[PARKED_INDEX] = 1
+        try:
+            return self._poll_sockets(time.monotonic_ns(), timeout_s)
+        finally:
+            parked[PARKED_INDEX] = 0
+
+    def _watch(self, sock: socket.socket) -> None:
+        self.selector.register(sock, selectors.EVENT_READ, "udp")
+
+    def _unwatch(self, sock: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(sock)
+
     def do_work(self, now_ns: int, timeout_s: float = 0.0) -> int:
         """One duty cycle; ``timeout_s`` lets an idle driver sleep in the socket wait itself."""
         work = self._poll_sockets(now_ns, timeout_s)
@@ -144,8 +164,9 @@ class DriverConductor:
         for key, _ in self.selector.select(timeout_s):
             if key.data is None:
                 work += self._accept(now_ns)
-            else:
+            elif isinstance(key.data, ClientSession):
                 work += self._read_client(key.data, now_ns)
+            # UDP sockets are registered only to wake a parked driver; do_work reads them.
         for client in list(self.clients.values()):
             if client.outbox:
                 self._flush(client)
@@ -226,7 +247,7 @@ class DriverConductor:
             self._send(client, cmd.Welcome(os.getpid(), self.config.client_liveness_timeout_ns, client.client_id))
             return
         match message:
-            case cmd.Keepalive():
+            case cmd.Keepalive() | cmd.Wake():
                 pass
             case cmd.AddPublication():
                 self._add_publication(client, message, now_ns)
@@ -409,6 +430,7 @@ class DriverConductor:
                 control_mode=control_mode,
             )
             self.network_publications[correlation_id] = network
+            self._watch(sock)
             for name, type_id in (
                 ("pub-pos", PUBLISHER_POSITION_TYPE_ID),
                 ("snd-pos", SENDER_POSITION_TYPE_ID),
@@ -597,6 +619,7 @@ class DriverConductor:
             endpoint = UdpEndpoint(endpoint.family, sock.getsockname()[: len(endpoint.address)])
         channel_state = ReceiveChannel(endpoint, sock, ReceiveEndpoint(receiver_config), self.images_dir, control)
         self.receive_channels[endpoint] = channel_state
+        self._watch(sock)
         return channel_state
 
     @staticmethod
@@ -707,6 +730,7 @@ class DriverConductor:
 
     def _retire_network_publication(self, publication: NetworkPublication, now_ns: int) -> None:
         self.network_publications.pop(publication.registration_id, None)
+        self._unwatch(publication.sock)
         self.system_counters.retire_sender(publication)
         self.counters.free(publication.limit_counter_id, now_ns // 1_000_000)
         self._free_stream_counters(publication.position_counters, now_ns)
@@ -771,6 +795,7 @@ class DriverConductor:
             channel.receive.remove_subscription(link.stream_id)
         if not channel.subscriptions:
             self.receive_channels.pop(channel.endpoint, None)
+            self._unwatch(channel.sock)
             self.system_counters.retire_receiver(channel)
             for image in channel.images.values():
                 self._free_stream_counters(image.position_counters, now_ns)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -88,6 +89,43 @@ class BackoffIdleStrategy:
         self._spins = 0
         self._yields = 0
         self._sleep_s = self.min_sleep_s
+
+
+class ParkingIdleStrategy:
+    """Back-off whose last phase parks instead of sleeping: ``park(timeout_s)`` blocks in ``select`` on
+    the agent's sockets, so an idle driver costs no CPU yet wakes the moment a datagram or a client's
+    doorbell arrives."""
+
+    def __init__(
+        self,
+        park: Callable[[float], int],
+        max_spins: int = 10,
+        max_yields: int = 5,
+        park_timeout_s: float = 1e-3,
+    ) -> None:
+        if max_spins < 0 or max_yields < 0 or park_timeout_s <= 0:
+            raise ValueError("need max_spins >= 0, max_yields >= 0 and park_timeout_s > 0")
+        self.park = park
+        self.max_spins = max_spins
+        self.max_yields = max_yields
+        self.park_timeout_s = park_timeout_s
+        self._spins = 0
+        self._yields = 0
+
+    def idle(self, work_count: int = 0) -> None:
+        if work_count > 0:
+            self.reset()
+        elif self._spins < self.max_spins:
+            self._spins += 1
+        elif self._yields < self.max_yields:
+            self._yields += 1
+            os.sched_yield()
+        else:
+            self.park(self.park_timeout_s)
+
+    def reset(self) -> None:
+        self._spins = 0
+        self._yields = 0
 
 
 def idle_strategy(name: str) -> IdleStrategy:

@@ -20,7 +20,7 @@ from .cnc import STATE_CLOSED, STATE_RUNNING, CncFile
 from .conductor import DriverConductor, clean_publications_dir
 from .config import DriverConfig
 from .directory import CNC_FILE, LOCK_FILE, SOCKET_FILE
-from .idle import idle_strategy
+from .idle import IdleStrategy, ParkingIdleStrategy, idle_strategy
 from .ipc_publication import PublicationState
 from .loss_report import LOSS_REPORT_FILE, LossReport
 from .network_publication import NetworkPublication
@@ -132,7 +132,15 @@ class MediaDriver:
         conductor = self._conductor
         if conductor is None:
             raise DriverError("start() the driver before run()")
-        idle = idle_strategy(self.config.idle_strategy)
+        name = self.config.idle_strategy
+        # Back-off and sleep park in select instead of sleeping blind: same CPU, instant wake-ups.
+        idle: IdleStrategy
+        if name == "backoff":
+            idle = ParkingIdleStrategy(conductor.park)
+        elif name == "sleep":
+            idle = ParkingIdleStrategy(conductor.park, max_spins=0, max_yields=0)
+        else:
+            idle = idle_strategy(name)
         try:
             while not self._stop.is_set():
                 try:
