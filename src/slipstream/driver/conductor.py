@@ -412,6 +412,8 @@ class DriverConductor:
                 receiver_window=uri.rcv_wnd or config.receiver_window,
                 signal_eos=uri.eos if uri.eos is not None else True,
                 group=control_mode is not None,
+                # A Python duty cycle costs more than Aeron's: send more per cycle to amortise it.
+                max_messages_per_send=16,
                 max_resend=uri.max_resend or SenderConfig().max_resend,
             )
             network = NetworkPublication(

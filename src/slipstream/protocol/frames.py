@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, fields
-from typing import Final, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 
 from .constants import (
     CURRENT_VERSION,
@@ -48,6 +48,7 @@ from .positions import align
 
 __all__ = [
     "BytesLike",
+    "DataScan",
     "Frame",
     "FRAME_HEADER",
     "DATA_HEADER",
@@ -70,6 +71,7 @@ __all__ = [
     "frame_length",
     "decode_frame",
     "decode_datagram",
+    "scan_data_datagram",
 ]
 
 BytesLike: TypeAlias = bytes | bytearray | memoryview
@@ -616,6 +618,79 @@ def decode_frame(buf: BytesLike, offset: int = 0) -> tuple[Frame, int]:
     return decoder(buf, offset, length, flags), length
 
 
+class DataScan(NamedTuple):
+    """A validated DATA/PAD datagram, without a Python object per frame: what a receiver needs to put
+    the datagram into its term in one copy. ``term_length_used`` counts a term-end PAD in full."""
+
+    session_id: int
+    stream_id: int
+    term_id: int
+    term_offset: int
+    flags: int
+    """Flags of the first frame."""
+    is_heartbeat: bool
+    first_frame_length: int
+    term_length_used: int
+    frames: list[tuple[int, int, int, int]]
+    """(offset in the datagram, frame_length, flags, type) of each frame."""
+
+
+def scan_data_datagram(buf: BytesLike) -> DataScan:
+    """Validate a DATA/PAD datagram with the receiver's rules (see :func:`decode_datagram`)."""
+    buf = _byte_view(buf)
+    total = len(buf)
+    if total < DATA_HEADER_LENGTH or total & _ALIGN_MASK:
+        raise FrameError(f"DATA/PAD datagram of {total} bytes is not a positive multiple of 32")
+    term_offset, session_id, stream_id, term_id, _ = _DATA_BODY.unpack_from(buf, HEADER_LENGTH)
+    frames: list[tuple[int, int, int, int]] = []
+    used_in_term = 0
+    offset = 0
+    heartbeat = False
+    while offset < total:
+        length, version, flags, ftype = FRAME_HEADER.unpack_from(buf, offset)
+        if version != CURRENT_VERSION:
+            raise FrameError(f"unsupported version {version}")
+        if length < 0:
+            raise FrameError(f"negative frame_length {length}")
+        if ftype != HDR_TYPE_DATA and ftype != HDR_TYPE_PAD:
+            raise FrameError(f"frame type {ftype:#06x} inside a DATA/PAD datagram")
+        if total - offset < DATA_HEADER_LENGTH:
+            raise FrameError(f"{total - offset} bytes: shorter than the {DATA_HEADER_LENGTH}-byte DATA/PAD header")
+        if offset:
+            f_offset, f_session, f_stream, f_term, _ = _DATA_BODY.unpack_from(buf, offset + HEADER_LENGTH)
+            if f_session != session_id or f_stream != stream_id or f_term != term_id:
+                raise FrameError("frames of one datagram must share session, stream and term")
+            if f_offset != term_offset + used_in_term:
+                raise FrameError(f"term_offset {f_offset} not continuous with the previous frame")
+        occupied = (length + _ALIGN_MASK) & ~_ALIGN_MASK
+        if ftype == HDR_TYPE_DATA:
+            if length == 0:
+                if total != DATA_HEADER_LENGTH:
+                    raise FrameError("a heartbeat must be alone in a 32-byte datagram")
+                heartbeat = True
+                occupied = wire = DATA_HEADER_LENGTH
+            elif length < DATA_HEADER_LENGTH:
+                raise FrameError(f"DATA frame_length {length} is shorter than its header")
+            elif occupied > total - offset:
+                raise FrameError(f"DATA frame occupies {occupied} bytes but only {total - offset} remain")
+            else:
+                wire = occupied
+        else:
+            if length < DATA_HEADER_LENGTH:
+                raise FrameError(f"PAD frame_length {length} is shorter than its header")
+            wire = occupied
+            if occupied > total - offset:
+                wire = DATA_HEADER_LENGTH  # term-end PAD: only the header is on the wire
+                if offset + wire != total:
+                    raise FrameError("a term-end PAD must be the last frame of a datagram")
+        frames.append((offset, length, flags, ftype))
+        used_in_term += occupied
+        offset += wire
+    return DataScan(
+        session_id, stream_id, term_id, term_offset, frames[0][2], heartbeat, frames[0][1], used_in_term, frames
+    )
+
+
 def decode_datagram(buf: BytesLike) -> list[Frame]:
     """Decode one received datagram, applying the receiver's validity rules.
 
@@ -631,35 +706,8 @@ def decode_datagram(buf: BytesLike) -> list[Frame]:
     ftype = _U16.unpack_from(buf, TYPE_OFFSET)[0]
     if ftype not in (HDR_TYPE_DATA, HDR_TYPE_PAD):
         return [decode_frame(buf, 0)[0]]
-    if total < DATA_HEADER_LENGTH or total & _ALIGN_MASK:
-        raise FrameError(f"DATA/PAD datagram of {total} bytes is not a positive multiple of 32")
-    frames: list[Frame] = []
-    prev: DataFrame | PadFrame | None = None
-    used = offset = 0
-    while offset < total:
-        length, version, flags, ftype = FRAME_HEADER.unpack_from(buf, offset)
-        if version != CURRENT_VERSION:
-            raise FrameError(f"unsupported version {version}")
-        if length < 0:
-            raise FrameError(f"negative frame_length {length}")
-        if ftype not in (HDR_TYPE_DATA, HDR_TYPE_PAD):
-            raise FrameError(f"frame type {ftype:#06x} inside a DATA/PAD datagram")
-        frame, next_used = _decode_data_or_pad(buf, offset, total - offset, length, flags, ftype)
-        if isinstance(frame, DataFrame):
-            if frame.is_heartbeat and total != DATA_HEADER_LENGTH:
-                raise FrameError("a heartbeat must be alone in a 32-byte datagram")
-        elif next_used < align(length) and offset + next_used != total:
-            raise FrameError("a term-end PAD must be the last frame of a datagram")
-        if prev is not None:
-            if (
-                frame.session_id != prev.session_id
-                or frame.stream_id != prev.stream_id
-                or frame.term_id != prev.term_id
-            ):
-                raise FrameError("frames of one datagram must share session, stream and term")
-            if frame.term_offset != prev.term_offset + used:
-                raise FrameError(f"term_offset {frame.term_offset} not continuous with the previous frame")
-        frames.append(frame)
-        prev, used = frame, next_used
-        offset += used
-    return frames
+    scan = scan_data_datagram(buf)
+    return [
+        _decode_data_or_pad(buf, offset, total - offset, length, flags, ftype)[0]
+        for offset, length, flags, ftype in scan.frames
+    ]

@@ -41,6 +41,7 @@ from .constants import (
     DATA_HEADER_LENGTH,
     EOS_FLAG,
     FRAME_ALIGNMENT,
+    HDR_TYPE_DATA,
     HDR_TYPE_PAD,
     IMAGE_LIVENESS_TIMEOUT_NS,
     IMAGE_SM_EOS_MULTIPLE,
@@ -65,14 +66,13 @@ from .constants import (
 from .frames import (
     DATA_HEADER,
     BytesLike,
-    DataFrame,
-    Frame,
+    DataScan,
     Nak,
-    PadFrame,
     RttMeasurement,
     SetupFrame,
     StatusMessage,
     decode_datagram,
+    scan_data_datagram,
 )
 from .positions import align, compute_position, compute_term_id, index_by_position, is_power_of_two, wrap_i32
 
@@ -416,26 +416,20 @@ class PublicationImageReceiver:
     def on_setup(self, now_ns: int) -> None:
         self._last_activity_ns = now_ns
 
-    def on_data(self, frames: list[Frame], data: BytesLike, now_ns: int, events: list[ReceiverEvent]) -> bool:
-        """Insert a decoded DATA/PAD datagram; False if it breaks a rule that makes it invalid."""
-        first = frames[0]
-        assert isinstance(first, (DataFrame, PadFrame))
-        if wrap_i32(first.term_id - self.initial_term_id) < 0:
+    def on_data(self, scan: DataScan, data: BytesLike, now_ns: int, events: list[ReceiverEvent]) -> bool:
+        """Insert a validated DATA/PAD datagram; False if it breaks a rule that makes it invalid."""
+        if wrap_i32(scan.term_id - self.initial_term_id) < 0:
             self.flow_control_under_runs += 1
             return True
         term_length = self.term_length
-        term_offset = first.term_offset
+        term_offset = scan.term_offset
         if not 0 <= term_offset < term_length or term_offset % FRAME_ALIGNMENT:
             return False
-        is_heartbeat = isinstance(first, DataFrame) and first.is_heartbeat
-        length = 0
-        if not is_heartbeat:
-            for frame in frames:
-                assert isinstance(frame, (DataFrame, PadFrame))
-                length += align(frame.frame_length)
-            if term_offset + length > term_length:
-                return False
-        position = compute_position(first.term_id, term_offset, self._bits, self.initial_term_id)
+        is_heartbeat = scan.is_heartbeat
+        length = 0 if is_heartbeat else scan.term_length_used
+        if term_offset + length > term_length:
+            return False
+        position = compute_position(scan.term_id, term_offset, self._bits, self.initial_term_id)
         proposed = position + length
         if proposed > self._overrun_threshold:
             self.flow_control_over_runs += 1
@@ -444,7 +438,7 @@ class PublicationImageReceiver:
             if position >= max(0, self._last_sm_position - term_length):
                 self._last_activity_ns = self._last_packet_ns = now_ns
                 self.heartbeats_received += 1
-                if first.flags & EOS_FLAG and self._eos_position is None:
+                if scan.flags & EOS_FLAG and self._eos_position is None:
                     self._eos_position = position
                     self.log.end_of_stream_position = position
                     events.append(ImageEndOfStream(self.session_id, self.stream_id, position))
@@ -459,35 +453,25 @@ class PublicationImageReceiver:
                 self._last_activity_ns = now_ns
             return True
         self._last_activity_ns = self._last_packet_ns = now_ns
-        self._insert(frames, data, position)
+        self._insert(scan, data, position)
         self.datagrams_received += 1
         self.bytes_received += len(data)
         if proposed > self._hwm:
             self._hwm = proposed
         return True
 
-    def _insert(self, frames: list[Frame], data: BytesLike, position: int) -> None:
-        """Copy each frame to its term offset unless that slot is already filled; length goes last."""
+    def _insert(self, scan: DataScan, data: BytesLike, position: int) -> None:
+        """Copy the datagram to its term offset in one go, unless its first slot is already filled (a
+        duplicate); the first frame's length is stored last, so a reader never sees a partial datagram.
+        Later frames' lengths land with the copy, before that store, as Aeron's term rebuilder does."""
         index = index_by_position(position, self._bits)
-        term, term_i32 = self.log.terms[index], self.log.terms_i32[index]
+        term_i32 = self.log.terms_i32[index]
+        offset = scan.term_offset
+        if term_i32[offset >> 2] != 0:
+            return
         source = memoryview(data).cast("B") if isinstance(data, memoryview) else data
-        total = len(source)
-        at = 0
-        for frame in frames:
-            assert isinstance(frame, (DataFrame, PadFrame))
-            frame_length = frame.frame_length
-            aligned = align(frame_length)
-            if isinstance(frame, PadFrame):
-                copy = DATA_HEADER_LENGTH
-                wire = aligned if aligned <= total - at else DATA_HEADER_LENGTH
-            else:
-                copy = frame_length
-                wire = aligned
-            offset = frame.term_offset
-            if term_i32[offset >> 2] == 0:
-                term[offset + 4 : offset + copy] = source[at + 4 : at + copy]
-                term_i32[offset >> 2] = frame_length
-            at += wire
+        self.log.terms[index][offset + 4 : offset + len(source)] = source[4:]
+        term_i32[offset >> 2] = scan.first_frame_length
 
     # -- duty cycle -----------------------------------------------------------------------------
 
@@ -755,14 +739,16 @@ class ReceiveEndpoint:
     def on_datagram(self, data: BytesLike, now_ns: int, source: Address) -> None:
         """Handle one datagram received on the endpoint socket from ``source``."""
         try:
+            if len(data) >= 8 and data[6] in (HDR_TYPE_DATA, HDR_TYPE_PAD) and not data[7]:
+                # The hot path: validated without a Python object per frame.
+                self._on_data(scan_data_datagram(data), data, now_ns, source)
+                return
             frames = decode_datagram(data)
         except (ValueError, struct.error):
             self.invalid_packets += 1
             return
         first = frames[0]
-        if isinstance(first, (DataFrame, PadFrame)):
-            self._on_data(first, frames, data, now_ns, source)
-        elif isinstance(first, SetupFrame):
+        if isinstance(first, SetupFrame):
             self._on_setup(first, now_ns, source)
         elif isinstance(first, RttMeasurement):
             self._on_rttm(first, source)
@@ -775,20 +761,18 @@ class ReceiveEndpoint:
             return
         self._outbound.append((data, destination))
 
-    def _on_data(
-        self, first: DataFrame | PadFrame, frames: list[Frame], data: BytesLike, now_ns: int, source: Address
-    ) -> None:
-        stream_id = first.stream_id
+    def _on_data(self, scan: DataScan, data: BytesLike, now_ns: int, source: Address) -> None:
+        stream_id = scan.stream_id
         if stream_id not in self._subscriptions:
             self.no_interest_packets += 1
             return
-        key = (first.session_id, stream_id)
+        key = (scan.session_id, stream_id)
         image = self._images.get(key)
         if image is not None:
-            if not image.on_data(frames, data, now_ns, self._events):
+            if not image.on_data(scan, data, now_ns, self._events):
                 self.invalid_packets += 1
             return
-        if first.flags & EOS_FLAG or key in self._cool_down:
+        if scan.flags & EOS_FLAG or key in self._cool_down:
             return
         self._request_setup(key, now_ns, source)
 
