@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import demo, driver, observe, samples
+from . import demo, driver, echo, observe, samples
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -16,6 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.register(commands)
     driver.register(commands)
+    echo.register(commands)
     observe.register(commands)
     samples.register(commands)
     args = parser.parse_args(argv)
