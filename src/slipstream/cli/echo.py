@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ..client.errors import DriverError
+from ..client import DriverError
 from ..echo import messages, take1, take2
 from ..echo.take1 import EchoError
 

@@ -25,6 +25,7 @@ from ..client import (
     ADMIN_ACTION,
     BackoffIdleStrategy,
     Context,
+    DriverError,
     ExclusivePublication,
     FragmentAssembler,
     Header,
@@ -32,7 +33,6 @@ from ..client import (
     Subscription,
     result_name,
 )
-from ..client.errors import DriverError
 from ..driver.config import DriverConfig
 from ..protocol.uri import ChannelUri, ChannelUriError, ParamValue, parse_endpoint
 from .messages import ECHO_STREAM_ID, MessageError, decode, format_hello_port, parse_hello_port

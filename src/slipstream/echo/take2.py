@@ -23,8 +23,16 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..client import BackoffIdleStrategy, Context, ExclusivePublication, FragmentAssembler, Header, Image, Subscription
-from ..client.errors import DriverError
+from ..client import (
+    BackoffIdleStrategy,
+    Context,
+    DriverError,
+    ExclusivePublication,
+    FragmentAssembler,
+    Header,
+    Image,
+    Subscription,
+)
 from ..driver.config import DriverConfig
 from .messages import (
     ECHO_STREAM_ID,
@@ -227,6 +235,14 @@ class EchoServer:
             configuration.directory,
             driver_config=driver_config(configuration.reserved_session_id_low, configuration.reserved_session_id_high),
         )
+        if not self.context.is_embedded:
+            log.warning(
+                "attached to the running driver in %s: it must leave session ids [%d, %d] to this server "
+                "(reserved_session_id_low/high), or duologues may clash with its other publications",
+                self.context.directory,
+                configuration.reserved_session_id_low,
+                configuration.reserved_session_id_high,
+            )
         self.duologues: dict[int, _Duologue] = {}
         """By duologue session id."""
         self.ports = PortAllocator(configuration.local_clients_base_port, 2 * configuration.client_maximum_count, rng)
