@@ -251,3 +251,11 @@ def test_closing_an_embedded_driver_finishes_its_streams_first(tmp_path: Path) -
     finally:
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def test_explicit_session_ids_clash_only_within_a_channel(ctx: Context) -> None:
+    first = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|session-id=77"
+    ctx.add_exclusive_publication(first, 13)
+    ctx.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{free_port()}|session-id=77", 13)  # other channel
+    with pytest.raises(RegistrationError, match="SESSION_IN_USE"):
+        ctx.add_exclusive_publication(first, 13)

@@ -337,8 +337,12 @@ class DriverConductor:
             *self.publications.values(),
             *self.network_publications.values(),
         ]
+        key = _channel_key(uri)
         if session_id is not None and any(
-            p.session_id == session_id and p.stream_id == message.stream_id and p.state is PublicationState.ACTIVE
+            p.session_id == session_id
+            and p.stream_id == message.stream_id
+            and p.state is PublicationState.ACTIVE
+            and _channel_key(ChannelUri.parse(p.channel)) == key
             for p in all_publications
         ):
             self._error(
@@ -954,6 +958,11 @@ class DriverConductor:
             channel.close()
         self.receive_channels.clear()
         self.selector.close()
+
+
+def _channel_key(uri: ChannelUri) -> tuple[str, str | None, str | None]:
+    """What makes two channels the same for session-id clashes (as in Aeron: one session per channel)."""
+    return (uri.media, uri.endpoint, uri.control) if uri.is_udp else (uri.media, None, None)
 
 
 def _wants(link: SubscriptionLink, stream_id: int, session_id: int) -> bool:
