@@ -26,8 +26,10 @@ class PublicationState(enum.Enum):
     DONE = "done"
 
 
-@dataclass(slots=True)
-class IpcPublication:
+@dataclass(slots=True, eq=False)
+class DriverPublication:
+    """What every publication the driver runs has: identity, its log file and its publisher limit."""
+
     registration_id: int
     client_id: int
     session_id: int
@@ -38,13 +40,23 @@ class IpcPublication:
     mapping: mmap.mmap
     log: LogBuffers
     limit_counter_id: int
+
+    def release_log(self) -> None:
+        """Release the mapping and delete the file; mapped readers keep their pages until they unmap."""
+        self.log.close()
+        close_mapping(self.mapping)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.log_path)
+
+
+@dataclass(slots=True, eq=False)
+class IpcPublication(DriverPublication):
     window: int
     state: PublicationState = PublicationState.ACTIVE
     subscribers: dict[int, int] = field(default_factory=dict)
     """Subscription registration id -> subscriber position counter id."""
     position_counters: dict[int, int] = field(default_factory=dict)
     """Type id -> counter id of the per-stream position counters the driver keeps current."""
-    draining_since_ns: int = 0
     stuck_position: int = -1
     stuck_since_ns: int = 0
 
@@ -84,7 +96,6 @@ class IpcPublication:
     def start_draining(self, now_ns: int) -> None:
         if self.state is PublicationState.ACTIVE:
             self.state = PublicationState.DRAINING
-            self.draining_since_ns = now_ns
             self.log.end_of_stream_position = self.producer_position()
 
     def is_drained(self, counters: CountersManager) -> bool:
@@ -120,9 +131,5 @@ class IpcPublication:
         return True
 
     def close(self) -> None:
-        """Release the mapping and delete the file; mapped readers keep their pages until they unmap."""
         self.state = PublicationState.DONE
-        self.log.close()
-        close_mapping(self.mapping)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.log_path)
+        self.release_log()

@@ -8,18 +8,13 @@ publisher limit the application's ``offer`` reads.
 from __future__ import annotations
 
 import contextlib
-import mmap
-import os
 import socket
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from ..logbuffer import LogBuffers
 from ..protocol.constants import HDR_TYPE_SM, SM_LENGTH
 from ..protocol.sender import NetworkPublicationSender
 from .counters import CountersManager
-from .directory import close_mapping
-from .ipc_publication import PublicationState
+from .ipc_publication import DriverPublication, PublicationState
 from .udp_channel import Address, receive_datagrams
 
 _RECV_BUDGET = 64
@@ -28,17 +23,7 @@ DESTINATION_TIMEOUT_NS = 5_000_000_000
 
 
 @dataclass(slots=True, eq=False)
-class NetworkPublication:
-    registration_id: int
-    client_id: int
-    session_id: int
-    stream_id: int
-    channel: str
-    exclusive: bool
-    log_path: Path
-    mapping: mmap.mmap
-    log: LogBuffers
-    limit_counter_id: int
+class NetworkPublication(DriverPublication):
     sender: NetworkPublicationSender
     sock: socket.socket
     state: PublicationState = PublicationState.ACTIVE
@@ -121,7 +106,4 @@ class NetworkPublication:
         self.state = PublicationState.DONE
         with contextlib.suppress(OSError):
             self.sock.close()
-        self.log.close()
-        close_mapping(self.mapping)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.log_path)
+        self.release_log()
