@@ -604,3 +604,42 @@ def test_decoding_never_reads_past_the_view(raw: bytes, data: st.DataObject) -> 
     assert outcome(decode_datagram, view) == outcome(decode_datagram, raw)
     prefix = memoryview(raw + junk)[:cut]
     assert outcome(decode_datagram, prefix) == outcome(decode_datagram, raw[:cut])
+
+
+def _equal_frame_datagrams() -> st.SearchStrategy[bytes]:
+    """Batches of DATA frames occupying the same aligned size: the receiver's fast path."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> bytes:
+        payload = draw(st.integers(0, 200))
+        count = draw(st.integers(1, 12))
+        aligned = (32 + payload + 31) & ~31
+        start = draw(st.integers(0, 1000)) * 32
+        session, stream, term = draw(st.integers(-(2**31), 2**31 - 1)), draw(st.integers(1, 9)), draw(st.integers(0, 5))
+        frames = []
+        for index in range(count):
+            size = draw(st.integers(max(0, aligned - 63), aligned - 32)) if index else payload  # same aligned size
+            flags = draw(st.sampled_from([0x80, 0x40, 0xC0, 0]))
+            frames.append(DataFrame(start + index * aligned, session, stream, term, b"p" * size, flags).encode())
+            assert len(frames[-1]) == aligned
+        return b"".join(frames)
+
+    return build()
+
+
+@FAST
+@given(_equal_frame_datagrams(), st.data())
+def test_fast_datagram_scan_agrees_with_the_frame_walk(raw: bytes, data: st.DataObject) -> None:
+    """The receiver's shortcut for equal frames accepts exactly what the frame-by-frame rules accept."""
+    from slipstream.protocol.frames import DATA_HEADER as HEADER
+    from slipstream.protocol.frames import _walk_data_datagram, scan_data_datagram
+
+    mutated = bytearray(raw)
+    for _ in range(data.draw(st.integers(0, 3))):
+        bit = data.draw(st.integers(0, len(mutated) * 8 - 1))
+        mutated[bit // 8] ^= 1 << (bit % 8)
+    candidate = bytes(mutated)
+    fields = HEADER.unpack_from(candidate)
+    walked = outcome(lambda b: _walk_data_datagram(memoryview(b), len(b), fields[4], fields[5], fields[6], fields[7]),
+                     candidate)
+    assert outcome(scan_data_datagram, candidate) == walked

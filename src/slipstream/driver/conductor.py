@@ -50,7 +50,7 @@ from .loss_report import LossReport
 from .network_publication import NetworkPublication
 from .receive_channel import DriverImage, ReceiveChannel
 from .system_counters import SystemCounters
-from .udp_channel import UdpEndpoint, open_socket, resolve
+from .udp_channel import GSO_MAX_SEGMENTS, UdpEndpoint, UdpSocket, open_socket, resolve
 
 log = logging.getLogger("slipstream.driver")
 
@@ -112,6 +112,8 @@ class DriverConductor:
         self._next_image_id = 0
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self._next_timer_ns = now_ns
+        self._udp_ready: set[int] = set()
+        """UDP sockets the last select found readable."""
 
     # -- duty cycle -------------------------------------------------------------------------------
 
@@ -131,7 +133,7 @@ class DriverConductor:
     def _watch(self, sock: socket.socket) -> None:
         self.selector.register(sock, selectors.EVENT_READ, "udp")
 
-    def _unwatch(self, sock: socket.socket) -> None:
+    def _unwatch(self, sock: socket.socket | UdpSocket) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(sock)
 
@@ -142,8 +144,9 @@ class DriverConductor:
             work += publication.update_limit(self.counters)
             if publication.state is PublicationState.DRAINING:
                 work += self._check_drained(publication, now_ns)
+        ready = self._udp_ready
         for network in list(self.network_publications.values()):
-            work += network.do_work(now_ns)
+            work += network.do_work(now_ns, network.sock.fd in ready)
             network.update_limit(self.counters)
             if network.state is PublicationState.DRAINING and network.is_done:
                 self._retire_network_publication(network, now_ns)
@@ -161,12 +164,15 @@ class DriverConductor:
 
     def _poll_sockets(self, now_ns: int, timeout_s: float) -> int:
         work = 0
+        ready = self._udp_ready
+        ready.clear()
         for key, _ in self.selector.select(timeout_s):
             if key.data is None:
                 work += self._accept(now_ns)
             elif isinstance(key.data, ClientSession):
                 work += self._read_client(key.data, now_ns)
-            # UDP sockets are registered only to wake a parked driver; do_work reads them.
+            else:
+                ready.add(key.fd)  # read by do_work: only sockets with datagrams cost a receive call
         for client in list(self.clients.values()):
             if client.outbox:
                 self._flush(client)
@@ -416,8 +422,9 @@ class DriverConductor:
                 receiver_window=uri.rcv_wnd or config.receiver_window,
                 signal_eos=uri.eos if uri.eos is not None else True,
                 group=control_mode is not None,
-                # A Python duty cycle costs more than Aeron's: send more per cycle to amortise it.
-                max_messages_per_send=16,
+                # A Python duty cycle costs more than Aeron's: send more per cycle to amortise it
+                # (with GSO, a full batch is one system call).
+                max_messages_per_send=GSO_MAX_SEGMENTS if config.udp_gso else 16,
                 max_resend=uri.max_resend or SenderConfig().max_resend,
             )
             network = NetworkPublication(
@@ -432,7 +439,7 @@ class DriverConductor:
                 logbuffers,
                 limit_id,
                 NetworkPublicationSender(logbuffers, sender_config),
-                sock,
+                UdpSocket(sock, offload=config.udp_gso),
                 control_mode=control_mode,
             )
             self.network_publications[correlation_id] = network
@@ -623,7 +630,8 @@ class DriverConductor:
         )
         if not endpoint.address[1]:  # ephemeral: keyed by the port the OS chose
             endpoint = UdpEndpoint(endpoint.family, sock.getsockname()[: len(endpoint.address)])
-        channel_state = ReceiveChannel(endpoint, sock, ReceiveEndpoint(receiver_config), self.images_dir, control)
+        udp = UdpSocket(sock, offload=config.udp_gso)
+        channel_state = ReceiveChannel(endpoint, udp, ReceiveEndpoint(receiver_config), self.images_dir, control)
         self.receive_channels[endpoint] = channel_state
         self._watch(sock)
         return channel_state
@@ -689,7 +697,7 @@ class DriverConductor:
         for image in channel.images.values():
             if image.subscribers and not image.removed:
                 image.receiver.on_consumption(min(counters.get(cid) for cid in image.subscribers.values()))
-        work = channel.do_work(now_ns)
+        work = channel.do_work(now_ns, channel.sock.fd in self._udp_ready)
         for event in channel.receive.take_events():
             work += 1
             match event:

@@ -47,6 +47,10 @@ class DriverConfig:
     the buffer the socket really got, as the reference requires."""
     so_sndbuf: int | None = None
     """SO_SNDBUF of UDP sockets; None keeps the OS default."""
+    udp_gso: bool = True
+    """Linux UDP segmentation and receive offload (UDP_SEGMENT, UDP_GRO): up to 64 datagrams per system
+    call each way, still separate Aeron datagrams on the wire. Turned off by itself where the kernel or
+    the route refuses it."""
     counters_capacity: int = 8192
     error_log_length: int = 1024 * 1024
     idle_strategy: str = "backoff"

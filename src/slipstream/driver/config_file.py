@@ -22,7 +22,7 @@ from typing import Final, Literal
 from ..protocol.uri import parse_duration_ns, parse_size
 from .config import DriverConfig
 
-Kind = Literal["path", "duration", "size", "optional_size", "int", "str"]
+Kind = Literal["path", "duration", "size", "optional_size", "int", "str", "bool"]
 
 KINDS: Final[dict[str, Kind]] = {
     "directory": "path",
@@ -37,6 +37,7 @@ KINDS: Final[dict[str, Kind]] = {
     "receiver_window": "size",
     "so_rcvbuf": "optional_size",
     "so_sndbuf": "optional_size",
+    "udp_gso": "bool",
     "counters_capacity": "int",
     "error_log_length": "size",
     "idle_strategy": "str",
@@ -69,6 +70,10 @@ AERON_ALIASES: Final[dict[str, str]] = {
 _CLI_NAMES: Final = {"dir": "directory", "idle": "idle_strategy"}
 """The ``slipstream driver`` option names that differ from the fields."""
 _NONE_WORDS: Final = frozenset({"none", "default"})
+_BOOL_WORDS: Final = {
+    **dict.fromkeys(("true", "yes", "on", "1"), True),
+    **dict.fromkeys(("false", "no", "off", "0"), False),
+}
 _INT_RE: Final = re.compile(r"[+-]?[0-9]{1,19}", re.ASCII)
 
 
@@ -110,6 +115,11 @@ def _unknown(setting: _Setting) -> ConfigFileError:
 
 def _parse(kind: Kind, value: str | int) -> object:
     """Raises ValueError (ChannelUriError is one) with a message that does not repeat the key."""
+    if kind == "bool":
+        word = str(value).strip().lower()
+        if word not in _BOOL_WORDS:
+            raise ValueError(f"expected true or false, got {value!r}")
+        return _BOOL_WORDS[word]
     if isinstance(value, int):
         if kind in ("path", "str"):
             raise ValueError(f"expected a string, got the number {value}")
@@ -138,6 +148,8 @@ def _convert(name: str, setting: _Setting) -> object:
     """The field's value from a file value (str from properties; str, int ... from TOML)."""
     kind = KINDS[name]
     value = setting.value
+    if kind == "bool" and isinstance(value, bool):
+        return value
     if isinstance(value, bool) or not isinstance(value, str | int):
         problem = f"expected a {kind.replace('_', ' ')}, got {type(value).__name__} {value!r}"
     else:
@@ -255,6 +267,8 @@ def _size_text(size: int) -> str:
 def _toml_value(kind: Kind | None, value: object) -> str:
     if value is None:
         return json.dumps("none")
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if kind == "duration" and isinstance(value, int):
         return json.dumps(_duration_text(value))
     if kind in ("size", "optional_size") and isinstance(value, int):

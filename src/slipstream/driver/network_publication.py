@@ -8,14 +8,13 @@ publisher limit the application's ``offer`` reads.
 from __future__ import annotations
 
 import contextlib
-import socket
 from dataclasses import dataclass, field
 
 from ..protocol.constants import HDR_TYPE_SM, SM_LENGTH
 from ..protocol.sender import NetworkPublicationSender
 from .counters import CountersManager
 from .ipc_publication import DriverPublication, PublicationState
-from .udp_channel import Address, receive_datagrams
+from .udp_channel import Address, UdpSocket
 
 _RECV_BUDGET = 64
 DESTINATION_TIMEOUT_NS = 5_000_000_000
@@ -25,7 +24,7 @@ DESTINATION_TIMEOUT_NS = 5_000_000_000
 @dataclass(slots=True, eq=False)
 class NetworkPublication(DriverPublication):
     sender: NetworkPublicationSender
-    sock: socket.socket
+    sock: UdpSocket
     state: PublicationState = PublicationState.ACTIVE
     control_mode: str | None = None
     """None for unicast (connected socket); "dynamic" or "manual" for multi-destination-cast."""
@@ -33,15 +32,21 @@ class NetworkPublication(DriverPublication):
     """MDC destinations -> time of their last status message (manual ones never expire)."""
     position_counters: dict[int, int] = field(default_factory=dict)
     """Type id -> counter id of the per-stream position counters the driver keeps current."""
-    short_sends: int = 0
-    send_errors: int = 0
-    last_send_error: str = ""
 
-    def do_work(self, now_ns: int) -> int:
-        """Take in control datagrams (SMs, NAKs, RTTMs), then send what the sender wants sent."""
+    @property
+    def short_sends(self) -> int:
+        return self.sock.short_sends
+
+    @property
+    def send_errors(self) -> int:
+        return self.sock.send_errors
+
+    def do_work(self, now_ns: int, readable: bool = True) -> int:
+        """Take in control datagrams (SMs, NAKs, RTTMs) if the socket has any, then send what the
+        sender wants sent."""
         work = 0
         sender = self.sender
-        for data, source in receive_datagrams(self.sock, _RECV_BUDGET):
+        for data, source in self.sock.receive(_RECV_BUDGET if readable else 0):
             if self.control_mode == "dynamic" and len(data) >= SM_LENGTH and data[6] == HDR_TYPE_SM and not data[7]:
                 # Any status message at the control port adds or refreshes its source as a destination:
                 # the reply traffic a NAT lets through (reference 3.2, 3.5).
@@ -49,29 +54,16 @@ class NetworkPublication(DriverPublication):
             sender.on_datagram(data, now_ns, source)
             work += 1
         datagrams = sender.poll(now_ns)
+        if not datagrams:
+            return work
         if self.control_mode is None:
-            for datagram in datagrams:
-                self._send(datagram, None)
+            self.sock.send(datagrams)
         else:
             if self.control_mode == "dynamic":
                 self._expire_destinations(now_ns)
-            for datagram in datagrams:
-                for destination in self.destinations:
-                    self._send(datagram, destination)
+            for destination in self.destinations:
+                self.sock.send(datagrams, destination)
         return work + len(datagrams)
-
-    def _send(self, datagram: bytes, destination: Address | None) -> None:
-        try:
-            sent = self.sock.send(datagram) if destination is None else self.sock.sendto(datagram, destination)
-        except (BlockingIOError, InterruptedError):
-            self.short_sends += 1
-            return
-        except OSError as exc:
-            self.send_errors += 1
-            self.last_send_error = str(exc)
-            return
-        if sent < len(datagram):
-            self.short_sends += 1
 
     def _expire_destinations(self, now_ns: int) -> None:
         expired = [d for d, seen in self.destinations.items() if now_ns - seen > DESTINATION_TIMEOUT_NS]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -22,7 +21,7 @@ from ..protocol.constants import SM_SEND_SETUP_FLAG
 from ..protocol.frames import StatusMessage
 from ..protocol.receiver import ImageParams, PublicationImageReceiver, ReceiveEndpoint
 from .directory import close_mapping, map_file
-from .udp_channel import UdpEndpoint, receive_datagrams
+from .udp_channel import Address, UdpEndpoint, UdpSocket
 
 _RECV_BUDGET = 64
 MDC_REGISTRATION_INTERVAL_NS = 1_000_000_000
@@ -56,7 +55,7 @@ class ReceiveChannel:
     def __init__(
         self,
         endpoint: UdpEndpoint,
-        sock: socket.socket,
+        sock: UdpSocket,
         receive: ReceiveEndpoint,
         images_dir: Path,
         control: UdpEndpoint | None = None,
@@ -73,8 +72,6 @@ class ReceiveChannel:
         """By the receiver object's id: the endpoint's events carry the receiver."""
         self._pending_logs: dict[int, tuple[Path, mmap.mmap]] = {}
         self._next_log = 0
-        self.short_sends = 0
-        self.send_errors = 0
         receive.log_factory = self._map_log
 
     def _map_log(self, params: ImageParams) -> LogBuffers:
@@ -89,10 +86,11 @@ class ReceiveChannel:
     def claim_log(self, log: LogBuffers) -> tuple[Path, mmap.mmap]:
         return self._pending_logs.pop(id(log))
 
-    def do_work(self, now_ns: int) -> int:
+    def do_work(self, now_ns: int, readable: bool = True) -> int:
+        """Datagrams in (if the socket has any), then what the endpoint wants sent."""
         work = 0
         receive = self.receive
-        for data, source in receive_datagrams(self.sock, _RECV_BUDGET):
+        for data, source in self.sock.receive(_RECV_BUDGET if readable else 0):
             receive.on_datagram(data, now_ns, source)
             work += 1
         control = self.control
@@ -101,21 +99,21 @@ class ReceiveChannel:
                 # Sent from the data socket, so the NAT on the way learns the mapping the data comes back on.
                 self._next_registration_ns = now_ns + MDC_REGISTRATION_INTERVAL_NS
                 registration = StatusMessage(0, 0, 0, 0, 0, receive.receiver_id, flags=SM_SEND_SETUP_FLAG)
-                self._sendto(registration.encode(), control.address)
+                self.sock.send([registration.encode()], control.address)
             for image in receive.images:
                 image.control_address = control.address  # image SMs and NAKs go to the control address too
         for datagram, destination in receive.poll(now_ns):
-            self._sendto(datagram, destination)
+            self.sock.send([datagram], cast(Address, destination))
             work += 1
         return work
 
-    def _sendto(self, datagram: bytes, destination: object) -> None:
-        try:
-            self.sock.sendto(datagram, cast(tuple[str, int], destination))
-        except (BlockingIOError, InterruptedError):
-            self.short_sends += 1
-        except OSError:
-            self.send_errors += 1
+    @property
+    def short_sends(self) -> int:
+        return self.sock.short_sends
+
+    @property
+    def send_errors(self) -> int:
+        return self.sock.send_errors
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

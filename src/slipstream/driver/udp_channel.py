@@ -3,11 +3,19 @@
 A publication's socket binds an ephemeral port and connects to the endpoint (so it only hears the
 receiver it sends to); a subscription's socket binds the endpoint and answers each sender from it.
 Host names resolve to IPv4, as Aeron does; ``[::1]`` style literals give IPv6.
+
+A Python driver pays more for a system call than for anything else it does per datagram, so
+:class:`UdpSocket` uses Linux's UDP segmentation offload both ways when the kernel has it: a run of
+equal-sized datagrams leaves in one ``sendmsg`` (``UDP_SEGMENT``) and is still separate datagrams on
+the wire, and a receiving socket with ``UDP_GRO`` gets a burst from one sender in one ``recvmsg``,
+which this module cuts back into the datagrams the sender made. Peers see plain Aeron datagrams.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -73,12 +81,133 @@ def socket_buffers(
     return (uri.so_rcvbuf or default_rcvbuf, uri.so_sndbuf or default_sndbuf)
 
 
-def receive_datagrams(sock: socket.socket, budget: int) -> Iterator[tuple[bytes, Address]]:
-    """Up to ``budget`` datagrams waiting on a non-blocking socket. Errors end the batch: on a connected
-    socket an ICMP port-unreachable surfaces here as ECONNREFUSED, which only means nobody listens yet."""
-    for _ in range(budget):
+SOL_UDP = 17
+UDP_SEGMENT = 103
+"""``setsockopt``/cmsg of linux/udp.h (Linux 4.18+): the segment size of a GSO send."""
+UDP_GRO = 104
+"""linux/udp.h (Linux 5.0+): coalesce received datagrams; a cmsg tells their size."""
+GSO_MAX_SEGMENTS = 64
+"""The kernel's UDP_MAX_SEGMENTS: datagrams per GSO send."""
+GSO_MAX_BYTES = 65_000
+"""Payload of one GSO send: below the 64 KiB an IP packet may carry, IPv4 or IPv6 headers included."""
+MAX_DATAGRAM = 65_536
+_GRO_CMSG_SPACE = socket.CMSG_SPACE(4)
+_BYTE_ORDER = sys.byteorder
+
+
+class UdpSocket:
+    """A non-blocking UDP socket of the driver, with batched sends and receives and its error counts.
+
+    ``receive`` hands out views of one reusable buffer: each datagram must be consumed (copied,
+    decoded) before the next one is taken. Send failures are counted, never raised: to a reliable
+    stream a datagram the kernel refused is a lost datagram, which NAKs repair.
+    """
+
+    __slots__ = ("_buffer", "_view", "fd", "gro", "gso", "last_send_error", "send_errors", "short_sends", "sock")
+
+    def __init__(self, sock: socket.socket, *, offload: bool = True) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.gso = offload and sys.platform == "linux"
+        self.gro = False
+        if self.gso:
+            try:
+                sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+                self.gro = True
+            except OSError:
+                self.gro = False
+        self._buffer = bytearray(MAX_DATAGRAM)
+        self._view = memoryview(self._buffer)
+        self.short_sends = 0
+        self.send_errors = 0
+        self.last_send_error = ""
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def receive(self, budget: int) -> Iterator[tuple[memoryview, Address]]:
+        """Up to ``budget`` receive calls' worth of datagrams waiting on the socket. Errors end the batch:
+        on a connected socket an ICMP port-unreachable surfaces here as ECONNREFUSED, which only means
+        nobody listens yet."""
+        sock, view = self.sock, self._view
+        gro = self.gro
+        for _ in range(budget):
+            try:
+                if gro:
+                    size, ancillary, _, source = sock.recvmsg_into((view,), _GRO_CMSG_SPACE)
+                else:
+                    size, source = sock.recvfrom_into(view)
+                    ancillary = []
+            except OSError:
+                return
+            segment = size
+            for level, kind, data in ancillary:
+                if level == SOL_UDP and kind == UDP_GRO and len(data) >= 4:
+                    segment = int.from_bytes(data[:4], _BYTE_ORDER) or size
+            if segment >= size:
+                yield view[:size], source
+                continue
+            for start in range(0, size, segment):
+                yield view[start : min(start + segment, size)], source
+
+    def send(self, datagrams: list[bytes], destination: Address | None = None) -> None:
+        """Send datagrams in order: runs of equal size (the last one may be shorter) in one GSO call each.
+        ``destination`` None sends on the connected socket."""
+        count = len(datagrams)
+        index = 0
+        while index < count:
+            size = len(datagrams[index])
+            end = index + 1
+            if self.gso:
+                limit = min(count, index + min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // max(size, 1)))
+                while end < limit and len(datagrams[end]) == size:
+                    end += 1
+                if end < limit and len(datagrams[end]) < size:
+                    end += 1  # GSO allows a shorter last segment
+            if end - index > 1 and self._send_segmented(datagrams[index:end], size, destination):
+                index = end
+                continue
+            for datagram in datagrams[index:end]:
+                self._send_one(datagram, destination)
+            index = end
+
+    def _send_segmented(self, run: list[bytes], size: int, destination: Address | None) -> bool:
+        """One GSO send; False when the kernel or route refuses GSO (then it stays off for this socket)."""
+        control = [(SOL_UDP, UDP_SEGMENT, size.to_bytes(2, _BYTE_ORDER))]
         try:
-            data, source = sock.recvfrom(65536)
-        except OSError:
+            if destination is None:
+                self.sock.sendmsg(run, control)
+            else:
+                self.sock.sendmsg(run, control, 0, destination)
+        except (BlockingIOError, InterruptedError):
+            self.short_sends += 1
+        except OSError as exc:
+            if exc.errno in _GSO_REFUSED:
+                # No GSO here (old kernel, a device without it, a segment above the route's MTU):
+                # send these one by one, and every later batch too.
+                self.gso = False
+                return False
+            self._failed(exc)
+        return True
+
+    def _send_one(self, datagram: bytes, destination: Address | None) -> None:
+        try:
+            sent = self.sock.send(datagram) if destination is None else self.sock.sendto(datagram, destination)
+        except (BlockingIOError, InterruptedError):
+            self.short_sends += 1
             return
-        yield data, source
+        except OSError as exc:
+            self._failed(exc)
+            return
+        if sent < len(datagram):
+            self.short_sends += 1
+
+    def _failed(self, exc: OSError) -> None:
+        self.send_errors += 1
+        self.last_send_error = str(exc)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+_GSO_REFUSED = frozenset({errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP, errno.EMSGSIZE})

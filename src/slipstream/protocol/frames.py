@@ -11,6 +11,7 @@ objects (``DATA_HEADER`` ...) and the :func:`frame_type` / :func:`frame_length` 
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, fields
 from typing import Final, NamedTuple, TypeAlias
@@ -631,18 +632,62 @@ class DataScan(NamedTuple):
     is_heartbeat: bool
     first_frame_length: int
     term_length_used: int
-    frames: list[tuple[int, int, int, int]]
-    """(offset in the datagram, frame_length, flags, type) of each frame."""
 
 
-def scan_data_datagram(buf: BytesLike) -> DataScan:
-    """Validate a DATA/PAD datagram with the receiver's rules (see :func:`decode_datagram`)."""
-    buf = _byte_view(buf)
+@functools.lru_cache(maxsize=64)
+def _equal_frames_struct(aligned: int, count: int) -> struct.Struct:
+    """frame_length, version, type, term_offset, session_id, stream_id, term_id of ``count`` frames
+    each occupying ``aligned`` bytes, in one unpack (flags, reserved value and payload skipped)."""
+    return struct.Struct("<" + f"iBxHiiii{aligned - 24}x" * count)
+
+
+def scan_data_datagram(data: BytesLike) -> DataScan:
+    """Validate a DATA/PAD datagram with the receiver's rules (see :func:`decode_datagram`).
+
+    Two shapes cover nearly all traffic and are checked without a Python loop over frames: one DATA
+    frame filling the datagram (an MTU-sized fragment), and DATA frames all occupying the same size
+    (a batch of equal messages). Anything else takes the frame-by-frame walk, which names the fault.
+    """
+    buf = _byte_view(data)
     total = len(buf)
     if total < DATA_HEADER_LENGTH or total & _ALIGN_MASK:
         raise FrameError(f"DATA/PAD datagram of {total} bytes is not a positive multiple of 32")
-    term_offset, session_id, stream_id, term_id, _ = _DATA_BODY.unpack_from(buf, HEADER_LENGTH)
-    frames: list[tuple[int, int, int, int]] = []
+    length, version, flags, ftype, term_offset, session_id, stream_id, term_id, _ = DATA_HEADER.unpack_from(buf)
+    if ftype == HDR_TYPE_DATA and version == CURRENT_VERSION and length >= DATA_HEADER_LENGTH:
+        aligned = (length + _ALIGN_MASK) & ~_ALIGN_MASK
+        if aligned == total or (
+            aligned < total
+            and total % aligned == 0
+            and _equal_frames(buf, aligned, total, term_offset, session_id, stream_id, term_id)
+        ):
+            return DataScan(session_id, stream_id, term_id, term_offset, flags, False, length, total)
+    return _walk_data_datagram(buf, total, term_offset, session_id, stream_id, term_id)
+
+
+def _equal_frames(
+    buf: BytesLike, aligned: int, total: int, term_offset: int, session_id: int, stream_id: int, term_id: int
+) -> bool:
+    """True if every frame is a DATA frame of this stream and term occupying ``aligned`` bytes, each
+    starting where the previous one ends."""
+    count = total // aligned
+    fields = _equal_frames_struct(aligned, count).unpack_from(buf)
+    lengths = fields[0::7]
+    return (
+        max(aligned - _ALIGN_MASK, DATA_HEADER_LENGTH) <= min(lengths)
+        and max(lengths) <= aligned
+        and fields[1::7].count(CURRENT_VERSION) == count
+        and fields[2::7].count(HDR_TYPE_DATA) == count
+        and fields[4::7].count(session_id) == count
+        and fields[5::7].count(stream_id) == count
+        and fields[6::7].count(term_id) == count
+        and fields[3::7] == tuple(range(term_offset, term_offset + total, aligned))
+    )
+
+
+def _walk_data_datagram(
+    buf: BytesLike, total: int, term_offset: int, session_id: int, stream_id: int, term_id: int
+) -> DataScan:
+    first: tuple[int, int] | None = None
     used_in_term = 0
     offset = 0
     heartbeat = False
@@ -654,14 +699,14 @@ def scan_data_datagram(buf: BytesLike) -> DataScan:
             raise FrameError(f"negative frame_length {length}")
         if ftype != HDR_TYPE_DATA and ftype != HDR_TYPE_PAD:
             raise FrameError(f"frame type {ftype:#06x} inside a DATA/PAD datagram")
-        if total - offset < DATA_HEADER_LENGTH:
-            raise FrameError(f"{total - offset} bytes: shorter than the {DATA_HEADER_LENGTH}-byte DATA/PAD header")
         if offset:
             f_offset, f_session, f_stream, f_term, _ = _DATA_BODY.unpack_from(buf, offset + HEADER_LENGTH)
             if f_session != session_id or f_stream != stream_id or f_term != term_id:
                 raise FrameError("frames of one datagram must share session, stream and term")
             if f_offset != term_offset + used_in_term:
                 raise FrameError(f"term_offset {f_offset} not continuous with the previous frame")
+        else:
+            first = (length, flags)
         occupied = (length + _ALIGN_MASK) & ~_ALIGN_MASK
         if ftype == HDR_TYPE_DATA:
             if length == 0:
@@ -683,12 +728,10 @@ def scan_data_datagram(buf: BytesLike) -> DataScan:
                 wire = DATA_HEADER_LENGTH  # term-end PAD: only the header is on the wire
                 if offset + wire != total:
                     raise FrameError("a term-end PAD must be the last frame of a datagram")
-        frames.append((offset, length, flags, ftype))
         used_in_term += occupied
         offset += wire
-    return DataScan(
-        session_id, stream_id, term_id, term_offset, frames[0][2], heartbeat, frames[0][1], used_in_term, frames
-    )
+    assert first is not None
+    return DataScan(session_id, stream_id, term_id, term_offset, first[1], heartbeat, first[0], used_in_term)
 
 
 def decode_datagram(buf: BytesLike) -> list[Frame]:
@@ -706,8 +749,12 @@ def decode_datagram(buf: BytesLike) -> list[Frame]:
     ftype = _U16.unpack_from(buf, TYPE_OFFSET)[0]
     if ftype not in (HDR_TYPE_DATA, HDR_TYPE_PAD):
         return [decode_frame(buf, 0)[0]]
-    scan = scan_data_datagram(buf)
-    return [
-        _decode_data_or_pad(buf, offset, total - offset, length, flags, ftype)[0]
-        for offset, length, flags, ftype in scan.frames
-    ]
+    scan_data_datagram(buf)  # the datagram's rules; then each frame, now known to be well formed
+    frames: list[Frame] = []
+    offset = 0
+    while offset < total:
+        length, _, flags, ftype = FRAME_HEADER.unpack_from(buf, offset)
+        frame, wire = _decode_data_or_pad(buf, offset, total - offset, length, flags, ftype)
+        frames.append(frame)
+        offset += wire
+    return frames

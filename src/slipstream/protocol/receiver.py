@@ -50,6 +50,7 @@ from .constants import (
     NAK_MULTICAST_MAX_BACKOFF_NS,
     NAK_UNICAST_DELAY_NS,
     NAK_UNICAST_RETRY_DELAY_RATIO,
+    PARTITION_COUNT,
     PENDING_SETUP_TIMEOUT_NS,
     RECEIVE_DESTINATION_TIMEOUT_NS,
     RECEIVER_WINDOW_DEFAULT,
@@ -417,19 +418,21 @@ class PublicationImageReceiver:
         self._last_activity_ns = now_ns
 
     def on_data(self, scan: DataScan, data: BytesLike, now_ns: int, events: list[ReceiverEvent]) -> bool:
-        """Insert a validated DATA/PAD datagram; False if it breaks a rule that makes it invalid."""
-        if wrap_i32(scan.term_id - self.initial_term_id) < 0:
+        """Insert a validated DATA/PAD datagram; False if it breaks a rule that makes it invalid.
+
+        The hot path of a receiving driver (once per datagram), so written flat, with locals."""
+        _, _, term_id, term_offset, flags, is_heartbeat, first_frame_length, term_length_used = scan
+        term_count = (term_id - self.initial_term_id) & 0xFFFF_FFFF
+        if term_count & 0x8000_0000:  # a term before the initial one (wrap_i32 < 0)
             self.flow_control_under_runs += 1
             return True
         term_length = self.term_length
-        term_offset = scan.term_offset
-        if not 0 <= term_offset < term_length or term_offset % FRAME_ALIGNMENT:
+        if not 0 <= term_offset < term_length or term_offset & (FRAME_ALIGNMENT - 1):
             return False
-        is_heartbeat = scan.is_heartbeat
-        length = 0 if is_heartbeat else scan.term_length_used
+        length = 0 if is_heartbeat else term_length_used
         if term_offset + length > term_length:
             return False
-        position = compute_position(scan.term_id, term_offset, self._bits, self.initial_term_id)
+        position = (term_count << self._bits) + term_offset
         proposed = position + length
         if proposed > self._overrun_threshold:
             self.flow_control_over_runs += 1
@@ -438,7 +441,7 @@ class PublicationImageReceiver:
             if position >= max(0, self._last_sm_position - term_length):
                 self._last_activity_ns = self._last_packet_ns = now_ns
                 self.heartbeats_received += 1
-                if scan.flags & EOS_FLAG and self._eos_position is None:
+                if flags & EOS_FLAG and self._eos_position is None:
                     self._eos_position = position
                     self.log.end_of_stream_position = position
                     events.append(ImageEndOfStream(self.session_id, self.stream_id, position))
@@ -453,25 +456,21 @@ class PublicationImageReceiver:
                 self._last_activity_ns = now_ns
             return True
         self._last_activity_ns = self._last_packet_ns = now_ns
-        self._insert(scan, data, position)
+        # Copy the datagram to its term offset in one go, unless its first slot is already filled (a
+        # duplicate); the first frame's length is stored last, so a reader never sees a partial datagram.
+        # Later frames' lengths land with the copy, before that store, as Aeron's term rebuilder does.
+        index = term_count % PARTITION_COUNT
+        term_i32 = self.log.terms_i32[index]
+        slot = term_offset >> 2
+        if term_i32[slot] == 0:
+            source = memoryview(data).cast("B") if isinstance(data, memoryview) else data
+            self.log.terms[index][term_offset + 4 : term_offset + len(source)] = source[4:]
+            term_i32[slot] = first_frame_length
         self.datagrams_received += 1
         self.bytes_received += len(data)
         if proposed > self._hwm:
             self._hwm = proposed
         return True
-
-    def _insert(self, scan: DataScan, data: BytesLike, position: int) -> None:
-        """Copy the datagram to its term offset in one go, unless its first slot is already filled (a
-        duplicate); the first frame's length is stored last, so a reader never sees a partial datagram.
-        Later frames' lengths land with the copy, before that store, as Aeron's term rebuilder does."""
-        index = index_by_position(position, self._bits)
-        term_i32 = self.log.terms_i32[index]
-        offset = scan.term_offset
-        if term_i32[offset >> 2] != 0:
-            return
-        source = memoryview(data).cast("B") if isinstance(data, memoryview) else data
-        self.log.terms[index][offset + 4 : offset + len(source)] = source[4:]
-        term_i32[offset >> 2] = scan.first_frame_length
 
     # -- duty cycle -----------------------------------------------------------------------------
 
