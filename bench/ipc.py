@@ -101,13 +101,18 @@ def process_cpu_s(pid: int) -> float:
 
 
 def _wait_connected(
-    deadline: float, publication: ExclusivePublication | None = None, subscription: Subscription | None = None
+    deadline: float,
+    publication: ExclusivePublication | None = None,
+    subscription: Subscription | None = None,
+    invoke: Callable[[], int] | None = None,
 ) -> None:
     while (publication is not None and not publication.is_connected) or (
         subscription is not None and not subscription.is_connected
     ):
         if time.monotonic() > deadline:
             raise BenchError(f"not connected after {CONNECT_TIMEOUT_S} s: {publication!r} {subscription!r}")
+        if invoke is not None:
+            invoke()
         time.sleep(0.001)
 
 
@@ -180,17 +185,34 @@ class ThroughputParams:
     """Count whole messages through a FragmentAssembler: needed once messages exceed one frame."""
     wait: str = "spin"
     """How both sides wait on a refused offer or an empty poll: ``spin`` or ``yield`` (sched_yield)."""
+    invoker: bool = False
+    """Each side embeds its own invoker-mode driver (``<directory>-pub``, ``<directory>-sub``) and runs
+    it from its own loop instead of waiting: two processes, no driver thread or process."""
+
+
+PUBLISHER_INVOKE_EVERY = 1024
+"""An invoker-mode publisher runs its driver after this many accepted offers (and on every refusal)."""
+
+
+def _invoker_context(directory: str) -> Context:
+    config = DriverConfig(directory=Path(directory), threading_mode="invoker")
+    return Context(directory, driver="embedded", driver_config=config)
 
 
 def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
     """Offers ``count`` messages as fast as the log takes them, retrying refusals and counting them."""
     mode: Literal["embedded", "external"] = "embedded" if p.embedded else "external"
-    with Context(p.directory, driver=mode) as ctx:
+    with _invoker_context(f"{p.directory}-pub") if p.invoker else Context(p.directory, driver=mode) as ctx:
         pub = ctx.add_exclusive_publication(p.channel, p.stream_id)
-        _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, publication=pub)
+        invoke = ctx.invoke if p.invoker else None
+        _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, publication=pub, invoke=invoke)
         conn.send(("ready", None))
-        expect(conn, "go", CONNECT_TIMEOUT_S, "publisher")
-        offer, idle = pub.offer, _idler(p.wait)
+        if invoke is not None:
+            _invoke_while_waiting(conn, "go", invoke)
+        else:
+            expect(conn, "go", CONNECT_TIMEOUT_S, "publisher")
+        offer, idle = pub.offer, _idler(p.wait) if invoke is None else (lambda work: invoke() and None)
+        every = PUBLISHER_INVOKE_EVERY - 1 if invoke is not None else -1
         message = bytes(p.size)
         count = p.count
         sent = back_pressured = back_pressured_messages = admin_actions = not_connected = 0
@@ -201,6 +223,8 @@ def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
             result = offer(message)
             if result > 0:
                 sent += 1
+                if sent & every == 0:
+                    idle(0)  # an invoker-mode driver sends what was offered; a no-op otherwise
                 continue
             # Refused: retry this message until the log takes it, counting every refusal by kind.
             if result == BACK_PRESSURED:
@@ -241,7 +265,10 @@ def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
             )
         )
         # Keep the publication (and an embedded driver) up until the subscriber has everything.
-        expect(conn, "close", p.time_limit_s + CONNECT_TIMEOUT_S, "publisher")
+        if invoke is not None:
+            _invoke_while_waiting(conn, "close", invoke, p.time_limit_s + CONNECT_TIMEOUT_S)
+        else:
+            expect(conn, "close", p.time_limit_s + CONNECT_TIMEOUT_S, "publisher")
 
 
 def _message_poller(sub: Subscription, limit: int, assemble: bool) -> Callable[[], int]:
@@ -270,10 +297,18 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
     """Counts messages from first to last; the rate it sees is the benchmark's figure."""
     # Always attach: with an embedded driver the publisher's process hosts it, and attaching retries
     # until that driver's socket appears.
-    with Context(p.directory, driver="external", driver_timeout_s=CONNECT_TIMEOUT_S) as ctx:
+    with (
+        _invoker_context(f"{p.directory}-sub")
+        if p.invoker
+        else Context(p.directory, driver="external", driver_timeout_s=CONNECT_TIMEOUT_S)
+    ) as ctx:
         sub = ctx.add_subscription(p.channel, p.stream_id)
         conn.send(("ready", None))
-        poll, idle = _message_poller(sub, THROUGHPUT_FRAGMENT_LIMIT, p.assemble), _idler(p.wait)
+        poll = _message_poller(sub, THROUGHPUT_FRAGMENT_LIMIT, p.assemble)
+        if p.invoker:
+            # The driver fills the image only inside invoke: run it before every poll.
+            poll = functools.partial(_invoke_then_poll, ctx.invoke, poll)
+        idle = _idler(p.wait)
         count = p.count
         deadline = time.perf_counter() + CONNECT_TIMEOUT_S + p.time_limit_s
         received = 0
@@ -312,7 +347,15 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
                 },
             )
         )
-        expect(conn, "close", CONNECT_TIMEOUT_S, "subscriber")
+        if p.invoker:
+            _invoke_while_waiting(conn, "close", ctx.invoke)
+        else:
+            expect(conn, "close", CONNECT_TIMEOUT_S, "subscriber")
+
+
+def _invoke_then_poll(invoke: Callable[[], int], poll: Callable[[], int]) -> int:
+    invoke()
+    return poll()
 
 
 def run_throughput(
@@ -326,10 +369,12 @@ def run_throughput(
     channel: str = CHANNEL,
     assemble: bool = False,
     wait: str = "spin",
+    invoker: bool = False,
 ) -> dict[str, Any]:
-    """One publisher process -> one subscriber process; ``driver_pid`` None means the publisher embeds it."""
+    """One publisher process -> one subscriber process; ``driver_pid`` None means the publisher embeds it
+    (or, with ``invoker``, that each side embeds its own and runs it from its loop)."""
     params = ThroughputParams(
-        str(directory), stream_id, size, count, time_limit_s, driver_pid is None, channel, assemble, wait
+        str(directory), stream_id, size, count, time_limit_s, driver_pid is None, channel, assemble, wait, invoker
     )
     with Children() as children:
         sub = children.start("slipstream-subscriber", subscriber_worker, params)
@@ -355,7 +400,9 @@ def run_throughput(
     msgs_per_s = sub_result["measured"] / sub_result["elapsed_s"]
     return {
         "params": asdict(params),
-        "driver": "embedded in publisher" if driver_pid is None else "standalone process",
+        "driver": "invoker mode, one per side"
+        if invoker
+        else ("embedded in publisher" if driver_pid is None else "standalone process"),
         "msgs_per_s": msgs_per_s,
         "mb_per_s": msgs_per_s * size / 1e6,
         "driver_cpu_s": driver_cpu,
@@ -385,10 +432,28 @@ class LatencyParams:
     """Pause between pings, long enough for an asyncio pong side to park in its back-off."""
     ping_channel: str = CHANNEL
     pong_channel: str = CHANNEL
+    invoker: bool = False
+    """Each side embeds its own driver in invoker mode (``<directory>-ping``, ``<directory>-pong``) and
+    runs its duty cycle from the polling loop: no driver thread or process, two processes in all."""
 
 
-def _offer_until(offer: Callable[[memoryview | bytes], int], message: memoryview | bytes, deadline: float) -> None:
+def _latency_context(p: LatencyParams, side: str) -> Context:
+    if not p.invoker:
+        return Context(p.directory, driver="external")
+    directory = f"{p.directory}-{side}"
+    config = DriverConfig(directory=Path(directory), threading_mode="invoker")
+    return Context(directory, driver="embedded", driver_config=config)
+
+
+def _offer_until(
+    offer: Callable[[memoryview | bytes], int],
+    message: memoryview | bytes,
+    deadline: float,
+    invoke: Callable[[], int] | None = None,
+) -> None:
     while (result := offer(message)) < 0:
+        if invoke is not None:
+            invoke()
         if result not in (BACK_PRESSURED, ADMIN_ACTION, NOT_CONNECTED):
             raise BenchError(f"offer failed: {result_name(result)}")
         if time.perf_counter() > deadline:
@@ -397,14 +462,18 @@ def _offer_until(offer: Callable[[memoryview | bytes], int], message: memoryview
 
 def pinger_worker(conn: Connection, p: LatencyParams) -> None:
     """Sends a ping, busy-polls for its pong, records the round trip; warm-up rounds are not kept."""
-    with Context(p.directory, driver="external") as ctx:
+    with _latency_context(p, "ping") as ctx:
         sub = ctx.add_subscription(p.pong_channel, p.pong_stream)
         pub = ctx.add_exclusive_publication(p.ping_channel, p.ping_stream)
-        _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, pub, sub)
+        invoke = ctx.invoke if p.invoker else None
+        _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, pub, sub, invoke)
         conn.send(("ready", None))
-        expect(conn, "go", CONNECT_TIMEOUT_S, "pinger")
+        if invoke is not None:
+            _invoke_while_waiting(conn, "go", invoke)
+        else:
+            expect(conn, "go", CONNECT_TIMEOUT_S, "pinger")
         offer, poll, clock, gap = pub.offer, sub.poll, time.perf_counter_ns, p.gap_s
-        idle = _idler(p.ping_wait)
+        idle = _idler(p.ping_wait) if invoke is None else (lambda work: None)
         message = bytes(p.size)
         total = p.warmup + p.samples
         rtts: list[int] = []
@@ -415,10 +484,14 @@ def pinger_worker(conn: Connection, p: LatencyParams) -> None:
                 time.sleep(gap)
             t0 = clock()
             if offer(message) < 0:
-                _offer_until(offer, message, deadline)
+                _offer_until(offer, message, deadline, invoke)
+            if invoke is not None:
+                invoke()  # the driver sends the ping now
             while not poll(_noop, 1):
                 if clock() > deadline_ns:
                     break
+                if invoke is not None:
+                    invoke()
                 idle(0)
             t1 = clock()
             if t1 > deadline_ns:
@@ -426,32 +499,52 @@ def pinger_worker(conn: Connection, p: LatencyParams) -> None:
             if i >= p.warmup:
                 rtts.append(t1 - t0)
         conn.send(("result", {"rtt_ns": rtts, "timed_out": len(rtts) < p.samples}))
-        expect(conn, "close", CONNECT_TIMEOUT_S, "pinger")
+        if invoke is not None:
+            _invoke_while_waiting(conn, "close", invoke)
+        else:
+            expect(conn, "close", CONNECT_TIMEOUT_S, "pinger")
 
 
 def ponger_worker(conn: Connection, p: LatencyParams) -> None:
     """Echoes every ping from inside the fragment handler (zero copy until the offer)."""
-    with Context(p.directory, driver="external") as ctx:
+    with _latency_context(p, "pong") as ctx:
         sub = ctx.add_subscription(p.ping_channel, p.ping_stream)
         pub = ctx.add_exclusive_publication(p.pong_channel, p.pong_stream)
-        _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, pub, sub)
+        invoke = ctx.invoke if p.invoker else None
+        _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, pub, sub, invoke)
         offer = pub.offer
         total = p.warmup + p.samples
         deadline = time.perf_counter() + CONNECT_TIMEOUT_S + p.time_limit_s
 
         def echo(payload: memoryview, header: Header) -> None:
             if offer(payload) < 0:
-                _offer_until(offer, payload, deadline)
+                _offer_until(offer, payload, deadline, invoke)
 
         conn.send(("ready", None))
         wall, cpu = time.perf_counter(), time.process_time()
         if p.pong_wait == "asyncio":
             echoed = asyncio.run(_pong_async(conn, sub, echo, total, deadline))
         else:
-            echoed = _pong_spin(conn, sub, echo, total, deadline, yielding=p.pong_wait == "yield")
+            echoed = _pong_spin(conn, sub, echo, total, deadline, yielding=p.pong_wait == "yield", invoke=invoke)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         conn.send(("result", {"echoed": echoed, "wait": p.pong_wait, "cpu_s": cpu, "wall_s": wall}))
-        expect(conn, "close", CONNECT_TIMEOUT_S, "ponger")
+        if invoke is not None:
+            _invoke_while_waiting(conn, "close", invoke)
+        else:
+            expect(conn, "close", CONNECT_TIMEOUT_S, "ponger")
+
+
+def _invoke_while_waiting(
+    conn: Connection, message: str, invoke: Callable[[], int], timeout_s: float = CONNECT_TIMEOUT_S
+) -> None:
+    """Wait for the parent's ``message`` while keeping an invoker-mode driver serving (the other side
+    still needs our data, status messages and replies meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while not conn.poll(0.0002):
+        invoke()
+        if time.monotonic() > deadline:
+            raise BenchError(f"no {message!r} from the parent within {timeout_s:.1f} s")
+    expect(conn, message, CONNECT_TIMEOUT_S, "invoker")
 
 
 def _pong_spin(
@@ -462,11 +555,14 @@ def _pong_spin(
     deadline: float,
     *,
     yielding: bool,
+    invoke: Callable[[], int] | None = None,
 ) -> int:
     poll, limit = sub.poll, LATENCY_FRAGMENT_LIMIT
     idle = _idler("yield" if yielding else "spin")
     echoed = idle_count = 0
     while echoed < total:
+        if invoke is not None:
+            invoke()  # sends the last echo, takes in the next ping
         got = poll(echo, limit)
         if got:
             echoed += got
@@ -529,6 +625,7 @@ def run_latency(
     driver_pid: int | None = None,
     ping_channel: str = CHANNEL,
     pong_channel: str = CHANNEL,
+    invoker: bool = False,
 ) -> dict[str, Any]:
     """Ping-pong between two processes on two streams (and, over UDP, two channels); returns the kept
     round-trip samples."""
@@ -545,6 +642,7 @@ def run_latency(
         gap_s,
         ping_channel,
         pong_channel,
+        invoker,
     )
     with Children() as children:
         ponger = children.start("slipstream-ponger", ponger_worker, params)

@@ -31,10 +31,14 @@ BULK_MTU = 1408
 COUNTER_SETTLE_S = 0.25
 """The driver mirrors its system counters on a 100 ms timer: wait this long before reading them."""
 LATENCY_MODES = (
-    # key, client wait (ping and pong), driver idle strategy, row title
+    # key, client wait (ping and pong), driver idle strategy (or "invoker"), row title
     ("spin", "spin", "backoff", "UDP, busy-spin clients, driver backoff (default) vs REQ/REP tcp"),
     ("yield", "yield", "yield", "UDP, clients and driver sched_yield when idle vs REQ/REP tcp"),
+    ("invoker", "spin", "invoker", "UDP, busy-spin clients invoking their own embedded driver vs REQ/REP tcp"),
 )
+"""The first two share one standalone driver process (three processes on the machine's cores); with
+``invoker`` each client embeds a driver in invoker mode and runs it from its polling loop (two
+processes, no driver thread: the GIL is never handed over)."""
 
 
 def free_port(kind: socket.SocketKind) -> int:
@@ -134,6 +138,23 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
     if do_latency:
         for key, wait, driver_idle, _ in LATENCY_MODES:
             progress(f"udp: slipstream latency, clients {wait}, driver {driver_idle}")
+            if driver_idle == "invoker":
+                directory = shm / f"udp-invoker-{stream}"
+                raw[f"udp.slipstream.latency.{key}"] = ipc.run_latency(
+                    directory,
+                    stream,
+                    plan.latency_size,
+                    plan.warmup,
+                    plan.udp_samples,
+                    plan.time_limit_s,
+                    pong_wait=wait,
+                    ping_wait=wait,
+                    ping_channel=udp_channel(),
+                    pong_channel=udp_channel(),
+                    invoker=True,
+                ) | {"driver_counters": {}}
+                stream += 10
+                continue
             with drivers.start(driver_idle) as (directory, pid):
                 raw[f"udp.slipstream.latency.{key}"] = _with_counters(
                     directory,
@@ -177,6 +198,23 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
                     )
                 )
                 stream += 10
+        for size in plan.sizes:
+            progress(f"{tag}: slipstream throughput {size} B, invoker-mode drivers in the clients")
+            tp.setdefault(f"udp.slipstream.invoker.throughput.{size}B", []).append(
+                ipc.run_throughput(
+                    shm / f"udp-invoker-{stream}",
+                    stream,
+                    size,
+                    plan.udp_messages,
+                    plan.time_limit_s,
+                    driver_pid=None,
+                    channel=udp_channel(),
+                    wait=plan.udp_wait,
+                    invoker=True,
+                )
+                | {"driver_counters": {}}
+            )
+            stream += 10
         for size in plan.sizes:  # no slipstream driver runs during these
             progress(f"{tag}: pyzmq PUSH/PULL throughput {size} B over tcp")
             tp.setdefault(f"udp.pyzmq.throughput.{size}B", []).append(
@@ -201,6 +239,23 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
                     wait=plan.udp_wait,
                 )
             ]
+        progress(f"udp: slipstream bulk {size_label(count * size)}, invoker-mode drivers in the clients")
+        tp["udp.slipstream.invoker.bulk"] = [
+            ipc.run_throughput(
+                shm / f"udp-invoker-{stream}",
+                stream,
+                size,
+                count,
+                plan.bulk_time_limit_s,
+                driver_pid=None,
+                channel=udp_channel(mtu=BULK_MTU),
+                assemble=True,
+                wait=plan.udp_wait,
+                invoker=True,
+            )
+            | {"driver_counters": {}}
+        ]
+        stream += 10
         progress(f"udp: pyzmq bulk {size_label(count * size)} in {size_label(size)} messages over tcp")
         tp["udp.pyzmq.bulk"] = [zmq_peer.run_throughput(tcp_endpoint(), size, count, plan.bulk_time_limit_s)]
     raw.update(tp)
@@ -222,6 +277,18 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
             notes.append(report.refusals_note(f"UDP throughput {size_label(size)}", runs))
             notes.append(_counters_note(f"UDP throughput {size_label(size)}", runs))
             notes.append(report.zmq_spread_note(f"tcp throughput {size_label(size)}", zmq_runs))
+            runs = tp[f"udp.slipstream.invoker.throughput.{size}B"]
+            result.rows.append(
+                report.throughput_row(
+                    f"udp.throughput.{size}B.invoker",
+                    f"UDP throughput {size_label(size)}, clients run invoker-mode drivers vs PUSH/PULL tcp",
+                    runs,
+                    zmq_runs,
+                    suite="udp",
+                    details={"channel": runs[0]["params"]["channel"], "driver": "invoker mode, one per side"},
+                )
+            )
+            notes.append(report.refusals_note(f"UDP throughput {size_label(size)} invoker", runs))
         runs, zmq_runs = tp["udp.slipstream.bulk"], tp["udp.pyzmq.bulk"]
         size = plan.bulk_message_size
         total = runs[0]["params"]["count"] * size
@@ -243,6 +310,19 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
         )
         notes.append(report.refusals_note(f"UDP bulk {size_label(size)} messages", runs))
         notes.append(_counters_note("UDP bulk", runs))
+        runs = tp["udp.slipstream.invoker.bulk"]
+        result.rows.append(
+            report.throughput_row(
+                f"udp.bulk.{size}B.invoker",
+                f"UDP bulk {size_label(total)}, mtu {BULK_MTU}, clients run invoker-mode drivers vs PUSH/PULL tcp",
+                runs,
+                zmq_runs,
+                suite="udp",
+                unit="MB/s",
+                details={"channel": runs[0]["params"]["channel"], "driver": "invoker mode, one per side"},
+            )
+        )
+        notes.append(report.refusals_note(f"UDP bulk {size_label(size)} messages, invoker", runs))
     if do_latency:
         for key, _, _, title in LATENCY_MODES:
             slip = raw[f"udp.slipstream.latency.{key}"]

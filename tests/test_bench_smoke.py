@@ -25,7 +25,10 @@ UDP_ROWS = {
     "udp.throughput.32B",
     "udp.throughput.1024B",
     "udp.bulk.65536B",
-    *(f"udp.latency.32B.{mode}.p{pct}" for mode in ("spin", "yield") for pct in PERCENTILES),
+    "udp.throughput.32B.invoker",
+    "udp.throughput.1024B.invoker",
+    "udp.bulk.65536B.invoker",
+    *(f"udp.latency.32B.{mode}.p{pct}" for mode in ("spin", "yield", "invoker") for pct in PERCENTILES),
 }
 
 
@@ -36,7 +39,7 @@ def test_quick_benchmark_writes_every_row_of_both_suites(tmp_path: Path) -> None
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=150,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     document = json.loads(out.read_text())

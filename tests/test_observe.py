@@ -391,6 +391,8 @@ counters_capacity=1024
         ("a.toml", "udp_mtu = [1]\n", "udp_mtu: expected a size, got list"),
         ("a.toml", "udp_mtu = \n", "not valid TOML"),
         ("a.properties", "just-a-key\n", "a.properties:1: expected key=value"),
+        ("a.properties", "udp_gso=maybe\n", "udp_gso: expected true or false, got 'maybe'"),
+        ("a.toml", 'threading_mode = "shared"\n', "threading_mode must be one of dedicated, invoker"),
     ],
 )
 def test_bad_config_files_name_the_key(tmp_path: Path, name: str, text: str, message: str) -> None:
@@ -399,6 +401,13 @@ def test_bad_config_files_name_the_key(tmp_path: Path, name: str, text: str, mes
     with pytest.raises(ConfigFileError) as raised:
         load_config(path)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(("name", "text"), [("a.toml", "udp_gso = false\n"), ("a.properties", "udp-gso=off\n")])
+def test_boolean_settings_from_files(tmp_path: Path, name: str, text: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    assert load_config(path).udp_gso is False
 
 
 def test_config_file_leaves_its_base_alone(tmp_path: Path) -> None:

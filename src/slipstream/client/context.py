@@ -49,6 +49,8 @@ class Context:
 
     ``driver``: ``"auto"`` attaches to a running driver or starts an embedded one; ``"embedded"``
     always starts one here (and fails if the directory is in use); ``"external"`` only attaches.
+    An embedded driver configured with ``threading_mode="invoker"`` has no thread: call
+    :meth:`invoke` from the application's loop, or UDP traffic does not move.
     """
 
     def __init__(
@@ -135,21 +137,26 @@ class Context:
             time.sleep(0.01)
 
     def _handshake(self) -> cmd.Welcome:
-        self._sock.settimeout(self.driver_timeout_s)
+        invoker = self.is_invoker  # then the driver answers only while this thread invokes it
+        deadline = time.monotonic() + self.driver_timeout_s
+        self._sock.settimeout(0.001 if invoker else self.driver_timeout_s)
         self._sock.sendall(cmd.encode(cmd.Hello(0, os.getpid())))
-        try:
-            while True:
+        while True:
+            try:
                 data = self._sock.recv(65536)
-                if not data:
-                    raise DriverUnavailableError(f"the driver in {self.directory} closed the connection at once")
-                messages = self._decoder.feed(data)
-                if messages:
-                    break
-        except TimeoutError:
-            raise DriverUnavailableError(
-                f"the driver in {self.directory} did not answer within {self.driver_timeout_s:.1f} s; "
-                "it may be hung: stop it and start a new one"
-            ) from None
+            except TimeoutError:
+                if invoker and time.monotonic() < deadline:
+                    self.invoke()
+                    continue
+                raise DriverUnavailableError(
+                    f"the driver in {self.directory} did not answer within {self.driver_timeout_s:.1f} s; "
+                    "it may be hung: stop it and start a new one"
+                ) from None
+            if not data:
+                raise DriverUnavailableError(f"the driver in {self.directory} closed the connection at once")
+            messages = self._decoder.feed(data)
+            if messages:
+                break
         first = messages[0]
         if not isinstance(first, cmd.Welcome):
             raise DriverUnavailableError(f"unexpected first message from the driver: {first!r}")
@@ -191,7 +198,8 @@ class Context:
                 with contextlib.suppress(OSError):
                     self._send(cmd.Keepalive())
                 age_ms = time.time_ns() // 1_000_000 - self._cnc.heartbeat_ms
-                if age_ms > self._liveness_ms:
+                if age_ms > self._liveness_ms and not self.is_invoker:
+                    # (An invoker-mode driver beats only when the application invokes it.)
                     # Alive enough to keep its socket open, but its conductor stopped (hung, stopped).
                     self._lose_driver(
                         DriverLostError(f"the media driver in {self.directory} stopped its heartbeat {age_ms} ms ago")
@@ -257,6 +265,23 @@ class Context:
             except Exception:
                 log.exception("on_driver_lost handler failed")
 
+    # -- invoker mode -----------------------------------------------------------------------------
+
+    @property
+    def is_invoker(self) -> bool:
+        """True when this context's embedded driver runs only inside :meth:`invoke`."""
+        embedded = self._embedded
+        return embedded is not None and embedded.is_invoker
+
+    def invoke(self) -> int:
+        """Run one duty cycle of an invoker-mode embedded driver on this thread and return the work it
+        did; 0 (and nothing done) when the driver has its own thread or process, so a loop may call it
+        unconditionally. Call it from one thread: the one that polls and offers."""
+        embedded = self._embedded
+        if embedded is None or not embedded.is_invoker:
+            return 0
+        return embedded.invoke()
+
     # -- commands ---------------------------------------------------------------------------------
 
     def _send(self, message: cmd.ClientMessage | bytes) -> None:
@@ -283,7 +308,7 @@ class Context:
                 self._send(message)
             except OSError as exc:
                 raise DriverLostError(f"cannot reach the media driver in {self.directory}: {exc}") from None
-            if not pending.event.wait(self.driver_timeout_s):
+            if not self._wait(pending.event):
                 raise DriverUnavailableError(
                     f"the media driver in {self.directory} did not answer within {self.driver_timeout_s:.1f} s"
                 )
@@ -296,6 +321,18 @@ class Context:
             raise RegistrationError(response.code, response.message)
         assert response is not None
         return response
+
+    def _wait(self, event: threading.Event) -> bool:
+        """Wait for the driver's answer; an invoker-mode driver answers only while it is invoked."""
+        if not self.is_invoker:
+            return event.wait(self.driver_timeout_s)
+        deadline = time.monotonic() + self.driver_timeout_s
+        while not event.is_set():
+            if time.monotonic() > deadline:
+                return False
+            if self.invoke() == 0:
+                event.wait(0.0002)
+        return True
 
     def add_publication(self, channel: str, stream_id: int) -> Publication:
         """A publication that several threads of this process may offer to."""

@@ -18,6 +18,7 @@ from .idle import idle_strategy
 
 MS = 1_000_000
 S = 1_000_000_000
+THREADING_MODES = ("dedicated", "invoker")
 
 
 @dataclass(slots=True)
@@ -54,6 +55,11 @@ class DriverConfig:
     counters_capacity: int = 8192
     error_log_length: int = 1024 * 1024
     idle_strategy: str = "backoff"
+    threading_mode: str = "dedicated"
+    """``dedicated``: an embedded driver runs on a thread of its own. ``invoker``: it has no thread;
+    the application runs its duty cycle by calling ``Context.invoke()`` from its own loop (Aeron's
+    INVOKER mode). In CPython a driver thread shares the GIL with the application, so for the lowest
+    latency the application's polling loop drives the driver itself. Ignored by ``slipstream driver``."""
     reserved_session_id_low: int = RESERVED_SESSION_ID_LOW_DEFAULT
     reserved_session_id_high: int = RESERVED_SESSION_ID_HIGH_DEFAULT
     timer_interval_ns: int = 100 * MS
@@ -102,3 +108,5 @@ class DriverConfig:
             idle_strategy(self.idle_strategy)
         except ValueError as exc:
             raise ValueError(f"idle_strategy: {exc}") from None
+        if self.threading_mode not in THREADING_MODES:
+            raise ValueError(f"threading_mode must be one of {', '.join(THREADING_MODES)}: {self.threading_mode!r}")

@@ -41,6 +41,7 @@ KINDS: Final[dict[str, Kind]] = {
     "counters_capacity": "int",
     "error_log_length": "size",
     "idle_strategy": "str",
+    "threading_mode": "str",
     "reserved_session_id_low": "int",
     "reserved_session_id_high": "int",
     "timer_interval_ns": "duration",

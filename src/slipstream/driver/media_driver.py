@@ -62,7 +62,8 @@ class DirectoryHandle:
 
 class MediaDriver:
     """A media driver for ``config.directory``. ``start`` claims the directory; ``run`` serves until
-    ``stop``; ``launch_embedded`` does both on a daemon thread."""
+    ``stop``; ``launch_embedded`` does both on a daemon thread, or with ``threading_mode="invoker"``
+    only starts, and the application calls ``invoke`` for each duty cycle."""
 
     def __init__(self, config: DriverConfig | None = None) -> None:
         self.config = config or DriverConfig()
@@ -143,21 +144,38 @@ class MediaDriver:
             idle = idle_strategy(name)
         try:
             while not self._stop.is_set():
-                try:
-                    work = conductor.do_work(time.monotonic_ns())
-                except Exception as exc:  # counted and logged like Aeron's agent error handler; keep serving
-                    log.exception("driver duty cycle failed")
-                    conductor.record_error(f"duty cycle failed: {exc!r}")
-                    work = 0
-                idle.idle(work)
+                idle.idle(self._duty_cycle(conductor))
         finally:
             self._shutdown()
 
+    @staticmethod
+    def _duty_cycle(conductor: DriverConductor) -> int:
+        try:
+            return conductor.do_work(time.monotonic_ns())
+        except Exception as exc:  # counted and logged like Aeron's agent error handler; keep serving
+            log.exception("driver duty cycle failed")
+            conductor.record_error(f"duty cycle failed: {exc!r}")
+            return 0
+
+    @property
+    def is_invoker(self) -> bool:
+        """True when the application runs the duty cycle (``invoke``) instead of a driver thread."""
+        return self.config.threading_mode == "invoker"
+
+    def invoke(self) -> int:
+        """Run one duty cycle on the caller's thread (invoker mode); the work it did, 0 once closed.
+        Call it from one thread only."""
+        conductor = self._conductor
+        if conductor is None or self._closed:
+            return 0
+        return self._duty_cycle(conductor)
+
     def launch_embedded(self) -> MediaDriver:
-        """Start and serve on a daemon thread inside this process."""
+        """Start, and serve on a daemon thread inside this process unless in invoker mode."""
         self.start()
-        self._thread = threading.Thread(target=self.run, name=f"slipstream-driver:{self.directory}", daemon=True)
-        self._thread.start()
+        if not self.is_invoker:
+            self._thread = threading.Thread(target=self.run, name=f"slipstream-driver:{self.directory}", daemon=True)
+            self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -177,6 +195,8 @@ class MediaDriver:
             self.drain()
             self.stop()
         else:
+            if self.is_invoker:
+                self.drain()
             self._shutdown()
 
     def drain(self) -> None:
@@ -187,8 +207,15 @@ class MediaDriver:
         acknowledged. Publications nobody receives are not waited for.
         """
         conductor = self._conductor
-        if conductor is None or not self._thread or not self._thread.is_alive():
+        invoking = self.is_invoker and self._thread is None
+        if conductor is None or self._closed or not (invoking or (self._thread and self._thread.is_alive())):
             return
+
+        def wait() -> None:
+            if not invoking:
+                time.sleep(0.005)
+            elif self.invoke() == 0:
+                time.sleep(0.0002)
 
         def closing() -> list[NetworkPublication]:
             return [p for p in list(conductor.network_publications.values()) if p.state is not PublicationState.ACTIVE]
@@ -198,10 +225,10 @@ class MediaDriver:
 
         deadline = time.monotonic() + self.config.publication_linger_ns / 1e9 + 1.0
         while time.monotonic() < deadline and any(unsent(p) for p in closing()):
-            time.sleep(0.005)
+            wait()
         deadline = min(deadline, time.monotonic() + 0.5)
         while time.monotonic() < deadline and any(p.sender.is_connected for p in closing()):
-            time.sleep(0.005)
+            wait()
 
     def _shutdown(self) -> None:
         if self._closed:

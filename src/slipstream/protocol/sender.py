@@ -217,6 +217,8 @@ class NetworkPublicationSender:
         self._linger_start_ns = 0
         self._receivers: dict[int, int] = {}
         """receiver_id -> time of its last status message."""
+        self._receivers_expiry_ns = 1 << 62
+        """No tracked receiver can time out before this (checked every poll, so kept cheap)."""
         self._replies: list[bytes] = []
         log.is_connected = False
 
@@ -364,11 +366,18 @@ class NetworkPublicationSender:
             if len(receivers) >= self.config.max_tracked_receivers:
                 del receivers[min(receivers, key=receivers.__getitem__)]
         receivers[receiver_id] = now_ns
+        expiry = now_ns + self.config.connection_timeout_ns
+        if expiry < self._receivers_expiry_ns:
+            self._receivers_expiry_ns = expiry
 
     def _expire_receivers(self, now_ns: int) -> None:
-        deadline = now_ns - self.config.connection_timeout_ns
+        if now_ns < self._receivers_expiry_ns:
+            return
+        timeout = self.config.connection_timeout_ns
+        deadline = now_ns - timeout
         for receiver_id in [r for r, t in self._receivers.items() if t <= deadline]:
             del self._receivers[receiver_id]
+        self._receivers_expiry_ns = min(self._receivers.values(), default=(1 << 62) - timeout) + timeout
 
     def _update_connected(self, now_ns: int) -> None:
         self._expire_receivers(now_ns)

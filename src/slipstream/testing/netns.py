@@ -345,7 +345,10 @@ def drop_random_udp(ns: Namespace, dport: int, percent: int) -> UdpDropRule:
 
     The rule sits on the input hook, so it also hits traffic a namespace sends itself over its own
     loopback — one namespace is enough for a lossy sender/receiver pair. Loss is independent per
-    datagram (``numgen random mod 100 < percent``), the kind NAK-based repair must handle.
+    packet (``numgen random mod 100 < percent``), the kind NAK-based repair must handle. A sender
+    using UDP segmentation offload (the driver's ``udp_gso``, on by default) hands loopback a batch of
+    datagrams as one packet, which this rule drops or passes whole: bursts of loss. With it off, each
+    datagram is a packet.
     """
     if not 0 < dport < 65536:
         raise ValueError(f"dport must be a UDP port 1..65535: {dport}")

@@ -1,0 +1,122 @@
+"""Invoker mode: an embedded driver without a thread, run by the application's own loop."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slipstream import Context, DriverConfig, Header, MediaDriver
+
+TIMEOUT_S = 20.0
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def two_dirs() -> Iterator[tuple[Path, Path]]:
+    base = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
+    yield base.with_name(base.name + "-a"), base.with_name(base.name + "-b")
+    for suffix in ("-a", "-b"):
+        shutil.rmtree(base.with_name(base.name + suffix), ignore_errors=True)
+
+
+def invoker_context(directory: Path) -> Context:
+    config = DriverConfig(directory=directory, threading_mode="invoker")
+    return Context(directory, driver="embedded", driver_config=config)
+
+
+def driver_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("slipstream-driver")]
+
+
+def test_threading_mode_is_validated() -> None:
+    with pytest.raises(ValueError, match="threading_mode must be one of dedicated, invoker"):
+        DriverConfig(threading_mode="shared").validate()
+
+
+def test_udp_stream_moves_only_inside_invoke_and_arrives_whole(two_dirs: tuple[Path, Path]) -> None:
+    """Publisher and subscriber each embed an invoker-mode driver; one thread drives both."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    with invoker_context(two_dirs[0]) as sender, invoker_context(two_dirs[1]) as receiver:
+        assert sender.is_invoker and receiver.is_invoker
+        assert driver_threads() == []
+        sub = receiver.add_subscription(channel, 7)
+        pub = sender.add_exclusive_publication(channel, 7)
+
+        # Nobody invokes: no SETUP leaves, so nothing connects.
+        time.sleep(0.3)
+        assert not pub.is_connected and not sub.is_connected
+
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (pub.is_connected and sub.is_connected):
+            assert time.monotonic() < deadline, "not connected while invoking"
+            sender.invoke()
+            receiver.invoke()
+
+        count, sent_crc, got = 20_000, 0, []
+        received_crc = 0
+
+        def on_fragment(payload: memoryview, header: Header) -> None:
+            nonlocal received_crc
+            received_crc = zlib.crc32(payload, received_crc)
+            got.append(len(payload))
+
+        index = 0
+        while len(got) < count:
+            assert time.monotonic() < deadline, f"stalled at {len(got)} of {count}"
+            while index < count:
+                message = index.to_bytes(4, "little") * (1 + index % 40)
+                if pub.offer(message) < 0:
+                    break
+                sent_crc = zlib.crc32(message, sent_crc)
+                index += 1
+            sender.invoke()
+            receiver.invoke()
+            sub.poll(on_fragment, 256)
+        assert received_crc == sent_crc
+        assert sum(got) == sum(4 * (1 + i % 40) for i in range(count))
+
+        # Closing drains the publication through invoke: the subscriber's image sees end of stream.
+        image = sub.images[0]
+        pub.close()
+        while not image.is_end_of_stream:
+            assert time.monotonic() < deadline, "no end of stream"
+            sender.invoke()
+            receiver.invoke()
+            sub.poll(on_fragment, 256)
+
+
+def test_invoke_is_a_no_op_without_an_invoker_driver(driver_dir: Path) -> None:
+    with Context(driver_dir, driver="embedded") as ctx:
+        assert not ctx.is_invoker
+        assert ctx.invoke() == 0
+        assert driver_threads()
+
+
+def test_invoker_driver_answers_commands_and_closes_cleanly(driver_dir: Path) -> None:
+    """Registration waits invoke the driver; close drains and releases the directory."""
+    with invoker_context(driver_dir) as ctx:
+        sub = ctx.add_subscription("aeron:ipc", 3)
+        pub = ctx.add_exclusive_publication("aeron:ipc", 3)
+        assert pub.offer(b"hello") > 0
+        seen: list[bytes] = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while not seen:
+            assert time.monotonic() < deadline
+            ctx.invoke()
+            sub.poll(lambda payload, header: seen.append(bytes(payload)), 10)
+        assert seen == [b"hello"]
+    # The directory is free again: another driver can take it.
+    MediaDriver(DriverConfig(directory=driver_dir)).start().close()
