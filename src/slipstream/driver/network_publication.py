@@ -46,7 +46,7 @@ class NetworkPublication(DriverPublication):
         sender wants sent."""
         work = 0
         sender = self.sender
-        for data, source in self.sock.receive(_RECV_BUDGET if readable else 0):
+        for data, source in self.sock.receive(_RECV_BUDGET) if readable else ():
             if self.control_mode == "dynamic" and len(data) >= SM_LENGTH and data[6] == HDR_TYPE_SM and not data[7]:
                 # Any status message at the control port adds or refreshes its source as a destination:
                 # the reply traffic a NAT lets through (reference 3.2, 3.5).
