@@ -207,10 +207,7 @@ def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
         invoke = ctx.invoke if p.invoker else None
         _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, publication=pub, invoke=invoke)
         conn.send(("ready", None))
-        if invoke is not None:
-            _invoke_while_waiting(conn, "go", invoke)
-        else:
-            expect(conn, "go", CONNECT_TIMEOUT_S, "publisher")
+        _await_parent(conn, "go", "publisher", invoke)
         offer, idle = pub.offer, _idler(p.wait) if invoke is None else (lambda work: invoke() and None)
         every = PUBLISHER_INVOKE_EVERY - 1 if invoke is not None else -1
         message = bytes(p.size)
@@ -265,10 +262,7 @@ def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
             )
         )
         # Keep the publication (and an embedded driver) up until the subscriber has everything.
-        if invoke is not None:
-            _invoke_while_waiting(conn, "close", invoke, p.time_limit_s + CONNECT_TIMEOUT_S)
-        else:
-            expect(conn, "close", p.time_limit_s + CONNECT_TIMEOUT_S, "publisher")
+        _await_parent(conn, "close", "publisher", invoke, p.time_limit_s + CONNECT_TIMEOUT_S)
 
 
 def _message_poller(sub: Subscription, limit: int, assemble: bool) -> Callable[[], int]:
@@ -347,10 +341,7 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
                 },
             )
         )
-        if p.invoker:
-            _invoke_while_waiting(conn, "close", ctx.invoke)
-        else:
-            expect(conn, "close", CONNECT_TIMEOUT_S, "subscriber")
+        _await_parent(conn, "close", "subscriber", ctx.invoke if p.invoker else None)
 
 
 def _invoke_then_poll(invoke: Callable[[], int], poll: Callable[[], int]) -> int:
@@ -438,11 +429,7 @@ class LatencyParams:
 
 
 def _latency_context(p: LatencyParams, side: str) -> Context:
-    if not p.invoker:
-        return Context(p.directory, driver="external")
-    directory = f"{p.directory}-{side}"
-    config = DriverConfig(directory=Path(directory), threading_mode="invoker")
-    return Context(directory, driver="embedded", driver_config=config)
+    return _invoker_context(f"{p.directory}-{side}") if p.invoker else Context(p.directory, driver="external")
 
 
 def _offer_until(
@@ -468,10 +455,7 @@ def pinger_worker(conn: Connection, p: LatencyParams) -> None:
         invoke = ctx.invoke if p.invoker else None
         _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, pub, sub, invoke)
         conn.send(("ready", None))
-        if invoke is not None:
-            _invoke_while_waiting(conn, "go", invoke)
-        else:
-            expect(conn, "go", CONNECT_TIMEOUT_S, "pinger")
+        _await_parent(conn, "go", "pinger", invoke)
         offer, poll, clock, gap = pub.offer, sub.poll, time.perf_counter_ns, p.gap_s
         idle = _idler(p.ping_wait) if invoke is None else (lambda work: None)
         message = bytes(p.size)
@@ -499,10 +483,7 @@ def pinger_worker(conn: Connection, p: LatencyParams) -> None:
             if i >= p.warmup:
                 rtts.append(t1 - t0)
         conn.send(("result", {"rtt_ns": rtts, "timed_out": len(rtts) < p.samples}))
-        if invoke is not None:
-            _invoke_while_waiting(conn, "close", invoke)
-        else:
-            expect(conn, "close", CONNECT_TIMEOUT_S, "pinger")
+        _await_parent(conn, "close", "pinger", invoke)
 
 
 def ponger_worker(conn: Connection, p: LatencyParams) -> None:
@@ -528,23 +509,25 @@ def ponger_worker(conn: Connection, p: LatencyParams) -> None:
             echoed = _pong_spin(conn, sub, echo, total, deadline, yielding=p.pong_wait == "yield", invoke=invoke)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         conn.send(("result", {"echoed": echoed, "wait": p.pong_wait, "cpu_s": cpu, "wall_s": wall}))
-        if invoke is not None:
-            _invoke_while_waiting(conn, "close", invoke)
-        else:
-            expect(conn, "close", CONNECT_TIMEOUT_S, "ponger")
+        _await_parent(conn, "close", "ponger", invoke)
 
 
-def _invoke_while_waiting(
-    conn: Connection, message: str, invoke: Callable[[], int], timeout_s: float = CONNECT_TIMEOUT_S
+def _await_parent(
+    conn: Connection,
+    message: str,
+    who: str,
+    invoke: Callable[[], int] | None,
+    timeout_s: float = CONNECT_TIMEOUT_S,
 ) -> None:
-    """Wait for the parent's ``message`` while keeping an invoker-mode driver serving (the other side
-    still needs our data, status messages and replies meanwhile)."""
-    deadline = time.monotonic() + timeout_s
-    while not conn.poll(0.0002):
-        invoke()
-        if time.monotonic() > deadline:
-            raise BenchError(f"no {message!r} from the parent within {timeout_s:.1f} s")
-    expect(conn, message, CONNECT_TIMEOUT_S, "invoker")
+    """Wait for the parent's ``message``. With an invoker-mode driver, keep invoking it meanwhile: the
+    other side still needs our data, status messages and replies."""
+    if invoke is not None:
+        deadline = time.monotonic() + timeout_s
+        while not conn.poll(0.0002):
+            invoke()
+            if time.monotonic() > deadline:
+                raise BenchError(f"{who}: no {message!r} from the parent within {timeout_s:.1f} s")
+    expect(conn, message, timeout_s, who)
 
 
 def _pong_spin(

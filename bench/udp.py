@@ -138,38 +138,17 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
     if do_latency:
         for key, wait, driver_idle, _ in LATENCY_MODES:
             progress(f"udp: slipstream latency, clients {wait}, driver {driver_idle}")
+            args = (stream, plan.latency_size, plan.warmup, plan.udp_samples, plan.time_limit_s)
+            channels = {"ping_channel": udp_channel(), "pong_channel": udp_channel()}
             if driver_idle == "invoker":
-                directory = shm / f"udp-invoker-{stream}"
                 raw[f"udp.slipstream.latency.{key}"] = ipc.run_latency(
-                    directory,
-                    stream,
-                    plan.latency_size,
-                    plan.warmup,
-                    plan.udp_samples,
-                    plan.time_limit_s,
-                    pong_wait=wait,
-                    ping_wait=wait,
-                    ping_channel=udp_channel(),
-                    pong_channel=udp_channel(),
-                    invoker=True,
+                    shm / f"udp-invoker-{stream}", *args, pong_wait=wait, ping_wait=wait, invoker=True, **channels
                 ) | {"driver_counters": {}}
-                stream += 10
-                continue
-            with drivers.start(driver_idle) as (directory, pid):
-                raw[f"udp.slipstream.latency.{key}"] = _with_counters(
-                    directory,
-                    ipc.run_latency,
-                    stream,
-                    plan.latency_size,
-                    plan.warmup,
-                    plan.udp_samples,
-                    plan.time_limit_s,
-                    pong_wait=wait,
-                    ping_wait=wait,
-                    driver_pid=pid,
-                    ping_channel=udp_channel(),
-                    pong_channel=udp_channel(),
-                )
+            else:
+                with drivers.start(driver_idle) as (directory, pid):
+                    raw[f"udp.slipstream.latency.{key}"] = _with_counters(
+                        directory, ipc.run_latency, *args, pong_wait=wait, ping_wait=wait, driver_pid=pid, **channels
+                    )
             stream += 10
         progress("udp: pyzmq REQ/REP latency over tcp")
         zmq_latency = zmq_peer.run_latency(
