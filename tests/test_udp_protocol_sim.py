@@ -12,7 +12,7 @@ import struct
 import zlib
 from collections import deque
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -34,6 +34,7 @@ from slipstream.protocol.receiver import (
     ImageEndOfStream,
     ImageReleased,
     ImageRemoved,
+    ImageState,
     LossDetected,
     PublicationImageReceiver,
     ReceiveEndpoint,
@@ -115,8 +116,53 @@ class Subscriber:
         self.image.on_consumption(self.position)
 
 
+_NOT_STATE = {"log", "config", "rng", "log_factory", "_delay", "_tails"}
+
+
+def log_crc(log: LogBuffers) -> int:
+    crc = 0
+    for term in log.terms:
+        crc = zlib.crc32(term, crc)
+    return zlib.crc32(log.meta_i64, crc)
+
+
+def machine_state(machine: object) -> dict[str, Any]:
+    """Everything a poll could change in a sender or an endpoint (its images and their logs included)."""
+    state: dict[str, Any] = {}
+    for name, value in vars(machine).items():
+        if name in _NOT_STATE:
+            continue
+        if name == "_actions":
+            value = [tuple(getattr(a, slot) for slot in a.__slots__) for a in value]
+        elif isinstance(value, (list, dict, set)):
+            value = repr(value)
+        state[name] = value
+    if isinstance(machine, ReceiveEndpoint):
+        images = [*machine.images, *vars(machine)["_lingering"]]
+        state["images"] = [machine_state(image) for image in images]
+        state["logs"] = [log_crc(image.log) for image in images]
+        state["rng"] = machine.rng.getstate()
+    elif isinstance(machine, NetworkPublicationSender):
+        state["log"] = log_crc(machine.log)
+    return state
+
+
+def checked_poll(machine: NetworkPublicationSender | ReceiveEndpoint, now: int) -> list[Any]:
+    """Poll, and when the machine said no poll was due, check that this one sent and changed nothing:
+    the promise that lets the driver skip idle polls."""
+    if machine.poll_due(now):
+        return list(machine.poll(now))
+    before = machine_state(machine)
+    out = list(machine.poll(now))
+    assert out == [], f"poll_due was False at {now} but poll sent {out}"
+    assert machine_state(machine) == before, f"poll_due was False at {now} but poll changed the state"
+    return out
+
+
 class Sim:
-    """One publication and one subscription endpoint on a seeded lossy network, stepped by hand."""
+    """One publication and one subscription endpoint on a seeded lossy network, stepped by hand.
+
+    Every poll goes through ``checked_poll``: each scenario also checks ``poll_due``."""
 
     def __init__(
         self,
@@ -184,14 +230,14 @@ class Sim:
         self._publish()
         sent = 0
         if self.sender_running:
-            for datagram in self.sender.poll(now):
+            for datagram in checked_poll(self.sender, now):
                 self.net.send(PUB, SUB, datagram)
                 sent += 1
         self._take_events()
         if self.subscriber is not None and self.consume:
             self.subscriber.poll()
         if self.receiver_running:
-            for datagram, destination in self.endpoint.poll(now):
+            for datagram, destination in checked_poll(self.endpoint, now):
                 self.net.send(SUB, destination, datagram)
                 sent += 1
         idle = not delivered and not sent and self.net.in_flight == 0
@@ -423,6 +469,23 @@ def test_end_of_stream_reaches_the_image_and_the_eos_status_message_ends_the_lin
     assert sim.endpoint.images == []
 
 
+def test_a_draining_image_is_removed_as_soon_as_its_slow_subscriber_catches_up() -> None:
+    sim = Sim()
+    messages = make_messages(30, seed=8, max_length=100)  # less than a quarter of the receiver window
+    sim.consume = False
+    sim.offer(messages)
+    sim.close_when_published = True
+    sim.run_until(lambda: bool(sim.events_of(ImageEndOfStream)), 4 * S)
+    sim.run_for(2 * S)  # far beyond the EOS linger: the image still waits for its subscriber
+    assert sim.subscriber is not None and sim.subscriber.image.state is ImageState.DRAINING
+    assert not sim.events_of(ImageRemoved)
+    sim.consume = True
+    caught_up = sim.now
+    sim.run_until(lambda: bool(sim.events_of(ImageRemoved)), S)
+    assert sim.now - caught_up <= 2 * MS  # not at the next status message, 200 ms on
+    assert sim.received() == messages
+
+
 def test_sender_loses_connection_five_seconds_after_the_receiver_vanishes() -> None:
     sim = Sim()
     sim.offer([b"hello"])
@@ -435,6 +498,10 @@ def test_sender_loses_connection_five_seconds_after_the_receiver_vanishes() -> N
     sim.offer([b"nobody"])
     sim.run_for(10 * MS)
     assert sim.last_offer_result == NOT_CONNECTED
+    sim.sender.close()  # nobody to drain to: the sender lingers its full timeout, no EOS SM will end it
+    closed = sim.now
+    sim.run_until(lambda: sim.sender.is_done, 6 * S)
+    assert sim.sender.config.linger_timeout_ns < sim.now - closed <= sim.sender.config.linger_timeout_ns + 2 * MS
 
 
 def test_image_is_removed_ten_seconds_after_the_sender_vanishes() -> None:

@@ -118,6 +118,8 @@ class DriverConductor:
         self._next_timer_ns = now_ns
         self._udp_ready: set[int] = set()
         """UDP sockets the last select found readable."""
+        self._unflushed: set[ClientSession] = set()
+        """Clients with driver messages their socket did not take yet."""
 
     # -- duty cycle -------------------------------------------------------------------------------
 
@@ -152,17 +154,23 @@ class DriverConductor:
     def do_work(self, now_ns: int, timeout_s: float = 0.0) -> int:
         """One duty cycle; ``timeout_s`` lets an idle driver sleep in the socket wait itself."""
         work = self._poll_sockets(now_ns, timeout_s)
-        for publication in list(self.publications.values()):
-            work += publication.update_limit(self.counters)
-            if publication.state is PublicationState.DRAINING:
-                work += self._check_drained(publication, now_ns)
-        ready = self._udp_ready
-        for network in list(self.network_publications.values()):
-            work += network.do_work(now_ns, network.sock.fd in ready)
-            network.update_limit(self.counters)
+        if self.publications:
+            for publication in list(self.publications.values()):
+                work += publication.update_limit(self.counters)
+                if publication.state is PublicationState.DRAINING:
+                    work += self._check_drained(publication, now_ns)
+        ready, counters = self._udp_ready, self.counters
+        retired: list[NetworkPublication] = []
+        # Nothing in this loop adds or removes publications (retirement waits for its end), so it
+        # iterates the dict itself. Image events may close a client, and with it a channel: that
+        # loop takes a copy.
+        for network in self.network_publications.values():
+            work += network.do_work(now_ns, network.sock.fd in ready, counters)
             if network.state is PublicationState.DRAINING and network.is_done:
-                self._retire_network_publication(network, now_ns)
-                work += 1
+                retired.append(network)
+        for network in retired:
+            self._retire_network_publication(network, now_ns)
+            work += 1
         for channel in list(self.receive_channels.values()):
             work += self._receive_work(channel, now_ns)
         if now_ns >= self._next_timer_ns:
@@ -187,8 +195,8 @@ class DriverConductor:
                 work += self._read_client(what, now_ns)
             elif what == "udp":
                 ready.add(fd)  # read by do_work: only sockets with datagrams cost a receive call
-        for client in list(self.clients.values()):
-            if client.outbox:
+        if self._unflushed:
+            for client in list(self._unflushed):
                 self._flush(client)
         return work
 
@@ -244,14 +252,19 @@ class DriverConductor:
             self._close_client(client, 0, "client does not read the driver's messages")
 
     def _flush(self, client: ClientSession) -> None:
+        """Send what the client's socket takes; the rest waits in ``_unflushed`` for the next cycles."""
         try:
             sent = client.sock.send(client.outbox)
         except (BlockingIOError, InterruptedError):
-            return
+            sent = 0
         except OSError:
             client.outbox.clear()
-            return
+            sent = 0
         del client.outbox[:sent]
+        if client.outbox and not client.closed:
+            self._unflushed.add(client)
+        else:
+            self._unflushed.discard(client)
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -712,6 +725,8 @@ class DriverConductor:
             if image.subscribers and not image.removed:
                 image.receiver.on_consumption(min(map(counters.get, image.subscribers.values())))
         work = channel.do_work(now_ns, channel.sock.fd in self._udp_ready)
+        if not channel.receive.has_events:
+            return work
         for event in channel.receive.take_events():
             work += 1
             match event:
@@ -861,6 +876,7 @@ class DriverConductor:
         if client.closed:
             return
         client.closed = True
+        self._unflushed.discard(client)
         if client.client_id:
             log.info("client %d (pid %d) removed: %s", client.client_id, client.pid, reason)
         self.clients.pop(client.client_id, None)

@@ -54,6 +54,10 @@ class CounterInfo:
     key: bytes
 
 
+_VALUE_STRIDE: Final = VALUE_LENGTH // 8
+"""i64 slots per counter value record."""
+
+
 class CountersReader:
     """Reads (and, for owners, writes) counters in two buffers: metadata and values."""
 
@@ -72,13 +76,19 @@ class CountersReader:
     def value_index(self, counter_id: int) -> int:
         """Index of the counter's value in ``values_i64``: hot paths keep it and index directly."""
         self._check(counter_id)
-        return counter_id * (VALUE_LENGTH // 8)
+        return counter_id * _VALUE_STRIDE
 
     def get(self, counter_id: int) -> int:
-        return int(self.values_i64[self.value_index(counter_id)])
+        # Read on every duty cycle (subscriber positions): the index check is inlined.
+        if not 0 <= counter_id < self.capacity:
+            self._check(counter_id)
+        value: int = self.values_i64[counter_id * _VALUE_STRIDE]
+        return value
 
     def set(self, counter_id: int, value: int) -> None:
-        self.values_i64[self.value_index(counter_id)] = value
+        if not 0 <= counter_id < self.capacity:
+            self._check(counter_id)
+        self.values_i64[counter_id * _VALUE_STRIDE] = value
 
     def state(self, counter_id: int) -> int:
         self._check(counter_id)

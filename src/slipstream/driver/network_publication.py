@@ -32,6 +32,8 @@ class NetworkPublication(DriverPublication):
     """MDC destinations -> time of their last status message (manual ones never expire)."""
     position_counters: dict[int, int] = field(default_factory=dict)
     """Type id -> counter id of the per-stream position counters the driver keeps current."""
+    _published_limit: int | None = None
+    """The last ``pub-lmt`` written, so an unchanged limit costs no counter write."""
 
     @property
     def short_sends(self) -> int:
@@ -41,9 +43,9 @@ class NetworkPublication(DriverPublication):
     def send_errors(self) -> int:
         return self.sock.send_errors
 
-    def do_work(self, now_ns: int, readable: bool = True) -> int:
-        """Take in control datagrams (SMs, NAKs, RTTMs) if the socket has any, then send what the
-        sender wants sent."""
+    def do_work(self, now_ns: int, readable: bool, counters: CountersManager) -> int:
+        """Take in control datagrams (SMs, NAKs, RTTMs) if the socket has any, then, unless the sender
+        has nothing due, send what it wants sent and publish its new limit to the application."""
         work = 0
         sender = self.sender
         for data, source in self.sock.receive(_RECV_BUDGET) if readable else ():
@@ -53,7 +55,10 @@ class NetworkPublication(DriverPublication):
                 self.destinations[source] = now_ns
             sender.on_datagram(data, now_ns, source)
             work += 1
+        if not sender.poll_due(now_ns):
+            return work
         datagrams = sender.poll(now_ns)
+        self.update_limit(counters)
         if not datagrams:
             return work
         if self.control_mode is None:
@@ -81,8 +86,9 @@ class NetworkPublication(DriverPublication):
         limit = self.sender.publisher_limit()
         if self.state is not PublicationState.ACTIVE:
             limit = min(limit, self.log.producer_position())
-        if counters.get(self.limit_counter_id) != limit:
+        if limit != self._published_limit:  # the driver is the counter's only writer
             counters.set(self.limit_counter_id, limit)
+            self._published_limit = limit
         return 0
 
     def start_draining(self, now_ns: int) -> None:

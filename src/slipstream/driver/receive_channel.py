@@ -102,9 +102,10 @@ class ReceiveChannel:
                 self.sock.send([registration.encode()], control.address)
             for image in receive.images:
                 image.control_address = control.address  # image SMs and NAKs go to the control address too
-        for datagram, destination in receive.poll(now_ns):
-            self.sock.send([datagram], cast(Address, destination))
-            work += 1
+        if receive.poll_due(now_ns):
+            for datagram, destination in receive.poll(now_ns):
+                self.sock.send([datagram], cast(Address, destination))
+                work += 1
         return work
 
     @property

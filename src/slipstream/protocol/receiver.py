@@ -356,6 +356,8 @@ class PublicationImageReceiver:
         self._gap_expiry_ns = 0
         self._loss_report: tuple[int, int, int] | None = None
         """(term_id, term_offset, length) of the last loss observation, so retries are not recounted."""
+        self._wake_ns = 0
+        """``poll`` has nothing to do before this time unless input arrives (see ``ReceiveEndpoint.poll_due``)."""
 
         # Counters.
         self.bytes_received = 0
@@ -403,11 +405,22 @@ class PublicationImageReceiver:
         """The slowest subscriber's position (driver input, each duty cycle). It never moves back and is
         capped at the high-water mark, so a confused subscriber cannot make SMs claim unreceived data."""
         if position > self._consumption:
-            self._consumption = min(position, self._hwm)
+            consumption = min(position, self._hwm)
+            if consumption != self._consumption:
+                self._consumption = consumption
+                # A poll is due only if the move matters to it: an SM to schedule (as _track_rebuild
+                # decides) or an image draining. (Subscribers cannot read past the rebuild position
+                # unless data arrived since the last scan, and then a poll is due already.)
+                if (
+                    consumption > self._next_sm_position + self.receiver_window // 4
+                    or self.state is not ImageState.ACTIVE
+                ):
+                    self._wake_ns = 0
 
     def unsubscribe(self) -> None:
         """No subscriber is left: drain and go."""
         self._unsubscribed = True
+        self._wake_ns = 0
 
     def is_connection_alive(self, now_ns: int) -> bool:
         return now_ns < self._last_activity_ns + self.config.connection_timeout_ns
@@ -447,6 +460,7 @@ class PublicationImageReceiver:
                     events.append(ImageEndOfStream(self.session_id, self.stream_id, position))
                 if proposed > self._hwm:
                     self._hwm = proposed
+                self._wake_ns = 0  # a higher HWM may reveal a gap; EOS may end the image
             else:
                 self.flow_control_under_runs += 1
             return True
@@ -462,33 +476,68 @@ class PublicationImageReceiver:
         index = term_count % PARTITION_COUNT
         term_i32 = self.log.terms_i32[index]
         slot = term_offset >> 2
-        if term_i32[slot] == 0:
+        inserted = term_i32[slot] == 0
+        if inserted:
             source = memoryview(data).cast("B") if isinstance(data, memoryview) else data
             self.log.terms[index][term_offset + 4 : term_offset + len(source)] = source[4:]
             term_i32[slot] = first_frame_length
         self.datagrams_received += 1
         self.bytes_received += len(data)
         if proposed > self._hwm:
+            if inserted and position == self._hwm == self._rcv_pos:
+                # In order, nothing missing: the rebuild position moves as the next scan would move
+                # it, and no poll is needed for this datagram (the low-latency path).
+                self._rcv_pos = proposed
+            else:
+                self._wake_ns = 0  # a new gap, or data beyond one: scan
             self._hwm = proposed
+        elif inserted:
+            self._wake_ns = 0  # a retransmission (or reordered datagram) filled part of a gap
         return True
 
     # -- duty cycle -----------------------------------------------------------------------------
 
     def poll(self, now_ns: int, out: list[Outgoing], events: list[ReceiverEvent]) -> None:
         """Rebuild, detect loss, send the status message if due and move through the lifecycle."""
+        rescan = False
         if self.state in (ImageState.ACTIVE, ImageState.DRAINING):
-            self._track_rebuild(now_ns, out, events)
+            rescan = self._track_rebuild(now_ns, out, events)
             self._send_pending_status_message(now_ns, out)
         self._on_time_event(now_ns, events)
+        self._wake_ns = now_ns if rescan else self._next_wake_ns()
 
-    def _track_rebuild(self, now_ns: int, out: list[Outgoing], events: list[ReceiverEvent]) -> None:
+    def _next_wake_ns(self) -> int:
+        """The earliest time a timer in ``poll`` fires, given no input meanwhile (data, consumption,
+        unsubscription). Each bound mirrors a check in ``poll``; ``test_poll_due_*`` verify that a
+        skipped poll would have done nothing."""
+        state = self.state
+        config = self.config
+        if state is ImageState.DONE:
+            return 1 << 63
+        if state is ImageState.LINGER:
+            return self._state_change_ns + config.image_liveness_timeout_ns + 1
+        wake = self._next_sm_deadline_ns + 1
+        if self._active_gap is not None and self._gap_expiry_ns < wake:
+            wake = self._gap_expiry_ns
+        if state is ImageState.ACTIVE:
+            return min(wake, self._last_packet_ns + config.image_liveness_timeout_ns + 1)
+        if self._unsubscribed or self._consumption >= self._rcv_pos:  # drained: the linger runs
+            return min(wake, self._state_change_ns + config.eos_linger_multiple * config.sm_timeout_ns + 1)
+        return wake
+
+    def _track_rebuild(self, now_ns: int, out: list[Outgoing], events: list[ReceiverEvent]) -> bool:
+        """Advance the rebuild position, run the loss timer, schedule an SM; True if gaps were padded
+        in every scan pass allowed, so more may be waiting for the next poll."""
         gap: tuple[int, int, int] | None = None
+        rescan = False
         for _ in range(self.config.scan_passes_per_poll):
             gap = self._scan()
             if gap is None or not self._loss_timer(gap, now_ns, out, events):
                 break
             if self.reliable:
                 break  # a NAK went out; the retransmission cannot be here yet
+        else:
+            rescan = True
         if gap is None:
             self._active_gap = None
         consumption = self._consumption
@@ -496,6 +545,7 @@ class PublicationImageReceiver:
             self._clean_buffer_to(consumption - self.term_length)
             self._next_sm_position = consumption
             self._sm_scheduled = True
+        return rescan
 
     def _scan(self) -> tuple[int, int, int] | None:
         """Advance ``rcv-pos`` over contiguous frames towards the HWM; return the first gap found.
@@ -692,6 +742,8 @@ class ReceiveEndpoint:
         """(session, stream) -> time until which no further SETUP request is sent."""
         self._outbound: list[Outgoing] = []
         self._events: list[ReceiverEvent] = []
+        self._wake_ns = 0
+        """Earliest timer of the lingering images; 0 once a control datagram arrived (see ``poll_due``)."""
 
         # Counters (per-image ones live on the images).
         self.invalid_packets = 0
@@ -721,6 +773,17 @@ class ReceiveEndpoint:
             if stream == stream_id:
                 image.unsubscribe()
 
+    def poll_due(self, now_ns: int) -> bool:
+        """False when ``poll(now_ns)`` would return nothing and change nothing, so an idle duty cycle
+        can skip it: no datagram arrived since the last poll, no image's consumption moved and no
+        timer (status message, NAK, liveness, linger) is due."""
+        if now_ns >= self._wake_ns or self._outbound:
+            return True
+        for image in self._images.values():  # noqa: SIM110 - a generator for any() costs more, every idle cycle
+            if now_ns >= image._wake_ns:
+                return True
+        return False
+
     @property
     def images(self) -> list[PublicationImageReceiver]:
         """Images in the endpoint (active or draining), not those lingering after removal."""
@@ -733,19 +796,26 @@ class ReceiveEndpoint:
         events, self._events = self._events, []
         return events
 
+    @property
+    def has_events(self) -> bool:
+        """Whether ``take_events`` would return any: lets a duty cycle skip it cheaply."""
+        return bool(self._events)
+
     # -- input ----------------------------------------------------------------------------------
 
     def on_datagram(self, data: BytesLike, now_ns: int, source: Address) -> None:
         """Handle one datagram received on the endpoint socket from ``source``."""
         try:
             if len(data) >= 8 and data[6] in (HDR_TYPE_DATA, HDR_TYPE_PAD) and not data[7]:
-                # The hot path: validated without a Python object per frame.
+                # The hot path: validated without a Python object per frame. The image says whether
+                # it needs a poll; a SETUP request lands in the outbound queue, which poll_due sees.
                 self._on_data(scan_data_datagram(data), data, now_ns, source)
                 return
             frames = decode_datagram(data)
         except (ValueError, struct.error):
             self.invalid_packets += 1
             return
+        self._wake_ns = 0
         first = frames[0]
         if isinstance(first, SetupFrame):
             self._on_setup(first, now_ns, source)
@@ -902,6 +972,7 @@ class ReceiveEndpoint:
             if not image.is_end_of_stream:
                 self._cool_down.add(key)
             self._lingering.append(image)
+        wake = 1 << 63
         if self._lingering:
             still: list[PublicationImageReceiver] = []
             for image in self._lingering:
@@ -910,5 +981,7 @@ class ReceiveEndpoint:
                     self._cool_down.discard((image.session_id, image.stream_id))
                 else:
                     still.append(image)
+                    wake = min(wake, image._wake_ns)
             self._lingering = still
+        self._wake_ns = wake
         return out

@@ -63,6 +63,7 @@ from .positions import (
     compute_term_id,
     index_by_position,
     max_message_length,
+    pack_tail,
 )
 
 __all__ = ["NetworkPublicationSender", "SenderConfig", "SenderState"]
@@ -170,9 +171,10 @@ class NetworkPublicationSender:
 
         for data, source in datagrams_received_on_the_publication_socket:
             sender.on_datagram(data, now_ns, source)
-        for datagram in sender.poll(now_ns):
-            sock.send(datagram)
-        pub_lmt = sender.publisher_limit()     # the appender may append below this position
+        if sender.poll_due(now_ns):            # else poll would send nothing and change nothing
+            for datagram in sender.poll(now_ns):
+                sock.send(datagram)
+            pub_lmt = sender.publisher_limit()  # the appender may append below this position
 
     Counters are plain ints that only grow, for the driver to mirror into its counters file.
     """
@@ -199,6 +201,8 @@ class NetworkPublicationSender:
         self._max_retransmit_length = min(config.receiver_window, log.term_length // 2) * multiple
         actions = config.max_resend if config.group else RETRANSMIT_UNICAST_MAX_ACTIONS
         self._actions = tuple(_RetransmitAction() for _ in range(actions))
+        self._retransmitting = False
+        """Some retransmit action is not inactive (so ``poll`` runs them)."""
 
         start = log.producer_position()
         self._snd_pos = start
@@ -220,6 +224,12 @@ class NetworkPublicationSender:
         self._receivers_expiry_ns = 1 << 62
         """No tracked receiver can time out before this (checked every poll, so kept cheap)."""
         self._replies: list[bytes] = []
+        self._wake_ns = 0
+        """``poll`` has nothing to do before this time unless input arrives (see ``poll_due``)."""
+        self._tails = log.meta_i64
+        """The log's raw tail counters (its first three i64s): an append changes the one at ``_tail_index``."""
+        self._tail_index = 0
+        self._tail_seen = 0
         log.is_connected = False
 
         # Counters.
@@ -299,6 +309,15 @@ class NetworkPublicationSender:
         """Start draining: send what was appended, then signal end-of-stream and linger."""
         if self.state is SenderState.ACTIVE:
             self.state = SenderState.DRAINING
+            self._wake_ns = 0
+
+    def poll_due(self, now_ns: int) -> bool:
+        """False when ``poll(now_ns)`` would return nothing and change nothing, so an idle duty cycle
+        can skip it: no timer is due, no datagram arrived since the last poll, and the application has
+        not appended since (or the window is shut anyway). A comparison and one tail-counter read."""
+        if now_ns >= self._wake_ns:
+            return True
+        return not self._blocked and self._tails[self._tail_index] != self._tail_seen
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -306,6 +325,7 @@ class NetworkPublicationSender:
         """Handle one datagram received on the publication's socket (SM, NAK, RTTM or ERR)."""
         if self.state is SenderState.DONE:
             return
+        self._wake_ns = 0
         try:
             frame = decode_datagram(data)[0]
         except (ValueError, struct.error):
@@ -407,6 +427,7 @@ class NetworkPublicationSender:
         action.term_id = nak.term_id
         action.term_offset = offset
         action.length = min(length, self._max_retransmit_length)
+        self._retransmitting = True
         if self.config.retransmit_delay_ns == 0:
             self._start_resend(action, now_ns)
         else:
@@ -483,10 +504,58 @@ class NetworkPublicationSender:
         if self._send_data(now_ns, out) == 0:
             self._heartbeat_check(now_ns, out)
             self._update_connected(now_ns)
-        self._process_retransmits(now_ns, out)
-        self._on_time_event(now_ns)
+        if self._retransmitting:
+            self._process_retransmits(now_ns, out)
+        if self.state is not SenderState.ACTIVE:
+            self._on_time_event(now_ns)
         self.datagrams_sent += len(out)
+        self._wake_ns = self._next_wake_ns(now_ns)
         return out
+
+    def _unsent(self) -> bool:
+        """Whether the log holds data beyond the sender position (committed or still being written).
+
+        Also notes the tail ``poll_due`` watches: any append moves the tail of the partition holding the
+        sender position (or, at a term's end, rotates into it)."""
+        snd_pos = self._snd_pos
+        index = (snd_pos >> self._bits) % 3
+        raw = self._tails[index]
+        self._tail_index = index
+        self._tail_seen = raw
+        if raw == pack_tail(compute_term_id(snd_pos, self._bits, self.initial_term_id), snd_pos & self._mask):
+            return False  # the tail is exactly where the sender is: the common idle case, one comparison
+        return self.log.producer_position() != snd_pos
+
+    def _next_wake_ns(self, now_ns: int) -> int:
+        """The earliest time a timer in ``poll`` fires, given no input meanwhile (``now_ns`` if work remains).
+
+        Each bound mirrors a check in ``poll``; ``test_poll_due_*`` verify that a skipped poll would
+        have done nothing."""
+        state = self.state
+        if state is SenderState.DONE:
+            return 1 << 63
+        if (self._unsent() and not self._blocked) or state is SenderState.DRAINING:
+            return now_ns  # data left to send (or a claim not yet committed), or draining
+        config = self.config
+        wake = 1 << 63
+        if state is SenderState.LINGER:
+            wake = self._linger_start_ns + config.linger_timeout_ns + 1
+        if not self._has_initial_connection or self._setup_elicited:
+            last = self._last_setup_ns
+            wake = min(wake, now_ns if last is None else last + config.setup_timeout_ns + 1)
+        if self._has_initial_connection:
+            last = self._last_data_or_heartbeat_ns
+            timeout = config.blocked_heartbeat_ns if self._blocked else config.heartbeat_timeout_ns
+            wake = min(wake, now_ns if last is None else last + timeout + 1)
+        if self._receivers and self._receivers_expiry_ns < wake:
+            wake = self._receivers_expiry_ns
+        if self._retransmitting:
+            for action in self._actions:
+                if action.next_position < action.end:
+                    return now_ns
+                if action.state != _INACTIVE:
+                    wake = min(wake, action.expiry_ns + 1)
+        return wake
 
     def _position_fields(self) -> tuple[int, int]:
         position = self._snd_pos
@@ -567,6 +636,7 @@ class NetworkPublicationSender:
 
     def _process_retransmits(self, now_ns: int, out: list[bytes]) -> None:
         budget = self.config.max_retransmit_datagrams_per_poll
+        busy = False
         for action in self._actions:
             if action.state == _DELAYED and now_ns > action.expiry_ns:
                 self._start_resend(action, now_ns)
@@ -574,6 +644,8 @@ class NetworkPublicationSender:
                 budget = self._resend(action, out, budget)
             if action.state == _LINGERING and now_ns > action.expiry_ns and action.next_position >= action.end:
                 action.state = _INACTIVE
+            busy = busy or action.state != _INACTIVE
+        self._retransmitting = busy
 
     def _resend(self, action: _RetransmitAction, out: list[bytes], budget: int) -> int:
         """Send the next datagrams of a retransmission from the log; return the budget left.
