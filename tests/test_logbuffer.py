@@ -6,6 +6,8 @@ import random
 import struct
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from slipstream.logbuffer import (
     ADMIN_ACTION,
@@ -249,3 +251,138 @@ def test_foreign_buffer_rejected() -> None:
     reader_view = LogBuffers(memoryview(bytes(log._buffer)))  # read-only is fine for readers
     with pytest.raises(TypeError):
         reader_view.is_connected = False
+
+
+def _scan_term_walk(term: memoryview, term_i32: memoryview, offset: int, max_length: int) -> tuple[int, int]:
+    """``scan_term`` frame by frame, as written before its equal-frames shortcut: the reference."""
+    available = padding = 0
+    while offset + available < len(term):
+        frame_offset = offset + available
+        frame_length = term_i32[frame_offset >> 2]
+        if frame_length <= 0 or frame_length > len(term) - frame_offset:
+            break
+        aligned = (frame_length + 31) & -32
+        if term[frame_offset + 6] == HDR_TYPE_PAD:
+            padding, aligned = aligned - 32, 32
+        if available + aligned > max_length:
+            padding = 0
+            break
+        available += aligned
+        if padding:
+            break
+    return available, padding
+
+
+@settings(max_examples=300, deadline=None)
+@example(sizes=[100] * 10, equal=True, claimed=None, pad_at=3, flips=[], start=0, max_length=1408)
+@example(sizes=[100] * 10, equal=True, claimed=4, pad_at=None, flips=[], start=0, max_length=1408)
+@example(sizes=[100] * 10, equal=True, claimed=None, pad_at=None, flips=[(640, 99)], start=0, max_length=1408)
+@given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    equal=st.booleans(),
+    claimed=st.none() | st.integers(0, 40),
+    pad_at=st.none() | st.integers(0, 40),
+    flips=st.lists(st.tuples(st.integers(0, 4095), st.integers(0, 255)), max_size=2),
+    start=st.integers(0, 20),
+    max_length=st.sampled_from([0, 32, 64, 96, 500, 1408, 4096]),
+)
+def test_scan_term_agrees_with_the_frame_walk(
+    sizes: list[int],
+    equal: bool,
+    claimed: int | None,
+    pad_at: int | None,
+    flips: list[tuple[int, int]],
+    start: int,
+    max_length: int,
+) -> None:
+    """Runs of equal frames take a shortcut; whatever the log holds (uncommitted claims, a PAD frame,
+    corrupt bytes), the answer is the frame walk's."""
+    log = make_log()
+    app = ExclusiveAppender(log)
+    claim = BufferClaim()
+    offsets = []
+    for i, size in enumerate(sizes if not equal else [sizes[0]] * len(sizes)):
+        offsets.append(app.position)
+        if i == claimed:
+            app.claim(min(size, 1000), BIG, claim)  # never committed: its length stays negative
+        else:
+            app.append(bytes(size), BIG)
+    term = log.terms[0]
+    if pad_at is not None and pad_at < len(offsets):
+        struct.pack_into("<H", term, offsets[pad_at] + 6, HDR_TYPE_PAD)
+    for index, value in flips:
+        term[index] = value
+    offset = offsets[min(start, len(offsets) - 1)]
+    assert scan_term(term, log.terms_i32[0], offset, max_length) == _scan_term_walk(
+        term, log.terms_i32[0], offset, max_length
+    )
+
+
+def _read_term_walk(term: memoryview, term_i32: memoryview, offset: int, limit: int) -> tuple[list[int], int, bool]:
+    """``read_term`` frame by frame, as written before its equal-frames shortcut: the reference.
+    Returns the offsets of the frames delivered, the next offset and whether the log was intact."""
+    delivered: list[int] = []
+    while len(delivered) < limit and offset < len(term):
+        frame_length = term_i32[offset >> 2]
+        if frame_length <= 0:
+            break
+        if frame_length < 32 or frame_length > len(term) - offset:
+            return delivered, offset, False
+        frame_offset, offset = offset, offset + ((frame_length + 31) & -32)
+        if term[frame_offset + 6] != 1:
+            if term[frame_offset + 6] == HDR_TYPE_PAD and term[frame_offset + 7] == 0:
+                continue
+            return delivered, frame_offset, False
+        delivered.append(frame_offset)
+    return delivered, offset, True
+
+
+@settings(max_examples=300, deadline=None)
+@example(sizes=[100] * 10, equal=True, claimed=None, pad_at=3, flips=[], start=0, limit=256)
+@example(sizes=[100] * 10, equal=True, claimed=6, pad_at=None, flips=[], start=0, limit=256)
+@example(sizes=[100] * 10, equal=True, claimed=None, pad_at=None, flips=[(642, 7)], start=0, limit=5)
+@given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    equal=st.booleans(),
+    claimed=st.none() | st.integers(0, 40),
+    pad_at=st.none() | st.integers(0, 40),
+    flips=st.lists(st.tuples(st.integers(0, 4095), st.integers(0, 255)), max_size=2),
+    start=st.integers(0, 20),
+    limit=st.sampled_from([1, 2, 3, 10, 256]),
+)
+def test_read_term_agrees_with_the_frame_walk(
+    sizes: list[int],
+    equal: bool,
+    claimed: int | None,
+    pad_at: int | None,
+    flips: list[tuple[int, int]],
+    start: int,
+    limit: int,
+) -> None:
+    """Runs of equal frames are checked in one unpack; whatever the log holds, the fragments handed
+    out (which, with which payload and header) and the offset reached are the frame walk's."""
+    log = make_log()
+    app = ExclusiveAppender(log)
+    claim = BufferClaim()
+    offsets = []
+    for i, size in enumerate(sizes if not equal else [sizes[0]] * len(sizes)):
+        offsets.append(app.position)
+        if i == claimed:
+            app.claim(min(size, 1000), BIG, claim)
+        else:
+            app.append(bytes(range(256))[: size % 256] + bytes(max(0, size - 256)), BIG)
+    term = log.terms[0]
+    if pad_at is not None and pad_at < len(offsets):
+        struct.pack_into("<H", term, offsets[pad_at] + 6, HDR_TYPE_PAD)
+    for index, value in flips:
+        term[index] = value
+    offset = offsets[min(start, len(offsets) - 1)]
+    seen: list[tuple[int, bytes, int]] = []
+    header = Header(log.initial_term_id, log.bits)
+    count, next_offset, intact = read_term(
+        term, log.terms_i32[0], offset, lambda p, h: seen.append((h.offset, bytes(p), h.frame_length)), limit, header
+    )
+    walked, walk_next, walk_intact = _read_term_walk(term, log.terms_i32[0], offset, limit)
+    assert (count, next_offset, intact) == (len(walked), walk_next, walk_intact)
+    assert [s[0] for s in seen] == walked
+    assert all(payload == bytes(term[o + 32 : o + length]) for o, payload, length in seen)

@@ -10,17 +10,26 @@ from __future__ import annotations
 import mmap
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from ..driver.directory import close_mapping
 from ..logbuffer import CLOSED, BufferClaim, ExclusiveAppender, LogBuffers
 
 
-def _nothing() -> None:
-    return None
+class Offer(Protocol):
+    def __call__(self, message: bytes | bytearray | memoryview, /, reserved_value: int = 0) -> int: ...
 
 
 class ExclusivePublication:
-    """A publication with a single writer thread: no locking on the hot path."""
+    """A publication with a single writer thread: no locking on the hot path.
+
+    ``offer(message, reserved_value=0)`` appends ``message`` and returns the new position, or
+    NOT_CONNECTED / BACK_PRESSURED / ADMIN_ACTION / CLOSED / MAX_POSITION_EXCEEDED; it raises
+    ValueError if the message exceeds ``max_message_length``. It is the log appender's own method
+    (reading the driver's limit counter itself), so an offer costs one Python call.
+    """
+
+    offer: Offer
 
     def __init__(
         self,
@@ -42,29 +51,14 @@ class ExclusivePublication:
         self.registration_id = registration_id
         self._mapping = mapping
         self._log = LogBuffers(memoryview(mapping))
-        self._appender = ExclusiveAppender(self._log)
+        # UDP publications ring the doorbell: the driver does the sending, and may be parked in select.
+        self._appender = ExclusiveAppender(self._log, (limit_values, limit_index), doorbell)
+        self.offer = self._appender.offer
         self._limit_values = limit_values
         self._limit_index = limit_index
         self._on_close = on_close
         self._manage_destination = manage_destination
-        self._parked: memoryview | None = None
-        self._parked_index = 0
-        self._wake: Callable[[], None] = _nothing
-        if doorbell is not None:
-            # UDP publications: the driver does the sending, and may be parked in select.
-            self._parked, self._parked_index, self._wake = doorbell
         self._closed = False
-
-    def offer(self, message: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
-        """Append ``message``; returns the new position or NOT_CONNECTED / BACK_PRESSURED / ADMIN_ACTION /
-        CLOSED / MAX_POSITION_EXCEEDED. Raises ValueError if it exceeds ``max_message_length``."""
-        if self._closed:
-            return CLOSED
-        result = self._appender.append(message, self._limit_values[self._limit_index], reserved_value)
-        parked = self._parked
-        if parked is not None and result > 0 and parked[self._parked_index]:
-            self._wake()
-        return result
 
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         """Reserve a frame of ``length`` bytes (at most ``max_payload_length``) to write in place."""
@@ -119,11 +113,13 @@ class ExclusivePublication:
         if self._closed:
             return
         self._closed = True
+        self._appender.close()
         self._on_close(self)
 
     def _release(self) -> None:
         """Drop the mapping (the client calls this once the driver knows)."""
         self._closed = True
+        self._appender.close()
         close_mapping(self._mapping)
 
     def __enter__(self) -> ExclusivePublication:
@@ -149,10 +145,12 @@ class Publication(ExclusivePublication):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._lock = threading.Lock()
+        self._offer_unlocked = self.offer
+        self.offer = self._locked_offer
 
-    def offer(self, message: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
+    def _locked_offer(self, message: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
         with self._lock:
-            return super().offer(message, reserved_value)
+            return self._offer_unlocked(message, reserved_value)
 
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         with self._lock:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from collections.abc import Callable
 from typing import Final
 
 from ..protocol.constants import (
@@ -37,9 +38,20 @@ from ..protocol.positions import (
     wrap_i32,
 )
 from .layout import LogBuffers
-from .results import ADMIN_ACTION, BACK_PRESSURED, MAX_POSITION_EXCEEDED, NOT_CONNECTED
+from .results import ADMIN_ACTION, BACK_PRESSURED, CLOSED, MAX_POSITION_EXCEEDED, NOT_CONNECTED
 
 _HEADER: Final = struct.Struct("<iBBHiiiiq")
+_UNFRAGMENTED_DATA: Final = struct.pack("<BBH", 0, UNFRAGMENTED, HDR_TYPE_DATA)
+"""Version, flags and type of a whole message's frame, as they sit in its header."""
+_FRAMES: dict[int, struct.Struct] = {}
+"""A whole frame with a payload of the key's length, packed in one call: length, version-flags-type,
+term offset, the three stream ids, reserved value, payload (``bytes`` payloads only: ``s`` takes
+nothing else). One entry per payload length in use, at most ``max_payload_length`` of them."""
+
+
+def _frame_struct(length: int) -> struct.Struct:
+    frame = _FRAMES[length] = struct.Struct(f"<i4si12sq{length}s")
+    return frame
 _TAIL_INDEX: Final = 0  # tail counters start the metadata section
 
 
@@ -108,8 +120,27 @@ class BufferClaim:
         self._term = self._term_i32 = None
 
 
+Doorbell = tuple[memoryview, int, Callable[[], None]]
+"""A flag in shared memory (view, index) that, when set after an append, calls for the callable: a
+parked media driver asks to be woken this way when it has data to send."""
+
+
+def _limit_cell() -> memoryview:
+    """A private limit counter, zero until set."""
+    return memoryview(bytearray(8)).cast("q")
+
+
+def _nothing() -> None:
+    return None
+
+
 class ExclusiveAppender:
-    """Single-writer appender over a ``LogBuffers``; keeps the tail in local state and mirrors it to metadata."""
+    """Single-writer appender over a ``LogBuffers``; keeps the tail in local state and mirrors it to metadata.
+
+    ``offer`` appends below a limit it reads from ``limit`` (a view and an index: the publication
+    limit counter the driver keeps), or from a cell of its own that ``append(payload, limit)`` sets,
+    for simulations and tests. Once ``close``d, every call returns CLOSED.
+    """
 
     __slots__ = (
         "_active_index",
@@ -117,10 +148,17 @@ class ExclusiveAppender:
         "_check_offset",
         "_clean_done",
         "_clean_index",
+        "_closed",
+        "_ids",
         "_initial_term_id",
+        "_limit_index",
+        "_limit_values",
         "_max_message_length",
         "_max_payload",
         "_max_position",
+        "_owns_limit",
+        "_parked",
+        "_parked_index",
         "_session_id",
         "_start_term_count",
         "_stream_id",
@@ -132,11 +170,22 @@ class ExclusiveAppender:
         "_term_id_shifted",
         "_term_length",
         "_term_offset",
+        "_wake",
         "log",
     )
 
-    def __init__(self, log: LogBuffers) -> None:
+    def __init__(
+        self, log: LogBuffers, limit: tuple[memoryview, int] | None = None, doorbell: Doorbell | None = None
+    ) -> None:
         self.log = log
+        self._owns_limit = limit is None
+        self._limit_values, self._limit_index = limit if limit is not None else (_limit_cell(), 0)
+        self._parked: memoryview | None = None
+        self._parked_index = 0
+        self._wake: Callable[[], None] = _nothing
+        if doorbell is not None:
+            self._parked, self._parked_index, self._wake = doorbell
+        self._closed = False
         self._term_length = log.term_length
         self._bits = log.bits
         self._initial_term_id = log.initial_term_id
@@ -159,6 +208,7 @@ class ExclusiveAppender:
         self._active_index = index
         self._term_id = term_id
         self._term_id_shifted = pack_tail(term_id, 0)
+        self._ids = struct.pack("<iii", self._session_id, self._stream_id, term_id)
         self._term_offset = term_offset
         self._term = self.log.terms[index]
         self._term_i32 = self.log.terms_i32[index]
@@ -178,14 +228,29 @@ class ExclusiveAppender:
         return self._max_message_length
 
     def append(self, payload: bytes | bytearray | memoryview, limit: int, reserved_value: int = 0) -> int:
-        """Append one message if ``position < limit``; return the new position or a negative result code."""
+        """``offer`` below an explicit ``limit``: for an appender that owns its limit (no ``limit`` given
+        at construction), as simulations and tests use it."""
+        if not self._owns_limit:
+            raise RuntimeError("this appender's limit is the driver's counter: use offer()")
+        self._limit_values[0] = limit
+        return self.offer(payload, reserved_value)
+
+    def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
+        """Append one message if ``position < limit``; return the new position or a negative result code
+        (NOT_CONNECTED, BACK_PRESSURED, ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED). Raises ValueError
+        for a message above ``max_message_length``.
+
+        The hot path of every publisher, so it reads the limit and rings the doorbell itself: one call."""
         length = len(payload)
         term_offset = self._term_offset
         position = self._term_begin_position + term_offset
-        if position >= limit:
+        if position >= self._limit_values[self._limit_index]:
             return self._back_pressure_status(position, length)
         if length > self._max_payload:
-            return self._append_fragmented(payload, length, position, reserved_value)
+            result = self._append_fragmented(payload, length, position, reserved_value)
+            if result > 0 and self._parked is not None and self._parked[self._parked_index]:
+                self._wake()
+            return result
         frame_length = length + DATA_HEADER_LENGTH
         resulting = term_offset + ((frame_length + 31) & -32)
         if resulting > self._check_offset:
@@ -193,24 +258,37 @@ class ExclusiveAppender:
                 return self._end_of_term(term_offset, position)
             self._clean_ahead(resulting)
         term = self._term
-        _HEADER.pack_into(
-            term,
-            term_offset,
-            -frame_length,
-            0,
-            UNFRAGMENTED,
-            HDR_TYPE_DATA,
-            term_offset,
-            self._session_id,
-            self._stream_id,
-            self._term_id,
-            reserved_value,
-        )
-        term[term_offset + DATA_HEADER_LENGTH : term_offset + frame_length] = payload
+        if type(payload) is bytes:  # header and payload in one call: the small-message hot path
+            (_FRAMES.get(length) or _frame_struct(length)).pack_into(
+                term, term_offset, -frame_length, _UNFRAGMENTED_DATA, term_offset, self._ids, reserved_value, payload
+            )
+        else:
+            _HEADER.pack_into(
+                term,
+                term_offset,
+                -frame_length,
+                0,
+                UNFRAGMENTED,
+                HDR_TYPE_DATA,
+                term_offset,
+                self._session_id,
+                self._stream_id,
+                self._term_id,
+                reserved_value,
+            )
+            term[term_offset + DATA_HEADER_LENGTH : term_offset + frame_length] = payload
         self._term_i32[term_offset >> 2] = frame_length
         self._term_offset = resulting
         self._tail_i64[self._active_index] = self._term_id_shifted | resulting
+        if self._parked is not None and self._parked[self._parked_index]:
+            self._wake()
         return position + resulting - term_offset
+
+    def close(self) -> None:
+        """Refuse every later offer and claim with CLOSED (they find the limit at 0 and ask why)."""
+        self._closed = True
+        self._limit_values, self._limit_index = _limit_cell(), 0
+        self._owns_limit = False
 
     def claim(self, length: int, limit: int, claim: BufferClaim) -> int:
         """Reserve one unfragmented frame of ``length`` payload bytes for zero-copy writing."""
@@ -351,6 +429,8 @@ class ExclusiveAppender:
         self._check_offset = term_length if target >= term_length else target >> 1
 
     def _back_pressure_status(self, position: int, length: int) -> int:
+        if self._closed:
+            return CLOSED
         if length > self._max_message_length:
             raise ValueError(f"message of {length} bytes exceeds the maximum message length {self._max_message_length}")
         if position + ((length + DATA_HEADER_LENGTH + 31) & -32) >= self._max_position:

@@ -6,6 +6,8 @@ an unknown frame type stops the read and is reported, instead of raising or read
 
 from __future__ import annotations
 
+import functools
+import struct
 from collections.abc import Callable
 
 from ..protocol.constants import DATA_HEADER_LENGTH, HDR_TYPE_DATA, HDR_TYPE_PAD, TYPE_OFFSET
@@ -13,6 +15,12 @@ from .header import Header
 
 FragmentHandler = Callable[[memoryview, Header], object]
 """Called with a zero-copy view of the payload (valid only during the call) and the frame's header."""
+
+
+@functools.lru_cache(maxsize=64)
+def _equal_frames_struct(aligned: int, count: int) -> struct.Struct:
+    """frame_length and type of ``count`` frames each occupying ``aligned`` bytes, in one unpack."""
+    return struct.Struct("<" + f"i2xH{aligned - TYPE_OFFSET - 2}x" * count)
 
 
 def read_term(
@@ -28,10 +36,25 @@ def read_term(
     Returns ``(fragments_delivered, next_offset, intact)``. ``intact`` is False when the frame at
     ``next_offset`` cannot be valid; the caller decides what to do with the image. If the handler
     raises, ``header.offset`` still points at the frame it was given.
+
+    When the frames ahead are all complete DATA frames of one length (a busy stream of same-sized
+    messages), one unpack checks them and the loop only hands them out.
     """
     capacity = len(term)
     fragments = 0
     header.buffer = term
+    first = term_i32[offset >> 2] if fragment_limit > 1 and offset < capacity else 0
+    if first >= DATA_HEADER_LENGTH:
+        aligned = (first + 31) & -32
+        count = min(fragment_limit, (capacity - offset) // aligned)
+        if count > 1:
+            fields = _equal_frames_struct(aligned, count).unpack_from(term, offset)
+            if fields[0::2].count(first) == count and fields[1::2].count(HDR_TYPE_DATA) == count:
+                end = offset + count * aligned
+                for frame_offset in range(offset, end, aligned):
+                    header.offset = frame_offset
+                    handler(term[frame_offset + DATA_HEADER_LENGTH : frame_offset + first], header)
+                fragments, offset = count, end
     while fragments < fragment_limit and offset < capacity:
         frame_length = term_i32[offset >> 2]
         if frame_length <= 0:
@@ -57,10 +80,21 @@ def scan_term(term: memoryview, term_i32: memoryview, offset: int, max_length: i
     Returns ``(available, padding)``: ``available`` bytes of whole frames from ``offset`` fitting in
     ``max_length``; if a PAD frame ends the block, only its header is counted in ``available`` and the
     rest of it in ``padding`` (consumed but never sent).
+
+    A run of equal DATA frames (a stream of same-sized messages) is checked in one unpack rather
+    than frame by frame; the walk then goes on from its end.
     """
     capacity = len(term)
     available = 0
     padding = 0
+    first = term_i32[offset >> 2] if offset < capacity else 0
+    if first >= DATA_HEADER_LENGTH:
+        aligned = (first + 31) & -32
+        count = min(max_length, capacity - offset) // aligned
+        if count > 1:
+            fields = _equal_frames_struct(aligned, count).unpack_from(term, offset)
+            if fields[0::2].count(first) == count and fields[1::2].count(HDR_TYPE_DATA) == count:
+                available = count * aligned
     while offset + available < capacity:
         frame_offset = offset + available
         frame_length = term_i32[frame_offset >> 2]

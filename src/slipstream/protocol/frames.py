@@ -635,10 +635,14 @@ class DataScan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=64)
-def _equal_frames_struct(aligned: int, count: int) -> struct.Struct:
-    """frame_length, version, type, term_offset, session_id, stream_id, term_id of ``count`` frames
-    each occupying ``aligned`` bytes, in one unpack (flags, reserved value and payload skipped)."""
-    return struct.Struct("<" + f"iBxHiiii{aligned - 24}x" * count)
+def _equal_frames_structs(aligned: int, count: int) -> tuple[struct.Struct, struct.Struct]:
+    """For ``count`` frames each occupying ``aligned`` bytes: frame_length, version, type, session_id,
+    stream_id and term_id of every frame in one unpack, and their term offsets in another (flags,
+    reserved values and payloads skipped). Two, so the first compares to one repeated tuple."""
+    return (
+        struct.Struct("<" + f"iBxH4xiii{aligned - 24}x" * count),
+        struct.Struct("<" + f"8xi{aligned - 12}x" * count),
+    )
 
 
 def scan_data_datagram(data: BytesLike) -> DataScan:
@@ -658,30 +662,34 @@ def scan_data_datagram(data: BytesLike) -> DataScan:
         if aligned == total or (
             aligned < total
             and total % aligned == 0
-            and _equal_frames(buf, aligned, total, term_offset, session_id, stream_id, term_id)
+            and _equal_frames(buf, length, aligned, total, term_offset, session_id, stream_id, term_id)
         ):
             return DataScan(session_id, stream_id, term_id, term_offset, flags, False, length, total)
     return _walk_data_datagram(buf, total, term_offset, session_id, stream_id, term_id)
 
 
 def _equal_frames(
-    buf: BytesLike, aligned: int, total: int, term_offset: int, session_id: int, stream_id: int, term_id: int
+    buf: BytesLike,
+    length: int,
+    aligned: int,
+    total: int,
+    term_offset: int,
+    session_id: int,
+    stream_id: int,
+    term_id: int,
 ) -> bool:
-    """True if every frame is a DATA frame of this stream and term occupying ``aligned`` bytes, each
-    starting where the previous one ends."""
+    """True if every frame is a DATA frame of ``length`` bytes of this stream and term, each starting
+    where the previous one ends (frames of other lengths take the walk)."""
     count = total // aligned
-    fields = _equal_frames_struct(aligned, count).unpack_from(buf)
-    lengths = fields[0::7]
-    return (
-        max(aligned - _ALIGN_MASK, DATA_HEADER_LENGTH) <= min(lengths)
-        and max(lengths) <= aligned
-        and fields[1::7].count(CURRENT_VERSION) == count
-        and fields[2::7].count(HDR_TYPE_DATA) == count
-        and fields[4::7].count(session_id) == count
-        and fields[5::7].count(stream_id) == count
-        and fields[6::7].count(term_id) == count
-        and fields[3::7] == tuple(range(term_offset, term_offset + total, aligned))
-    )
+    headers, offsets = _equal_frames_structs(aligned, count)
+    return headers.unpack_from(buf) == (
+        length,
+        CURRENT_VERSION,
+        HDR_TYPE_DATA,
+        session_id,
+        stream_id,
+        term_id,
+    ) * count and offsets.unpack_from(buf) == tuple(range(term_offset, term_offset + total, aligned))
 
 
 def _walk_data_datagram(
