@@ -594,3 +594,75 @@ def test_eos_flag_on_data_of_known_session_is_only_data() -> None:
     endpoint.on_datagram(data(0, b"x", flags=0xC0 | EOS_FLAG), MS, SRC)
     endpoint.poll(MS)
     assert not image.is_end_of_stream and image.rebuild_position == 64
+
+
+# -- GRO batches ------------------------------------------------------------------------------------
+
+
+def _log_bytes(log: LogBuffers) -> bytes:
+    return b"".join(bytes(term) for term in log.terms)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    frame_payload=st.sampled_from([0, 32, 100, 992, 1376]),
+    per_datagram=st.integers(1, 6),
+    datagrams=st.integers(2, 30),
+    last_frames=st.integers(1, 6),
+    dropped=st.sets(st.integers(0, 29), max_size=3),
+    corrupt=st.none() | st.tuples(st.integers(0, 29), st.integers(0, 1500), st.integers(0, 255)),
+    replay=st.booleans(),
+    batch=st.integers(2, 12),
+)
+def test_a_batch_of_datagrams_lands_as_they_would_one_by_one(
+    frame_payload: int,
+    per_datagram: int,
+    datagrams: int,
+    last_frames: int,
+    dropped: set[int],
+    corrupt: tuple[int, int, int] | None,
+    replay: bool,
+    batch: int,
+) -> None:
+    """``on_datagrams`` (a GRO batch) takes a run in one go only where that changes nothing: the
+    image's log, positions, counters and what it sends next are those of feeding each datagram alone,
+    whatever was lost, corrupted or received before."""
+    aligned = (frame_payload + 32 + 31) & -32
+    per_datagram = max(1, min(per_datagram, 1408 // aligned))
+    wire: list[bytes] = []
+    position = 0
+    for number in range(datagrams):
+        frames = b""
+        for _ in range(min(per_datagram, last_frames) if number == datagrams - 1 else per_datagram):
+            frame = data(position, bytes([position // 32 % 251]) * frame_payload)
+            frames += frame + bytes(aligned - len(frame))
+            position += aligned
+        wire.append(frames)
+    if corrupt is not None and corrupt[0] < len(wire):
+        index, offset, value = corrupt
+        damaged = bytearray(wire[index])
+        damaged[offset % len(damaged)] = value
+        wire[index] = bytes(damaged)
+    sent = [d for i, d in enumerate(wire) if i not in dropped]
+    if replay:
+        sent = sent[: len(sent) // 2] + sent  # the first half arrives twice (a retransmission)
+    one_by_one, batched = make_endpoint(), make_endpoint()
+    images = [join(one_by_one), join(batched)]
+    for datagram in sent:
+        one_by_one.on_datagram(datagram, MS, SRC)
+    start = 0
+    while start < len(sent):
+        run = [sent[start]]
+        # As GRO coalesces: datagrams of one size, the last of a batch possibly shorter.
+        while len(run) < batch and start + len(run) < len(sent) and len(run[-1]) == len(run[0]):
+            if len(sent[start + len(run)]) > len(run[0]):
+                break
+            run.append(sent[start + len(run)])
+        batched.on_datagrams(b"".join(run), len(run[0]), MS, SRC)
+        start += len(run)
+    a, b = images
+    assert _log_bytes(a.log) == _log_bytes(b.log)
+    assert (a.high_water_mark, a.rebuild_position) == (b.high_water_mark, b.rebuild_position)
+    assert (a.datagrams_received, a.bytes_received) == (b.datagrams_received, b.bytes_received)
+    assert one_by_one.invalid_packets == batched.invalid_packets
+    assert decoded(one_by_one.poll(2 * MS)) == decoded(batched.poll(2 * MS))

@@ -11,6 +11,7 @@ from slipstream.logbuffer import (
     ADMIN_ACTION,
     BACK_PRESSURED,
     NOT_CONNECTED,
+    BufferClaim,
     ExclusiveAppender,
     LogBuffers,
     compute_log_length,
@@ -509,3 +510,41 @@ def test_many_receiver_ids_are_tracked_in_bounded_memory() -> None:
         sender.on_datagram(sm(0, 4096, receiver_id=receiver_id), receiver_id)
     assert len(sender._receivers) <= sender.config.max_tracked_receivers
     assert sender.is_connected
+
+
+# -- batching -----------------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 20)), min_size=1, max_size=3),
+    claimed=st.none() | st.integers(0, 60),
+    window=st.integers(0, TERM // 2),
+    budget=st.integers(1, 64),
+    mtu=st.sampled_from([1408, 4096, 8192]),
+)
+def test_a_backlog_of_equal_messages_is_cut_into_datagrams_as_the_frame_scan_cuts_it(
+    runs: list[tuple[int, int]], claimed: int | None, window: int, budget: int, mtu: int
+) -> None:
+    """The equal-frames shortcut of ``poll`` must send exactly what scanning frame by frame sends,
+    whatever the backlog holds: runs of sizes (fragmented or not), an uncommitted claim, a window
+    or a send budget cutting it anywhere."""
+    senders = []
+    for shortcut in (True, False):
+        sender, app = make_sender(SenderConfig(max_messages_per_send=budget), mtu=mtu)
+        if not shortcut:
+            sender._send_equal_run = lambda *args: 0  # type: ignore[method-assign]
+        connect(sender, window=window)
+        index = 0
+        for size, count in runs:
+            for _ in range(count):
+                if index == claimed:
+                    app.claim(min(size, app.max_payload_length), 1 << 40, BufferClaim())
+                else:
+                    publish(app, bytes([index % 251]) * size)
+                index += 1
+        senders.append(sender)
+    fast, walk = senders
+    for now in (MS, 2 * MS, 3 * MS):
+        assert fast.poll(now) == walk.poll(now)
+        assert fast.sender_position == walk.sender_position

@@ -361,7 +361,10 @@ class Context:
             limit_index=self._counters.value_index(response.publication_limit_counter_id),
             on_close=self._close_publication,
             manage_destination=self._manage_destination,
-            doorbell=(self._cnc.header_i64, PARKED_INDEX, self._ring) if channel.startswith("aeron:udp") else None,
+            # A driver that sends UDP may park; an invoker-mode one only runs when this process invokes it.
+            doorbell=(self._cnc.header_i64, PARKED_INDEX, self._ring)
+            if channel.startswith("aeron:udp") and not self.is_invoker
+            else None,
         )
         self._publications[response.registration_id] = publication
         return publication

@@ -90,8 +90,8 @@ class ReceiveChannel:
         """Datagrams in (if the socket has any), then what the endpoint wants sent."""
         work = 0
         receive = self.receive
-        for data, source in self.sock.receive(_RECV_BUDGET) if readable else ():
-            receive.on_datagram(data, now_ns, source)
+        for data, segment, source in self.sock.receive_batches(_RECV_BUDGET) if readable else ():
+            receive.on_datagrams(data, segment, now_ns, source)
             work += 1
         control = self.control
         if control is not None:

@@ -144,10 +144,11 @@ class UdpSocket:
     def fileno(self) -> int:
         return self.fd
 
-    def receive(self, budget: int) -> Iterator[tuple[memoryview, Address]]:
-        """Up to ``budget`` receive calls' worth of datagrams waiting on the socket. Errors end the batch:
-        on a connected socket an ICMP port-unreachable surfaces here as ECONNREFUSED, which only means
-        nobody listens yet."""
+    def receive_batches(self, budget: int) -> Iterator[tuple[memoryview, int, Address]]:
+        """Up to ``budget`` receive calls' worth of what waits on the socket: ``(data, segment, source)``,
+        where ``data`` holds datagrams from ``source`` back to back, each ``segment`` bytes but the last
+        (several only when the kernel coalesced them, GRO). Errors end the batch: on a connected socket
+        an ICMP port-unreachable surfaces here as ECONNREFUSED, which only means nobody listens yet."""
         sock, view = self.sock, self._view
         gro = self.gro
         for calls in range(budget):
@@ -162,14 +163,20 @@ class UdpSocket:
             segment = size
             for level, kind, data in ancillary:
                 if level == SOL_UDP and kind == UDP_GRO and len(data) >= 4:
-                    segment = int.from_bytes(data[:4], _BYTE_ORDER) or size
+                    segment = min(int.from_bytes(data[:4], _BYTE_ORDER) or size, size)
+            yield view[:size], segment, source
+            if calls == 0 and size < LONE_DATAGRAM and not self._queued.poll(0):
+                return
+
+    def receive(self, budget: int) -> Iterator[tuple[memoryview, Address]]:
+        """Like ``receive_batches``, one datagram at a time."""
+        for data, segment, source in self.receive_batches(budget):
+            size = len(data)
             if segment >= size:
-                yield view[:size], source
-                if calls == 0 and size < LONE_DATAGRAM and not self._queued.poll(0):
-                    return
+                yield data, source
                 continue
             for start in range(0, size, segment):
-                yield view[start : min(start + segment, size)], source
+                yield data[start : start + segment], source
 
     def send(self, datagrams: list[bytes], destination: Address | None = None) -> None:
         """Send datagrams in order: runs of equal size (the last one may be shorter) in one GSO call each.

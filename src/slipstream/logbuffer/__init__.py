@@ -3,7 +3,7 @@
 from .appender import BufferClaim, ExclusiveAppender, zero_buffer
 from .header import Header
 from .layout import LogBufferError, LogBuffers, compute_log_length
-from .reader import FragmentHandler, read_term, scan_term
+from .reader import FragmentHandler, is_equal_run, read_term, scan_term
 from .results import ADMIN_ACTION, BACK_PRESSURED, CLOSED, MAX_POSITION_EXCEEDED, NOT_CONNECTED, result_name
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "compute_log_length",
     "read_term",
     "result_name",
+    "is_equal_run",
     "scan_term",
     "zero_buffer",
 ]

@@ -17,6 +17,10 @@ FragmentHandler = Callable[[memoryview, Header], object]
 """Called with a zero-copy view of the payload (valid only during the call) and the frame's header."""
 
 
+_RUN_MAX = 256
+"""Frames checked by one unpack in ``read_term`` (a struct per run length is compiled and cached)."""
+
+
 @functools.lru_cache(maxsize=64)
 def _equal_frames_struct(aligned: int, count: int) -> struct.Struct:
     """frame_length and type of ``count`` frames each occupying ``aligned`` bytes, in one unpack."""
@@ -43,18 +47,23 @@ def read_term(
     capacity = len(term)
     fragments = 0
     header.buffer = term
-    first = term_i32[offset >> 2] if fragment_limit > 1 and offset < capacity else 0
-    if first >= DATA_HEADER_LENGTH:
+    while fragment_limit - fragments > 1 and offset < capacity:
+        first = term_i32[offset >> 2]
+        if first < DATA_HEADER_LENGTH:
+            break
         aligned = (first + 31) & -32
-        count = min(fragment_limit, (capacity - offset) // aligned)
-        if count > 1:
-            fields = _equal_frames_struct(aligned, count).unpack_from(term, offset)
-            if fields[0::2].count(first) == count and fields[1::2].count(HDR_TYPE_DATA) == count:
-                end = offset + count * aligned
-                for frame_offset in range(offset, end, aligned):
-                    header.offset = frame_offset
-                    handler(term[frame_offset + DATA_HEADER_LENGTH : frame_offset + first], header)
-                fragments, offset = count, end
+        count = min(fragment_limit - fragments, (capacity - offset) // aligned, _RUN_MAX)
+        if count < 2:
+            break
+        fields = _equal_frames_struct(aligned, count).unpack_from(term, offset)
+        if fields[0::2].count(first) != count or fields[1::2].count(HDR_TYPE_DATA) != count:
+            break
+        end = offset + count * aligned
+        for frame_offset in range(offset, end, aligned):
+            header.offset = frame_offset
+            handler(term[frame_offset + DATA_HEADER_LENGTH : frame_offset + first], header)
+        fragments += count
+        offset = end
     while fragments < fragment_limit and offset < capacity:
         frame_length = term_i32[offset >> 2]
         if frame_length <= 0:
@@ -74,6 +83,22 @@ def read_term(
     return fragments, offset, True
 
 
+@functools.lru_cache(maxsize=128)
+def _run_struct(aligned: int, count: int) -> struct.Struct:
+    return _equal_frames_struct.__wrapped__(aligned, count)
+
+
+def is_equal_run(term: memoryview, offset: int, frame_length: int, count: int) -> bool:
+    """Whether the ``count`` frames from ``offset`` are all complete DATA frames of ``frame_length``
+    bytes (so a sender may cut them into datagrams by arithmetic). One unpack; the caller keeps
+    ``count`` to a few values per frame size, as each compiles a struct that is cached."""
+    aligned = (frame_length + 31) & -32
+    if count < 1 or frame_length < DATA_HEADER_LENGTH or offset + count * aligned > len(term):
+        return False
+    fields = _run_struct(aligned, count).unpack_from(term, offset)
+    return fields[0::2].count(frame_length) == count and fields[1::2].count(HDR_TYPE_DATA) == count
+
+
 def scan_term(term: memoryview, term_i32: memoryview, offset: int, max_length: int) -> tuple[int, int]:
     """Find the block a sender may transmit in one datagram.
 
@@ -90,7 +115,7 @@ def scan_term(term: memoryview, term_i32: memoryview, offset: int, max_length: i
     first = term_i32[offset >> 2] if offset < capacity else 0
     if first >= DATA_HEADER_LENGTH:
         aligned = (first + 31) & -32
-        count = min(max_length, capacity - offset) // aligned
+        count = min(min(max_length, capacity - offset) // aligned, _RUN_MAX)
         if count > 1:
             fields = _equal_frames_struct(aligned, count).unpack_from(term, offset)
             if fields[0::2].count(first) == count and fields[1::2].count(HDR_TYPE_DATA) == count:

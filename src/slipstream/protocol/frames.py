@@ -73,6 +73,7 @@ __all__ = [
     "decode_frame",
     "decode_datagram",
     "scan_data_datagram",
+    "scan_equal_frames",
 ]
 
 BytesLike: TypeAlias = bytes | bytearray | memoryview
@@ -645,17 +646,18 @@ def _equal_frames_structs(aligned: int, count: int) -> tuple[struct.Struct, stru
     )
 
 
-def scan_data_datagram(data: BytesLike) -> DataScan:
-    """Validate a DATA/PAD datagram with the receiver's rules (see :func:`decode_datagram`).
+def scan_equal_frames(data: BytesLike) -> DataScan | None:
+    """``data`` as one run of DATA frames of a single length, of one stream and term, each starting
+    where the previous one ends; None if it is anything else (never raises).
 
-    Two shapes cover nearly all traffic and are checked without a Python loop over frames: one DATA
-    frame filling the datagram (an MTU-sized fragment), and DATA frames all occupying the same size
-    (a batch of equal messages). Anything else takes the frame-by-frame walk, which names the fault.
+    Nearly all traffic has this shape: one frame filling a datagram (an MTU-sized fragment), a
+    datagram of equal messages, or several such datagrams received back to back (a GRO batch,
+    which then validates as one run). It is checked without a Python loop over frames.
     """
     buf = _byte_view(data)
     total = len(buf)
     if total < DATA_HEADER_LENGTH or total & _ALIGN_MASK:
-        raise FrameError(f"DATA/PAD datagram of {total} bytes is not a positive multiple of 32")
+        return None
     length, version, flags, ftype, term_offset, session_id, stream_id, term_id, _ = DATA_HEADER.unpack_from(buf)
     if ftype == HDR_TYPE_DATA and version == CURRENT_VERSION and length >= DATA_HEADER_LENGTH:
         aligned = (length + _ALIGN_MASK) & ~_ALIGN_MASK
@@ -665,6 +667,23 @@ def scan_data_datagram(data: BytesLike) -> DataScan:
             and _equal_frames(buf, length, aligned, total, term_offset, session_id, stream_id, term_id)
         ):
             return DataScan(session_id, stream_id, term_id, term_offset, flags, False, length, total)
+    return None
+
+
+def scan_data_datagram(data: BytesLike) -> DataScan:
+    """Validate a DATA/PAD datagram with the receiver's rules (see :func:`decode_datagram`).
+
+    The common shapes take :func:`scan_equal_frames`; anything else the frame-by-frame walk, which
+    names the fault.
+    """
+    scan = scan_equal_frames(data)
+    if scan is not None:
+        return scan
+    buf = _byte_view(data)
+    total = len(buf)
+    if total < DATA_HEADER_LENGTH or total & _ALIGN_MASK:
+        raise FrameError(f"DATA/PAD datagram of {total} bytes is not a positive multiple of 32")
+    _, _, _, _, term_offset, session_id, stream_id, term_id, _ = DATA_HEADER.unpack_from(buf)
     return _walk_data_datagram(buf, total, term_offset, session_id, stream_id, term_id)
 
 

@@ -17,8 +17,10 @@ dropped when bad; a peer can make an image allocate a log only within ``Receiver
 
 Where this differs from the C driver, on purpose:
 
-- Frames of a datagram are inserted one by one, each only into an empty slot (C copies the whole
-  datagram when its first slot is empty), so a datagram can never overwrite received frames.
+- Every frame of a datagram is validated, not only the first. (As in C, a datagram is copied whole
+  when its first slot is empty and dropped as a duplicate otherwise.) Datagrams received back to
+  back (a GRO batch, ``on_datagrams``) that continue an image at its high-water mark are validated
+  and copied as one run, which leaves the log exactly as inserting them one by one would.
 - SETUPs are also refused above ``max_term_length`` (64 MiB by default, not 1 GiB) and beyond
   ``max_images``; SETUP requests to unknown sessions are bounded by ``max_pending_setups``.
 - The subscribers' consumption position is capped at the high-water mark and never moves back.
@@ -74,6 +76,7 @@ from .frames import (
     StatusMessage,
     decode_datagram,
     scan_data_datagram,
+    scan_equal_frames,
 )
 from .positions import align, compute_position, compute_term_id, index_by_position, is_power_of_two, wrap_i32
 
@@ -430,8 +433,21 @@ class PublicationImageReceiver:
     def on_setup(self, now_ns: int) -> None:
         self._last_activity_ns = now_ns
 
-    def on_data(self, scan: DataScan, data: BytesLike, now_ns: int, events: list[ReceiverEvent]) -> bool:
-        """Insert a validated DATA/PAD datagram; False if it breaks a rule that makes it invalid.
+    def takes_run(self, term_id: int, term_offset: int, length: int) -> bool:
+        """Whether ``length`` bytes of data at (``term_id``, ``term_offset``) would land exactly at the
+        high-water mark, inside one term and the window: where nothing has been written, so a run of
+        datagrams can be inserted in one copy with the result of inserting them one by one."""
+        term_count = (term_id - self.initial_term_id) & 0xFFFF_FFFF
+        if term_count & 0x8000_0000 or not 0 <= term_offset <= self.term_length - length:
+            return False
+        position = (term_count << self._bits) + term_offset
+        return position == self._hwm and position + length <= self._overrun_threshold
+
+    def on_data(
+        self, scan: DataScan, data: BytesLike, now_ns: int, events: list[ReceiverEvent], datagrams: int = 1
+    ) -> bool:
+        """Insert a validated DATA/PAD datagram (or a run of ``datagrams`` that ``takes_run`` accepted);
+        False if it breaks a rule that makes it invalid.
 
         The hot path of a receiving driver (once per datagram), so written flat, with locals."""
         _, _, term_id, term_offset, flags, is_heartbeat, first_frame_length, term_length_used = scan
@@ -481,7 +497,7 @@ class PublicationImageReceiver:
             source = memoryview(data).cast("B") if isinstance(data, memoryview) else data
             self.log.terms[index][term_offset + 4 : term_offset + len(source)] = source[4:]
             term_i32[slot] = first_frame_length
-        self.datagrams_received += 1
+        self.datagrams_received += datagrams
         self.bytes_received += len(data)
         if proposed > self._hwm:
             if inserted and position == self._hwm == self._rcv_pos:
@@ -823,6 +839,21 @@ class ReceiveEndpoint:
             self._on_rttm(first, source)
         else:
             self.ignored_packets += 1
+
+    def on_datagrams(self, data: BytesLike, segment: int, now_ns: int, source: Address) -> None:
+        """Handle datagrams from ``source`` received back to back in ``data``, each ``segment`` bytes
+        but the last (a GRO batch): as one run when they continue an image's stream at its high-water
+        mark in equal frames (one validation, one copy), else one by one."""
+        total = len(data)
+        if segment < total:
+            scan = scan_equal_frames(data)
+            if scan is not None and scan.stream_id in self._subscriptions:
+                image = self._images.get((scan.session_id, scan.stream_id))
+                if image is not None and image.takes_run(scan.term_id, scan.term_offset, total):
+                    image.on_data(scan, data, now_ns, self._events, -(-total // segment))
+                    return
+        for start in range(0, total, segment):
+            self.on_datagram(data[start : start + segment], now_ns, source)
 
     def _queue(self, data: bytes, destination: Address) -> None:
         if len(self._outbound) >= self.config.max_outbound:
