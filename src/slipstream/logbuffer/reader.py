@@ -49,12 +49,10 @@ def read_term(
     header.buffer = term
     while fragment_limit - fragments > 1 and offset < capacity:
         first = term_i32[offset >> 2]
-        if first < DATA_HEADER_LENGTH:
-            break
         aligned = (first + 31) & -32
+        if first < DATA_HEADER_LENGTH or offset + aligned >= capacity or term_i32[(offset + aligned) >> 2] != first:
+            break  # not a run (a lone frame, the latency case, costs no unpack)
         count = min(fragment_limit - fragments, (capacity - offset) // aligned, _RUN_MAX)
-        if count < 2:
-            break
         fields = _equal_frames_struct(aligned, count).unpack_from(term, offset)
         if fields[0::2].count(first) != count or fields[1::2].count(HDR_TYPE_DATA) != count:
             break
@@ -116,7 +114,7 @@ def scan_term(term: memoryview, term_i32: memoryview, offset: int, max_length: i
     if first >= DATA_HEADER_LENGTH:
         aligned = (first + 31) & -32
         count = min(min(max_length, capacity - offset) // aligned, _RUN_MAX)
-        if count > 1:
+        if count > 1 and term_i32[(offset + aligned) >> 2] == first:
             fields = _equal_frames_struct(aligned, count).unpack_from(term, offset)
             if fields[0::2].count(first) == count and fields[1::2].count(HDR_TYPE_DATA) == count:
                 available = count * aligned

@@ -845,13 +845,15 @@ class ReceiveEndpoint:
         but the last (a GRO batch): as one run when they continue an image's stream at its high-water
         mark in equal frames (one validation, one copy), else one by one."""
         total = len(data)
-        if segment < total:
-            scan = scan_equal_frames(data)
-            if scan is not None and scan.stream_id in self._subscriptions:
-                image = self._images.get((scan.session_id, scan.stream_id))
-                if image is not None and image.takes_run(scan.term_id, scan.term_offset, total):
-                    image.on_data(scan, data, now_ns, self._events, -(-total // segment))
-                    return
+        if segment >= total:
+            self.on_datagram(data, now_ns, source)
+            return
+        scan = scan_equal_frames(data)
+        if scan is not None and scan.stream_id in self._subscriptions:
+            image = self._images.get((scan.session_id, scan.stream_id))
+            if image is not None and image.takes_run(scan.term_id, scan.term_offset, total):
+                image.on_data(scan, data, now_ns, self._events, -(-total // segment))
+                return
         for start in range(0, total, segment):
             self.on_datagram(data[start : start + segment], now_ns, source)
 

@@ -608,9 +608,13 @@ class NetworkPublicationSender:
         consumed = 0
         limited = window <= 0
         budget = self.config.max_messages_per_send
-        if window > 0:
+        first = term_i32[term_offset >> 2]
+        aligned = (first + 31) & -32
+        after_two = term_offset + 2 * (self.mtu // aligned) * aligned if first >= DATA_HEADER_LENGTH else term_length
+        if window > 0 and after_two < term_length and term_i32[after_two >> 2] == first:
+            # Two full datagrams and a frame of one size: worth the one-unpack check of a run.
             sent = len(out)
-            run = self._send_equal_run(term, term_i32, term_offset, window, self._written(index, snd_pos), out)
+            run = self._send_equal_run(term, term_i32, term_offset, first, window, index, out)
             if run:
                 window -= run
                 consumed += run
@@ -652,20 +656,18 @@ class NetworkPublicationSender:
         return min(raw & 0xFFFF_FFFF, self.term_length)
 
     def _send_equal_run(
-        self, term: memoryview, term_i32: memoryview, offset: int, window: int, written: int, out: list[bytes]
+        self, term: memoryview, term_i32: memoryview, offset: int, first: int, window: int, index: int, out: list[bytes]
     ) -> int:
         """A backlog of same-sized messages: full datagrams within ``window``, checked in one unpack and
         cut by arithmetic exactly as the frame-by-frame scan would cut them. A datagram holds as many
         whole frames as the MTU allows, and one more frame of the run must follow the last datagram
         taken (a smaller frame there would join it). Returns the bytes taken, 0 if none."""
-        first = term_i32[offset >> 2]
-        if first < DATA_HEADER_LENGTH:
-            return 0
         aligned = (first + 31) & -32
         per = self.mtu // aligned
         size = per * aligned
         if not size:
             return 0
+        written = self._written(index, self._snd_pos)
         datagrams = min(self.config.max_messages_per_send, window // size, (written - offset - aligned) // size)
         if datagrams < 2 or not is_equal_run(term, offset, first, datagrams * per + 1):
             return 0
