@@ -9,14 +9,30 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
+import shutil
+import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 Worker = Callable[[Connection, Any], None]
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str, base: str | None) -> Iterator[Path]:
+    """A fresh directory removed afterwards; under /dev/shm for slipstream (its logs live in memory)."""
+    if base is not None and not os.path.isdir(base):
+        base = None
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class BenchError(RuntimeError):

@@ -13,18 +13,15 @@ and in time. The table goes to stdout, progress to stderr, everything measured t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from . import scratch_dir
 from .report import Plan
 
 
@@ -110,20 +107,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     )
 
 
-@contextlib.contextmanager
-def scratch_dir(prefix: str, base: str | None) -> Iterator[Path]:
-    """A fresh directory removed afterwards; under /dev/shm for slipstream (its logs live in memory)."""
-    if base is not None and not os.path.isdir(base):
-        base = None
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def run_suite(args: argparse.Namespace) -> int:
-    from . import ipc, measure_parallelism, report, udp
+    from . import ipc, loss, measure_parallelism, report, udp
 
     plan = make_plan(args)
     suites = report.SUITES if args.suite == "all" else (args.suite,)
@@ -153,6 +138,12 @@ def run_suite(args: argparse.Namespace) -> int:
                 result = ipc.run_suite(plan, shm, zdir, quick=args.quick, only=args.only)
             else:
                 result = udp.run_suite(plan, shm, quick=args.quick, only=args.only, profile_dir=args.profile_driver)
+                if args.only in (None, "throughput"):
+                    lossy = loss.run_suite(plan, quick=args.quick)
+                    result.rows.extend(lossy.rows)
+                    result.notes.extend(lossy.notes)
+                    result.raw.update(lossy.raw)
+                    result.not_measured.extend(lossy.not_measured)
             rows.extend(result.rows)
             notes.extend(result.notes)
             notes.append(f"{suite} suite took {time.perf_counter() - t_part:.1f} s")

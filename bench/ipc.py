@@ -137,6 +137,8 @@ class DriverParams:
     """The driver's default. Over UDP the driver is on the data path, so this shapes the figures."""
     profile_path: str | None = None
     """Run the driver under cProfile and dump its statistics here (``--profile-driver``)."""
+    udp_gso: bool = True
+    """The driver's ``udp_gso`` (the loss suite also measures with it off)."""
 
 
 def driver_worker(conn: Connection, params: DriverParams) -> None:
@@ -145,7 +147,7 @@ def driver_worker(conn: Connection, params: DriverParams) -> None:
     A watchdog thread, asleep in ``recv`` (so it never takes the GIL from the driver), also stops it
     when the parent's end of the pipe closes: a killed benchmark leaves no driver behind.
     """
-    config = DriverConfig(directory=Path(params.directory), idle_strategy=params.idle_strategy)
+    config = DriverConfig(directory=Path(params.directory), idle_strategy=params.idle_strategy, udp_gso=params.udp_gso)
     driver = MediaDriver(config).start()
     signal.signal(signal.SIGTERM, lambda signum, frame: driver.stop())
 
@@ -658,9 +660,11 @@ def run_latency(
 
 
 @contextlib.contextmanager
-def standalone_driver(directory: Path, idle_strategy: str = "backoff", profile_path: Path | None = None) -> Any:
+def standalone_driver(
+    directory: Path, idle_strategy: str = "backoff", profile_path: Path | None = None, *, udp_gso: bool = True
+) -> Any:
     """A media driver in its own process for the duration of the block; yields its pid."""
-    params = DriverParams(str(directory), idle_strategy, None if profile_path is None else str(profile_path))
+    params = DriverParams(str(directory), idle_strategy, None if profile_path is None else str(profile_path), udp_gso)
     with Children() as children:
         driver = children.start("slipstream-driver", driver_worker, params)
         pid = driver.expect("ready", CONNECT_TIMEOUT_S)

@@ -310,14 +310,6 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
             )
             result.rows.extend(rows)
             notes.append(f"UDP latency {key}: {note}")
-    result.not_measured.append(
-        {
-            "id": "udp.throughput.loss5pct",
-            "benchmark": "UDP throughput with 5 % random loss",
-            "reason": "not measured here: loss on loopback needs root (netem/nftables in a network namespace); "
-            "loss is exercised by the netns tests",
-        }
-    )
     if drivers.profiles:
         raw["udp.driver_profiles"] = drivers.profiles
         notes.append(f"UDP drivers ran under cProfile (figures slowed accordingly): {', '.join(drivers.profiles)}")

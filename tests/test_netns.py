@@ -19,6 +19,7 @@ from slipstream.testing import (
     Namespace,
     NatTopology,
     NetnsUnavailableError,
+    drop_random,
     drop_random_udp,
     link,
     python_command,
@@ -98,6 +99,43 @@ def test_random_udp_loss_on_loopback_is_real_and_counted() -> None:
         rule.remove()
         result = ns.run(python_command(LOSSY_LOOPBACK, str(port), str(control_port), "200"), timeout=15)
         assert json.loads(result.stdout)["received"] == 200, "removing the rule heals the loopback"
+
+
+# Sends argv[2] bytes over TCP loopback to port argv[1] in small writes; prints what the listener got.
+LOSSY_TCP = """
+import hashlib, json, socket, sys, threading
+port, size = int(sys.argv[1]), int(sys.argv[2])
+listener = socket.create_server(("127.0.0.1", port))
+payload = bytes(range(256)) * (size // 256)
+got = bytearray()
+def serve():
+    conn, _ = listener.accept()
+    conn.settimeout(20)
+    while len(got) < len(payload):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        got.extend(chunk)
+reader = threading.Thread(target=serve)
+reader.start()
+with socket.create_connection(("127.0.0.1", port), timeout=20) as tx:
+    tx.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for start in range(0, len(payload), 1000):
+        tx.sendall(payload[start:start + 1000])
+    reader.join(30)
+print(json.dumps({"same": hashlib.sha256(got).digest() == hashlib.sha256(payload).digest(), "bytes": len(got)}))
+"""
+
+
+def test_random_tcp_loss_is_dropped_by_the_rule_and_repaired_by_tcp() -> None:
+    needs_netns()
+    with Namespace() as ns:
+        rule = drop_random(ns, "tcp", 40125, 20)
+        result = ns.run(python_command(LOSSY_TCP, "40125", str(1 << 20)), timeout=60)
+        assert json.loads(result.stdout) == {"same": True, "bytes": 1 << 20}
+        assert rule.protocol == "tcp" and rule.dropped() > 0 and rule.seen() > rule.dropped()
+    with pytest.raises(ValueError, match="protocol"):
+        drop_random(ns, "sctp", 40125, 5)
 
 
 # A UDP endpoint driven by lines on stdin: "send HOST PORT TEXT" and "recv TIMEOUT".

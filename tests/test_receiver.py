@@ -322,6 +322,24 @@ def test_nak_is_sent_after_the_nak_delay_and_retried_while_the_gap_persists() ->
     assert image.rebuild_position == 640 and image.naks_sent == 4
 
 
+def test_every_gap_up_to_the_high_water_mark_is_naked_with_its_own_timer() -> None:
+    endpoint = make_endpoint(ReceiverConfig(max_gaps_naked=2))
+    image = join(endpoint)
+    endpoint.take_events()
+    for position in (0, 320, 640, 960):  # gaps [160, 320), [480, 640) and [800, 960)
+        endpoint.on_datagram(data(position, b"x" * 100), 0, SRC)
+    endpoint.poll(0)
+    first = [(n.term_offset, n.length) for n in naks(endpoint.poll(US))]
+    assert first == [(160, 160), (480, 160)]  # at most max_gaps_naked at once, in stream order
+    endpoint.on_datagram(data(160, b"y" * 100), 50 * US, SRC)  # the first retransmission arrives
+    assert naks(endpoint.poll(50 * US)) == []  # the third gap's timer starts: its NAK after the delay
+    again = [(n.term_offset, n.length) for n in naks(endpoint.poll(101 * US))]
+    assert again == [(480, 160), (800, 160)]  # the second gap's retry; the third gap's first NAK
+    losses = [e for e in endpoint.take_events() if isinstance(e, LossDetected)]
+    assert [(e.term_offset, e.bytes_lost) for e in losses] == [(160, 160), (480, 160), (800, 160)]
+    assert image.bytes_lost == 480 and image.rebuild_position == 480
+
+
 def test_nak_timing_is_configurable() -> None:
     endpoint = make_endpoint(ReceiverConfig(nak_delay_ns=5 * US, nak_retry_delay_ns=20 * US))
     join(endpoint)

@@ -237,17 +237,18 @@ def test_overlapping_nak_is_ignored_during_retransmit_linger() -> None:
     assert len(sender.poll(13 * MS)) == 1 and sender.retransmits_sent == 2
 
 
-def test_unicast_nak_that_does_not_overlap_takes_over_the_single_action() -> None:
+def test_each_nak_is_answered_as_it_arrives_and_one_that_does_not_overlap_takes_over_the_action() -> None:
     sender, app = make_sender()
     connect(sender)
     for i in range(10):
         publish(app, bytes([i]) * 500)
     original = drain(sender, MS)
     sender.on_datagram(nak(0, 1088), 2 * MS)
-    sender.on_datagram(nak(4352, 1088), 2 * MS)
-    assert sender.poll(2 * MS) == [original[4]]  # the second NAK replaced the first before it was served
-    sender.on_datagram(nak(2176, 1088), 3 * MS)
-    assert sender.poll(3 * MS) == [original[2]]
+    sender.on_datagram(nak(4352, 1088), 2 * MS)  # takes over the single unicast action, as in C
+    assert sender.poll(2 * MS) == [original[0], original[4]]  # both answered: C resends on arrival
+    sender.on_datagram(nak(4352, 1088), 3 * MS)  # overlaps the lingering action: ignored
+    sender.on_datagram(nak(0, 1088), 3 * MS)  # the first range again: no longer the action's, resent
+    assert sender.poll(3 * MS) == [original[0]] and sender.naks_ignored == 1
 
 
 def test_retransmit_length_is_clamped_to_receiver_window_multiple() -> None:
@@ -268,9 +269,9 @@ def test_long_retransmission_is_spread_over_polls() -> None:
     for i in range(20):
         publish(app, bytes([i]) * 500)
     original = drain(sender, MS)
-    sender.on_datagram(nak(0, 10 * 1088), 2 * MS)
+    sender.on_datagram(nak(0, 10 * 1088), 2 * MS)  # two datagrams made on arrival, the rest two per poll
     resent = [sender.poll(2 * MS) for _ in range(6)]
-    assert [len(batch) for batch in resent] == [2, 2, 2, 2, 2, 0]
+    assert [len(batch) for batch in resent] == [4, 2, 2, 2, 0, 0]
     assert [d for batch in resent for d in batch] == original[:10]
     assert sender.retransmits_sent == 1
 

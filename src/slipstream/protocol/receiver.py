@@ -21,6 +21,9 @@ Where this differs from the C driver, on purpose:
   when its first slot is empty and dropped as a duplicate otherwise.) Datagrams received back to
   back (a GRO batch, ``on_datagrams``) that continue an image at its high-water mark are validated
   and copied as one run, which leaves the log exactly as inserting them one by one would.
+- A reliable image runs a NAK timer for every gap up to the HWM (at most ``max_gaps_naked``), not only
+  for the first: with several losses in a window, they are repaired in one round trip, not one each.
+  On the wire these are ordinary NAKs; a C sender answers each as it arrives.
 - SETUPs are also refused above ``max_term_length`` (64 MiB by default, not 1 GiB) and beyond
   ``max_images``; SETUP requests to unknown sessions are bounded by ``max_pending_setups``.
 - The subscribers' consumption position is capped at the high-water mark and never moves back.
@@ -145,6 +148,9 @@ class ReceiverConfig:
     max_outbound: int = 1024
     """Datagrams queued between ``on_datagram`` and ``poll``; beyond this they are dropped and counted."""
     scan_passes_per_poll: int = 4
+    max_gaps_naked: int = 16
+    """Gaps between the rebuild position and the HWM that each get a NAK timer at once (the
+    reference NAKs only the first, so a window with several losses costs a round trip per loss)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -160,6 +166,7 @@ class ReceiverConfig:
             "max_pending_setups",
             "max_outbound",
             "scan_passes_per_poll",
+            "max_gaps_naked",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive: {getattr(self, name)}")
@@ -359,6 +366,10 @@ class PublicationImageReceiver:
         self._gap_expiry_ns = 0
         self._loss_report: tuple[int, int, int] | None = None
         """(term_id, term_offset, length) of the last loss observation, so retries are not recounted."""
+        self._nak_timers: dict[tuple[int, int], int] = {}
+        """Reliable images: (term_id, term_offset) of each gap being NAKed -> when its next NAK is due."""
+        self._lost_until = join
+        """Reliable images: stream bytes below this were reported lost once already (or never were)."""
         self._wake_ns = 0
         """``poll`` has nothing to do before this time unless input arrives (see ``ReceiveEndpoint.poll_due``)."""
 
@@ -535,6 +546,8 @@ class PublicationImageReceiver:
         wake = self._next_sm_deadline_ns + 1
         if self._active_gap is not None and self._gap_expiry_ns < wake:
             wake = self._gap_expiry_ns
+        if self._nak_timers:
+            wake = min(wake, min(self._nak_timers.values()))
         if state is ImageState.ACTIVE:
             return min(wake, self._last_packet_ns + config.image_liveness_timeout_ns + 1)
         if self._unsubscribed or self._consumption >= self._rcv_pos:  # drained: the linger runs
@@ -546,16 +559,17 @@ class PublicationImageReceiver:
         in every scan pass allowed, so more may be waiting for the next poll."""
         gap: tuple[int, int, int] | None = None
         rescan = False
-        for _ in range(self.config.scan_passes_per_poll):
-            gap = self._scan()
-            if gap is None or not self._loss_timer(gap, now_ns, out, events):
-                break
-            if self.reliable:
-                break  # a NAK went out; the retransmission cannot be here yet
+        if self.reliable:
+            self._nak_gaps(now_ns, out, events)
         else:
-            rescan = True
-        if gap is None:
-            self._active_gap = None
+            for _ in range(self.config.scan_passes_per_poll):
+                gap = self._scan()
+                if gap is None or not self._loss_timer(gap, now_ns, events):
+                    break
+            else:
+                rescan = True
+            if gap is None:
+                self._active_gap = None
         consumption = self._consumption
         if consumption > self._next_sm_position + self.receiver_window // 4:
             self._clean_buffer_to(consumption - self.term_length)
@@ -564,13 +578,52 @@ class PublicationImageReceiver:
         return rescan
 
     def _scan(self) -> tuple[int, int, int] | None:
-        """Advance ``rcv-pos`` over contiguous frames towards the HWM; return the first gap found.
+        """Advance ``rcv-pos`` over contiguous frames towards the HWM; return the first gap found."""
+        rebuild, gap = self._next_gap(max(self._rcv_pos, self._consumption))
+        self._rcv_pos = max(self._rcv_pos, rebuild)
+        return gap
+
+    def _nak_gaps(self, now_ns: int, out: list[Outgoing], events: list[ReceiverEvent]) -> None:
+        """Reliable images: advance ``rcv-pos`` and run a NAK timer for each gap up to the HWM (at most
+        ``max_gaps_naked``). A new gap's NAK goes after the NAK delay, then again every retry delay
+        while it stays; gaps that were filled drop their timers."""
+        gap = self._scan()
+        timers = self._nak_timers
+        if gap is None:
+            timers.clear()
+            return
+        current: list[tuple[int, int]] = []
+        while gap is not None and len(current) < self.config.max_gaps_naked:
+            term_id, offset, length = gap
+            key = (term_id, offset)
+            current.append(key)
+            start = compute_position(term_id, offset, self._bits, self.initial_term_id)
+            expiry = timers.get(key)
+            if expiry is None:
+                expiry = timers[key] = now_ns + self._delay.next(False)
+            if now_ns >= expiry:
+                timers[key] = now_ns + self._delay.next(True)
+                if start + length > self._lost_until:  # each lost byte is reported once, retries or not
+                    new = start + length - max(start, self._lost_until)
+                    self._lost_until = start + length
+                    self._record_loss(term_id, offset, length, new, now_ns, events)
+                if self.is_connection_alive(now_ns):
+                    nak = Nak(self.session_id, self.stream_id, term_id, offset, length)
+                    out.append((nak.encode(), self.control_address))
+                    self.naks_sent += 1
+            _, gap = self._next_gap(start + length)
+        if len(timers) > len(current):
+            for key in [k for k in timers if k not in current]:
+                del timers[key]
+
+    def _next_gap(self, rebuild: int) -> tuple[int, tuple[int, int, int] | None]:
+        """From ``rebuild``: how far frames run contiguously, and the gap (term_id, offset, length)
+        there, if the HWM is further.
 
         A gap starts at the first empty slot and ends at the next filled one (stepped 32 bytes at a
         time), within the term of the rebuild position.
         """
         term_length = self.term_length
-        rebuild = max(self._rcv_pos, self._consumption)
         while rebuild < self._hwm:
             hwm = self._hwm
             term_i32 = self.log.terms_i32[index_by_position(rebuild, self._bits)]
@@ -590,18 +643,14 @@ class PublicationImageReceiver:
                 end = offset + DATA_HEADER_LENGTH
                 while end < limit and term_i32[end >> 2] == 0:
                     end += FRAME_ALIGNMENT
-                self._rcv_pos = max(self._rcv_pos, rebuild)
                 term_id = compute_term_id(rebuild, self._bits, self.initial_term_id)
-                return term_id, offset, end - offset
+                return rebuild, (term_id, offset, end - offset)
             if offset < term_length:
                 break
-        self._rcv_pos = max(self._rcv_pos, rebuild)
-        return None
+        return rebuild, None
 
-    def _loss_timer(
-        self, gap: tuple[int, int, int], now_ns: int, out: list[Outgoing], events: list[ReceiverEvent]
-    ) -> bool:
-        """Run the gap's timer; True if it fired (a NAK was sent or the gap was padded)."""
+    def _loss_timer(self, gap: tuple[int, int, int], now_ns: int, events: list[ReceiverEvent]) -> bool:
+        """``reliable=False``: run the first gap's timer; True if it fired and the gap was padded."""
         if gap != self._active_gap:
             self._active_gap = gap
             self._gap_expiry_ns = now_ns + self._delay.next(False)
@@ -610,12 +659,6 @@ class PublicationImageReceiver:
         self._gap_expiry_ns = now_ns + self._delay.next(True)
         term_id, term_offset, length = gap
         self._report_loss(term_id, term_offset, length, now_ns, events)
-        if self.reliable:
-            if self.is_connection_alive(now_ns):
-                nak = Nak(self.session_id, self.stream_id, term_id, term_offset, length)
-                out.append((nak.encode(), self.control_address))
-                self.naks_sent += 1
-            return True
         return self._fill_gap(term_id, term_offset, length, events)
 
     def _report_loss(self, term_id: int, offset: int, length: int, now_ns: int, events: list[ReceiverEvent]) -> None:
@@ -628,6 +671,12 @@ class PublicationImageReceiver:
         else:
             return
         self._loss_report = (term_id, offset, length)
+        self._record_loss(term_id, offset, length, new, now_ns, events)
+
+    def _record_loss(
+        self, term_id: int, offset: int, length: int, new: int, now_ns: int, events: list[ReceiverEvent]
+    ) -> None:
+        """One loss-report observation of ``new`` bytes not reported before."""
         self.loss_observations += 1
         self.bytes_lost += new
         if self.first_loss_ns is None:

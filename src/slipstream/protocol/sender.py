@@ -13,8 +13,9 @@ the reference bounds, counted and dropped when bad; nothing they say sizes an al
 
 Where this differs from the C driver, on purpose:
 
-- ``poll`` returns a bounded number of datagrams, so a long retransmission (up to 16 receiver
-  windows) is spread over successive polls instead of being sent in one loop.
+- A NAK is answered as it arrives, as in C, but with at most ``max_retransmit_datagrams_per_poll``
+  datagrams (they leave with the next ``poll``); the rest of a long retransmission (up to 16
+  receiver windows) follows over successive polls instead of in one loop.
 - A retransmission never goes beyond the sender position (C may resend log data the sender has not
   sent yet, past the flow-control limit), and a NAK outside the resend window is counted and dropped
   before it takes the retransmit action.
@@ -225,6 +226,8 @@ class NetworkPublicationSender:
         self._receivers_expiry_ns = 1 << 62
         """No tracked receiver can time out before this (checked every poll, so kept cheap)."""
         self._replies: list[bytes] = []
+        self._resends: list[bytes] = []
+        """Retransmissions made as NAKs arrived, for the next poll: at most four polls' retransmit budget."""
         self._wake_ns = 0
         """``poll`` has nothing to do before this time unless input arrives (see ``poll_due``)."""
         self._tails = log.meta_i64
@@ -294,7 +297,7 @@ class NetworkPublicationSender:
     def max_datagrams_per_poll(self) -> int:
         """Upper bound of ``len(poll(...))``."""
         c = self.config
-        return c.max_pending_replies + 1 + c.max_messages_per_send + 1 + c.max_retransmit_datagrams_per_poll
+        return c.max_pending_replies + 1 + c.max_messages_per_send + 1 + 5 * c.max_retransmit_datagrams_per_poll
 
     def producer_position(self) -> int:
         return self.log.producer_position()
@@ -430,7 +433,12 @@ class NetworkPublicationSender:
         action.length = min(length, self._max_retransmit_length)
         self._retransmitting = True
         if self.config.retransmit_delay_ns == 0:
+            # Answered now, as the C driver does: NAKs for several gaps in one batch are all served,
+            # and a NAK taking over the action cannot cancel the previous one's retransmission.
             self._start_resend(action, now_ns)
+            room = self.config.max_retransmit_datagrams_per_poll * 4 - len(self._resends)
+            if action.next_position < action.end and room > 0:
+                self._resend(action, self._resends, min(room, self.config.max_retransmit_datagrams_per_poll))
         else:
             action.state = _DELAYED
             action.expiry_ns = now_ns + self.config.retransmit_delay_ns
@@ -500,6 +508,9 @@ class NetworkPublicationSender:
             out.extend(self._replies)
             self.rttm_replies_sent += len(self._replies)
             self._replies.clear()
+        if self._resends:
+            out.extend(self._resends)
+            self._resends.clear()
         if not self._has_initial_connection or self._setup_elicited:
             self._setup_check(now_ns, out)
         if self._send_data(now_ns, out) == 0:

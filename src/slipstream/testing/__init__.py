@@ -8,12 +8,14 @@ namespaces with nftables loss and NAT) for tests that must hit the kernel; it ne
 
 from .clock import ManualClock
 from .netns import (
+    DropRule,
     Link,
     Namespace,
     NamespaceCommandError,
     NatTopology,
     NetnsUnavailableError,
     UdpDropRule,
+    drop_random,
     drop_random_udp,
     link,
     python_command,
@@ -34,6 +36,7 @@ __all__ = [
     "Address",
     "Datagram",
     "DatagramHandler",
+    "DropRule",
     "InMemoryNetwork",
     "Link",
     "LinkConditions",
@@ -45,6 +48,7 @@ __all__ = [
     "NetworkEndpoint",
     "NetworkStats",
     "UdpDropRule",
+    "drop_random",
     "drop_random_udp",
     "link",
     "python_command",

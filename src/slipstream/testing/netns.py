@@ -44,6 +44,8 @@ __all__ = [
     "NatTopology",
     "NetnsUnavailableError",
     "UdpDropRule",
+    "DropRule",
+    "drop_random",
     "drop_random_udp",
     "link",
     "python_command",
@@ -319,20 +321,21 @@ class Namespace:
 
 
 @dataclass(frozen=True, slots=True)
-class UdpDropRule:
+class DropRule:
     """Handle on a random-loss rule: read its counters, or remove it to heal the link."""
 
     namespace: Namespace
     table: str
     dport: int
     percent: int
+    protocol: str = "udp"
 
     def dropped(self) -> int:
-        """Datagrams to ``dport`` this rule has dropped (an nftables counter, so it is the truth)."""
+        """Packets to ``dport`` this rule has dropped (an nftables counter, so it is the truth)."""
         return self.namespace.counter_packets("inet", self.table, "dropped")
 
     def seen(self) -> int:
-        """Datagrams to ``dport`` that reached the rule, dropped or not."""
+        """Packets to ``dport`` that reached the rule, dropped or not."""
         return self.namespace.counter_packets("inet", self.table, "seen")
 
     def remove(self) -> None:
@@ -340,7 +343,11 @@ class UdpDropRule:
         self.namespace.nft(f"delete table inet {self.table}\n")
 
 
-def drop_random_udp(ns: Namespace, dport: int, percent: int) -> UdpDropRule:
+UdpDropRule = DropRule
+"""The rule ``drop_random_udp`` returns (the name it had before TCP rules existed)."""
+
+
+def drop_random_udp(ns: Namespace, dport: int, percent: int) -> DropRule:
     """Drop a random ``percent`` % of UDP datagrams arriving for port ``dport`` in ``ns``.
 
     The rule sits on the input hook, so it also hits traffic a namespace sends itself over its own
@@ -350,8 +357,17 @@ def drop_random_udp(ns: Namespace, dport: int, percent: int) -> UdpDropRule:
     datagrams as one packet, which this rule drops or passes whole: bursts of loss. With it off, each
     datagram is a packet.
     """
+    return drop_random(ns, "udp", dport, percent)
+
+
+def drop_random(ns: Namespace, protocol: str, dport: int, percent: int) -> DropRule:
+    """Drop a random ``percent`` % of the ``protocol`` ("udp" or "tcp") packets arriving for port
+    ``dport`` in ``ns`` (see :func:`drop_random_udp`). For TCP that is the data a sender sends to the
+    listening port; its acknowledgements pass. Loopback carries TCP in segments of up to 64 KiB."""
+    if protocol not in ("udp", "tcp"):
+        raise ValueError(f"protocol must be 'udp' or 'tcp': {protocol!r}")
     if not 0 < dport < 65536:
-        raise ValueError(f"dport must be a UDP port 1..65535: {dport}")
+        raise ValueError(f"dport must be a port 1..65535: {dport}")
     if isinstance(percent, bool) or not isinstance(percent, int) or not 0 <= percent <= 100:
         raise ValueError(f"percent must be an integer 0..100: {percent!r}")
     table = ns.new_table_name("slip_loss")
@@ -362,13 +378,13 @@ def drop_random_udp(ns: Namespace, dport: int, percent: int) -> UdpDropRule:
             counter dropped {{ }}
             chain input {{
                 type filter hook input priority filter; policy accept;
-                udp dport {dport} counter name "seen"
-                udp dport {dport} numgen random mod 100 < {percent} counter name "dropped" drop
+                {protocol} dport {dport} counter name "seen"
+                {protocol} dport {dport} numgen random mod 100 < {percent} counter name "dropped" drop
             }}
         }}
         """
     )
-    return UdpDropRule(namespace=ns, table=table, dport=dport, percent=percent)
+    return DropRule(namespace=ns, table=table, dport=dport, percent=percent, protocol=protocol)
 
 
 @dataclass(frozen=True, slots=True)
