@@ -182,6 +182,9 @@ class UdpSocket:
         """Send datagrams in order: runs of equal size (the last one may be shorter) in one GSO call each.
         ``destination`` None sends on the connected socket."""
         count = len(datagrams)
+        if count == 1:
+            self._send_one(datagrams[0], destination)
+            return
         index = 0
         while index < count:
             size = len(datagrams[index])

@@ -535,8 +535,8 @@ class PublicationImageReceiver:
 
     def _next_wake_ns(self) -> int:
         """The earliest time a timer in ``poll`` fires, given no input meanwhile (data, consumption,
-        unsubscription). Each bound mirrors a check in ``poll``; ``test_poll_due_*`` verify that a
-        skipped poll would have done nothing."""
+        unsubscription). Each bound mirrors a check in ``poll``; the protocol simulation checks, at
+        every step, that a poll ``poll_due`` called unnecessary sends and changes nothing."""
         state = self.state
         config = self.config
         if state is ImageState.DONE:

@@ -541,8 +541,8 @@ class NetworkPublicationSender:
     def _next_wake_ns(self, now_ns: int) -> int:
         """The earliest time a timer in ``poll`` fires, given no input meanwhile (``now_ns`` if work remains).
 
-        Each bound mirrors a check in ``poll``; ``test_poll_due_*`` verify that a skipped poll would
-        have done nothing."""
+        Each bound mirrors a check in ``poll``; the protocol simulation checks, at every step, that a
+        poll ``poll_due`` called unnecessary sends and changes nothing."""
         state = self.state
         if state is SenderState.DONE:
             return 1 << 63
@@ -632,12 +632,11 @@ class NetworkPublicationSender:
                 term_offset += run
                 budget -= len(out) - sent
         for _ in range(budget):
-            if window <= 0 or term_offset >= term_length:
-                break
+            if window <= 0 or term_offset >= term_length or term_i32[term_offset >> 2] <= 0:
+                break  # window shut, term done, or nothing (more) committed here
             available, padding = scan_term(term, term_i32, term_offset, min(window, self.mtu))
             if available <= 0:
-                # A committed frame that does not fit in what is left of the window.
-                limited = term_i32[term_offset >> 2] > 0
+                limited = True  # a committed frame that does not fit in what is left of the window
                 break
             out.append(bytes(term[term_offset : term_offset + available]))
             self.bytes_sent += available
