@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--suite", choices=("ipc", "udp", "all"), default="all", help="which suite (default all)")
     parser.add_argument("--quick", action="store_true", help="tiny counts: checks the suite works, measures little")
     parser.add_argument(
-        "--messages", type=int, help="messages per throughput run (default 1000000 over IPC, 300000 over UDP)"
+        "--messages", type=int, help="messages per throughput run (default 1000000)"
     )
     parser.add_argument(
         "--samples", type=int, help="kept round trips per latency run (default 20000 over IPC, 5000 over UDP)"

@@ -129,7 +129,7 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
     do_latency = only in (None, "latency")
     raw["udp.settings"] = {
         "throughput_client_wait": plan.udp_wait,
-        "throughput_channel_parameters": "driver defaults (mtu 1408, term 16 MiB, rcv-wnd 128 KiB)",
+        "throughput_channel_parameters": "driver defaults (mtu 1408, term 16 MiB, rcv-wnd 1 MiB)",
         "bulk_channel_parameters": f"mtu={BULK_MTU}",
         "latency_modes": [{"key": k, "client_wait": w, "driver_idle": d} for k, w, d, _ in LATENCY_MODES],
     }
