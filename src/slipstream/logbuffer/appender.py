@@ -49,10 +49,12 @@ term offset, the three stream ids, reserved value, payload (``bytes`` payloads o
 nothing else). One entry per payload length in use, at most ``max_payload_length`` of them."""
 
 
+_TAIL_INDEX: Final = 0  # tail counters start the metadata section
+
+
 def _frame_struct(length: int) -> struct.Struct:
     frame = _FRAMES[length] = struct.Struct(f"<i4si12sq{length}s")
     return frame
-_TAIL_INDEX: Final = 0  # tail counters start the metadata section
 
 
 def zero_buffer(view: memoryview) -> None:
