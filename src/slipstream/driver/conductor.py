@@ -720,10 +720,13 @@ class DriverConductor:
 
     def _receive_work(self, channel: ReceiveChannel, now_ns: int) -> int:
         """Datagrams in, subscriber positions in, datagrams out, then image events to clients."""
-        counters = self.counters
+        get = self.counters.get
         for image in channel.images.values():
-            if image.subscribers and not image.removed:
-                image.receiver.on_consumption(min(map(counters.get, image.subscribers.values())))
+            subscribers = image.subscribers
+            if subscribers and not image.removed:
+                # Every duty cycle: one subscriber (the common case) without building a map and a min.
+                positions = subscribers.values()
+                image.receiver.on_consumption(get(*positions) if len(subscribers) == 1 else min(map(get, positions)))
         work = channel.do_work(now_ns, channel.sock.fd in self._udp_ready)
         if not channel.receive.has_events:
             return work
