@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import struct
+from collections.abc import Callable
 
 import pytest
 from hypothesis import example, given, settings
@@ -253,6 +254,35 @@ def test_foreign_buffer_rejected() -> None:
         reader_view.is_connected = False
 
 
+def _messy_log(
+    sizes: list[int],
+    equal: bool,
+    claimed: int | None,
+    pad_at: int | None,
+    flips: list[tuple[int, int]],
+    start: int,
+    payload: Callable[[int], bytes],
+) -> tuple[LogBuffers, int]:
+    """A term of messages of ``sizes`` (all of the first size if ``equal``), one of them claimed and
+    never committed (its length stays negative), one turned into a PAD frame and some bytes
+    overwritten; with the offset of message ``start`` (or the last) to read or scan from."""
+    log = make_log()
+    app = ExclusiveAppender(log)
+    offsets = []
+    for i, size in enumerate(sizes if not equal else [sizes[0]] * len(sizes)):
+        offsets.append(app.position)
+        if i == claimed:
+            app.claim(min(size, 1000), BIG, BufferClaim())
+        else:
+            app.append(payload(size), BIG)
+    term = log.terms[0]
+    if pad_at is not None and pad_at < len(offsets):
+        struct.pack_into("<H", term, offsets[pad_at] + 6, HDR_TYPE_PAD)
+    for index, value in flips:
+        term[index] = value
+    return log, offsets[min(start, len(offsets) - 1)]
+
+
 def _scan_term_walk(term: memoryview, term_i32: memoryview, offset: int, max_length: int) -> tuple[int, int]:
     """``scan_term`` frame by frame, as written before its equal-frames shortcut: the reference."""
     available = padding = 0
@@ -297,22 +327,8 @@ def test_scan_term_agrees_with_the_frame_walk(
 ) -> None:
     """Runs of equal frames take a shortcut; whatever the log holds (uncommitted claims, a PAD frame,
     corrupt bytes), the answer is the frame walk's."""
-    log = make_log()
-    app = ExclusiveAppender(log)
-    claim = BufferClaim()
-    offsets = []
-    for i, size in enumerate(sizes if not equal else [sizes[0]] * len(sizes)):
-        offsets.append(app.position)
-        if i == claimed:
-            app.claim(min(size, 1000), BIG, claim)  # never committed: its length stays negative
-        else:
-            app.append(bytes(size), BIG)
+    log, offset = _messy_log(sizes, equal, claimed, pad_at, flips, start, bytes)
     term = log.terms[0]
-    if pad_at is not None and pad_at < len(offsets):
-        struct.pack_into("<H", term, offsets[pad_at] + 6, HDR_TYPE_PAD)
-    for index, value in flips:
-        term[index] = value
-    offset = offsets[min(start, len(offsets) - 1)]
     assert scan_term(term, log.terms_i32[0], offset, max_length) == _scan_term_walk(
         term, log.terms_i32[0], offset, max_length
     )
@@ -361,22 +377,11 @@ def test_read_term_agrees_with_the_frame_walk(
 ) -> None:
     """Runs of equal frames are checked in one unpack; whatever the log holds, the fragments handed
     out (which, with which payload and header) and the offset reached are the frame walk's."""
-    log = make_log()
-    app = ExclusiveAppender(log)
-    claim = BufferClaim()
-    offsets = []
-    for i, size in enumerate(sizes if not equal else [sizes[0]] * len(sizes)):
-        offsets.append(app.position)
-        if i == claimed:
-            app.claim(min(size, 1000), BIG, claim)
-        else:
-            app.append(bytes(range(256))[: size % 256] + bytes(max(0, size - 256)), BIG)
+    def patterned(size: int) -> bytes:  # payload bytes that differ, so a misplaced slice shows
+        return bytes(range(256))[: size % 256] + bytes(max(0, size - 256))
+
+    log, offset = _messy_log(sizes, equal, claimed, pad_at, flips, start, patterned)
     term = log.terms[0]
-    if pad_at is not None and pad_at < len(offsets):
-        struct.pack_into("<H", term, offsets[pad_at] + 6, HDR_TYPE_PAD)
-    for index, value in flips:
-        term[index] = value
-    offset = offsets[min(start, len(offsets) - 1)]
     seen: list[tuple[int, bytes, int]] = []
     header = Header(log.initial_term_id, log.bits)
     count, next_offset, intact = read_term(

@@ -21,9 +21,10 @@ _RUN_MAX = 256
 """Frames checked by one unpack in ``read_term`` (a struct per run length is compiled and cached)."""
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)
 def _equal_frames_struct(aligned: int, count: int) -> struct.Struct:
-    """frame_length and type of ``count`` frames each occupying ``aligned`` bytes, in one unpack."""
+    """frame_length and type of ``count`` frames each occupying ``aligned`` bytes, in one unpack
+    (``read_term``, ``scan_term`` and a sender's ``is_equal_run`` share these)."""
     return struct.Struct("<" + f"i2xH{aligned - TYPE_OFFSET - 2}x" * count)
 
 
@@ -81,11 +82,6 @@ def read_term(
     return fragments, offset, True
 
 
-@functools.lru_cache(maxsize=128)
-def _run_struct(aligned: int, count: int) -> struct.Struct:
-    return _equal_frames_struct.__wrapped__(aligned, count)
-
-
 def is_equal_run(term: memoryview, offset: int, frame_length: int, count: int) -> bool:
     """Whether the ``count`` frames from ``offset`` are all complete DATA frames of ``frame_length``
     bytes (so a sender may cut them into datagrams by arithmetic). One unpack; the caller keeps
@@ -93,7 +89,7 @@ def is_equal_run(term: memoryview, offset: int, frame_length: int, count: int) -
     aligned = (frame_length + 31) & -32
     if count < 1 or frame_length < DATA_HEADER_LENGTH or offset + count * aligned > len(term):
         return False
-    fields = _run_struct(aligned, count).unpack_from(term, offset)
+    fields = _equal_frames_struct(aligned, count).unpack_from(term, offset)
     return fields[0::2].count(frame_length) == count and fields[1::2].count(HDR_TYPE_DATA) == count
 
 

@@ -364,12 +364,11 @@ class PublicationImageReceiver:
             self._delay = _Delay(fill, fill, False, config, rng)
         self._active_gap: tuple[int, int, int] | None = None
         self._gap_expiry_ns = 0
-        self._loss_report: tuple[int, int, int] | None = None
-        """(term_id, term_offset, length) of the last loss observation, so retries are not recounted."""
         self._nak_timers: dict[tuple[int, int], int] = {}
         """Reliable images: (term_id, term_offset) of each gap being NAKed -> when its next NAK is due."""
         self._lost_until = join
-        """Reliable images: stream bytes below this were reported lost once already (or never were)."""
+        """Stream bytes below this were reported lost already (or were never missing): each lost byte is
+        one observation, however many NAKs or fill attempts its gap takes."""
         self._wake_ns = 0
         """``poll`` has nothing to do before this time unless input arrives (see ``ReceiveEndpoint.poll_due``)."""
 
@@ -603,10 +602,7 @@ class PublicationImageReceiver:
                 expiry = timers[key] = now_ns + self._delay.next(False)
             if now_ns >= expiry:
                 timers[key] = now_ns + self._delay.next(True)
-                if start + length > self._lost_until:  # each lost byte is reported once, retries or not
-                    new = start + length - max(start, self._lost_until)
-                    self._lost_until = start + length
-                    self._record_loss(term_id, offset, length, new, now_ns, events)
+                self._report_loss(term_id, offset, length, now_ns, events)
                 if self.is_connection_alive(now_ns):
                     nak = Nak(self.session_id, self.stream_id, term_id, offset, length)
                     out.append((nak.encode(), self.control_address))
@@ -662,21 +658,12 @@ class PublicationImageReceiver:
         return self._fill_gap(term_id, term_offset, length, events)
 
     def _report_loss(self, term_id: int, offset: int, length: int, now_ns: int, events: list[ReceiverEvent]) -> None:
-        """Count only bytes not already reported, so NAK retries for one gap are one observation."""
-        last = self._loss_report
-        if last is None or term_id != last[0] or offset >= last[1] + last[2]:
-            new = length
-        elif offset + length > last[1] + last[2]:
-            new = offset + length - (last[1] + last[2])
-        else:
+        """One loss-report observation of the gap's bytes not reported before (none: no observation)."""
+        start = compute_position(term_id, offset, self._bits, self.initial_term_id)
+        if start + length <= self._lost_until:
             return
-        self._loss_report = (term_id, offset, length)
-        self._record_loss(term_id, offset, length, new, now_ns, events)
-
-    def _record_loss(
-        self, term_id: int, offset: int, length: int, new: int, now_ns: int, events: list[ReceiverEvent]
-    ) -> None:
-        """One loss-report observation of ``new`` bytes not reported before."""
+        new = start + length - max(start, self._lost_until)
+        self._lost_until = start + length
         self.loss_observations += 1
         self.bytes_lost += new
         if self.first_loss_ns is None:

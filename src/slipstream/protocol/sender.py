@@ -65,7 +65,6 @@ from .positions import (
     compute_term_id,
     index_by_position,
     max_message_length,
-    pack_tail,
 )
 
 __all__ = ["NetworkPublicationSender", "SenderConfig", "SenderState"]
@@ -531,12 +530,9 @@ class NetworkPublicationSender:
         sender position (or, at a term's end, rotates into it)."""
         snd_pos = self._snd_pos
         index = (snd_pos >> self._bits) % 3
-        raw = self._tails[index]
         self._tail_index = index
-        self._tail_seen = raw
-        if raw == pack_tail(compute_term_id(snd_pos, self._bits, self.initial_term_id), snd_pos & self._mask):
-            return False  # the tail is exactly where the sender is: the common idle case, one comparison
-        return self.log.producer_position() != snd_pos
+        self._tail_seen = self._tails[index]
+        return self._written(index, snd_pos) != snd_pos & self._mask
 
     def _next_wake_ns(self, now_ns: int) -> int:
         """The earliest time a timer in ``poll`` fires, given no input meanwhile (``now_ns`` if work remains).
@@ -659,10 +655,12 @@ class NetworkPublicationSender:
         return consumed
 
     def _written(self, index: int, position: int) -> int:
-        """How far the term holding ``position`` has been appended to (claims included), from its tail."""
+        """How far the term holding ``position`` has been appended to (claims included), from its tail.
+        A partition still holding an older term has nothing of this one: the producer, which rewrites
+        the tail when it rotates into a partition, has not reached it."""
         raw = self._tails[index]
         if raw >> 32 != compute_term_id(position, self._bits, self.initial_term_id):
-            return 0  # the partition still holds an older term: the producer has not reached it
+            return 0
         return min(raw & 0xFFFF_FFFF, self.term_length)
 
     def _send_equal_run(
