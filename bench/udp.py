@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from slipstream.driver.cnc import CncError, CncFile
-from slipstream.driver.counters import SYSTEM_COUNTER_TYPE_ID
+from slipstream.files.cnc import CncError, CncFile
+from slipstream.files.counters import SYSTEM_COUNTER_TYPE_ID
 
 from . import ipc, report, zmq_peer
 from .report import Plan, SuiteResult, progress, size_label

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slipstream.protocol import constants as c
-from slipstream.protocol.errors import FrameError
-from slipstream.protocol.frames import (
+from slipstream.wire import constants as c
+from slipstream.wire.errors import FrameError
+from slipstream.wire.frames import (
     DATA_HEADER,
     ERR_HEADER,
     FRAME_HEADER,
@@ -631,8 +631,8 @@ def _equal_frame_datagrams() -> st.SearchStrategy[bytes]:
 @given(_equal_frame_datagrams(), st.data())
 def test_fast_datagram_scan_agrees_with_the_frame_walk(raw: bytes, data: st.DataObject) -> None:
     """The receiver's shortcut for equal frames accepts exactly what the frame-by-frame rules accept."""
-    from slipstream.protocol.frames import DATA_HEADER as HEADER
-    from slipstream.protocol.frames import _walk_data_datagram, scan_data_datagram
+    from slipstream.wire.frames import DATA_HEADER as HEADER
+    from slipstream.wire.frames import _walk_data_datagram, scan_data_datagram
 
     mutated = bytearray(raw)
     for _ in range(data.draw(st.integers(0, 3))):

@@ -24,8 +24,8 @@ from slipstream.logbuffer import (
     read_term,
     scan_term,
 )
-from slipstream.protocol.constants import HDR_TYPE_PAD, TERM_MIN_LENGTH
-from slipstream.protocol.positions import pack_tail
+from slipstream.wire.constants import HDR_TYPE_PAD, TERM_MIN_LENGTH
+from slipstream.wire.positions import pack_tail
 
 TERM = TERM_MIN_LENGTH
 BIG = 1 << 62
@@ -158,7 +158,7 @@ def test_back_pressure_codes() -> None:
 def test_max_position_exceeded() -> None:
     log = LogBuffers(bytearray(compute_log_length(TERM)), TERM)
     last_term = 7 + (1 << 31) - 1  # wraps: the final term a log can hold
-    from slipstream.protocol.positions import wrap_i32
+    from slipstream.wire.positions import wrap_i32
 
     log.initialize(initial_term_id=7, term_id=wrap_i32(last_term), term_offset=TERM - 64, session_id=1,
                    stream_id=1, mtu=1408)

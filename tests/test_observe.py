@@ -18,11 +18,11 @@ import pytest
 from slipstream import Context, DriverConfig, ExclusivePublication, MediaDriver, RegistrationError, Subscription
 from slipstream.cli import main as cli_main
 from slipstream.cli.observe import LOSS_HEADER
-from slipstream.driver import observe
-from slipstream.driver.cnc import CncError
 from slipstream.driver.config_file import KINDS, ConfigFileError, apply_config_file, format_config, load_config
-from slipstream.driver.loss_report import LossReport
-from slipstream.driver.media_driver import DriverError
+from slipstream.errors import DriverError
+from slipstream.files import observe
+from slipstream.files.cnc import CncError
+from slipstream.files.loss_report import LossReport
 
 TIMER_NS = 10_000_000  # positions and system counters refresh every 10 ms, so waits stay short
 

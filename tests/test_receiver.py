@@ -10,27 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.logbuffer import Header, LogBuffers, read_term
-from slipstream.protocol.constants import (
-    EOS_FLAG,
-    HDR_TYPE_PAD,
-    RTTM_REPLY_FLAG,
-    SETUP_GROUP_FLAG,
-    SM_EOS_FLAG,
-    SM_SEND_SETUP_FLAG,
-    TERM_MAX_LENGTH,
-    TERM_MIN_LENGTH,
-)
-from slipstream.protocol.frames import (
-    DataFrame,
-    Frame,
-    Nak,
-    PadFrame,
-    RttMeasurement,
-    SetupFrame,
-    StatusMessage,
-    decode_datagram,
-)
-from slipstream.protocol.positions import compute_term_id
 from slipstream.protocol.receiver import (
     GapFilled,
     ImageCreated,
@@ -46,6 +25,27 @@ from slipstream.protocol.receiver import (
     ReceiverConfig,
     default_log_factory,
 )
+from slipstream.wire.constants import (
+    EOS_FLAG,
+    HDR_TYPE_PAD,
+    RTTM_REPLY_FLAG,
+    SETUP_GROUP_FLAG,
+    SM_EOS_FLAG,
+    SM_SEND_SETUP_FLAG,
+    TERM_MAX_LENGTH,
+    TERM_MIN_LENGTH,
+)
+from slipstream.wire.frames import (
+    DataFrame,
+    Frame,
+    Nak,
+    PadFrame,
+    RttMeasurement,
+    SetupFrame,
+    StatusMessage,
+    decode_datagram,
+)
+from slipstream.wire.positions import compute_term_id
 
 TERM = TERM_MIN_LENGTH
 BITS = TERM.bit_length() - 1

@@ -16,7 +16,8 @@ from slipstream.logbuffer import (
     LogBuffers,
     compute_log_length,
 )
-from slipstream.protocol.constants import (
+from slipstream.protocol.sender import NetworkPublicationSender, SenderConfig, SenderState
+from slipstream.wire.constants import (
     EOS_FLAG,
     RTTM_REPLY_FLAG,
     SM_EOS_FLAG,
@@ -24,7 +25,7 @@ from slipstream.protocol.constants import (
     TERM_MIN_LENGTH,
     UNFRAGMENTED,
 )
-from slipstream.protocol.frames import (
+from slipstream.wire.frames import (
     DataFrame,
     ErrorFrame,
     Frame,
@@ -35,8 +36,7 @@ from slipstream.protocol.frames import (
     StatusMessage,
     decode_datagram,
 )
-from slipstream.protocol.positions import compute_term_id
-from slipstream.protocol.sender import NetworkPublicationSender, SenderConfig, SenderState
+from slipstream.wire.positions import compute_term_id
 
 TERM = TERM_MIN_LENGTH
 BITS = TERM.bit_length() - 1

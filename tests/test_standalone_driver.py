@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slipstream import Context, DriverLostError
-from slipstream.driver.cnc import CncFile
+from slipstream.files.cnc import CncFile
 
 from .test_udp import free_port
 

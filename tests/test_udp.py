@@ -21,7 +21,7 @@ from slipstream import (
     Image,
     RegistrationError,
 )
-from slipstream.driver import observe
+from slipstream.files import observe
 
 
 def free_port(family: socket.AddressFamily = socket.AF_INET) -> int:

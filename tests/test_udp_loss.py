@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.driver.cnc import CncFile
-from slipstream.driver.loss_report import read_loss_report
+from slipstream.files.cnc import CncFile
+from slipstream.files.loss_report import read_loss_report
 from slipstream.testing import Namespace, drop_random_udp, require_netns
 
 PORT = 40501

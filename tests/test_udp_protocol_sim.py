@@ -26,8 +26,6 @@ from slipstream.logbuffer import (
     compute_log_length,
     read_term,
 )
-from slipstream.protocol.constants import BEGIN_FLAG, END_FLAG, TERM_MIN_LENGTH
-from slipstream.protocol.frames import DataFrame, Nak, SetupFrame, StatusMessage
 from slipstream.protocol.receiver import (
     GapFilled,
     ImageCreated,
@@ -43,6 +41,8 @@ from slipstream.protocol.receiver import (
 )
 from slipstream.protocol.sender import NetworkPublicationSender, SenderConfig
 from slipstream.testing import Datagram, InMemoryNetwork, LinkConditions, ManualClock
+from slipstream.wire.constants import BEGIN_FLAG, END_FLAG, TERM_MIN_LENGTH
+from slipstream.wire.frames import DataFrame, Nak, SetupFrame, StatusMessage
 
 E = TypeVar("E", bound=ReceiverEvent)
 TERM = TERM_MIN_LENGTH

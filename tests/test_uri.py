@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slipstream.protocol.constants import IPC_TERM_DEFAULT_LENGTH, TERM_DEFAULT_LENGTH
-from slipstream.protocol.positions import wrap_i32
-from slipstream.protocol.uri import (
+from slipstream.wire.constants import IPC_TERM_DEFAULT_LENGTH, TERM_DEFAULT_LENGTH
+from slipstream.wire.positions import wrap_i32
+from slipstream.wire.uri import (
     KNOWN_KEYS,
     ChannelUri,
     ChannelUriError,

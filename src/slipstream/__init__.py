@@ -37,7 +37,7 @@ from .client import (
 )
 from .driver.config import DriverConfig
 from .driver.media_driver import MediaDriver
-from .protocol.uri import ChannelUri, ChannelUriError
+from .wire.uri import ChannelUri, ChannelUriError
 
 __version__ = "0.1.0"
 

@@ -11,9 +11,10 @@ from typing import Any
 
 from ..driver.config import DriverConfig
 from ..driver.config_file import format_config, load_config
-from ..driver.directory import default_directory
-from ..driver.media_driver import DriverError, MediaDriver
-from ..protocol.uri import ChannelUriError, parse_size
+from ..driver.media_driver import MediaDriver
+from ..errors import DriverError
+from ..files.directory import default_directory
+from ..wire.uri import ChannelUriError, parse_size
 
 
 def register(commands: Any) -> None:

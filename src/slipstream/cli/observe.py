@@ -17,12 +17,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..driver.cnc import CncError
-from ..driver.counters import CounterInfo
-from ..driver.directory import default_directory
-from ..driver.error_log import ErrorRecord
-from ..driver.loss_report import LossEntry
-from ..driver.observe import TYPE_NAMES, DriverStatus, StreamBacklog, backlog, driver_status, errors, loss
+from ..files.cnc import CncError
+from ..files.counters import CounterInfo
+from ..files.directory import default_directory
+from ..files.error_log import ErrorRecord
+from ..files.loss_report import LossEntry
+from ..files.observe import TYPE_NAMES, DriverStatus, StreamBacklog, backlog, driver_status, errors, loss
 
 LOSS_HEADER = (
     "#OBSERVATION_COUNT,TOTAL_BYTES_LOST,FIRST_OBSERVATION,LAST_OBSERVATION,SESSION_ID,STREAM_ID,CHANNEL,SOURCE"

@@ -1,6 +1,6 @@
 """Aeron-style client API: context, publications, subscriptions, images, assembler, idle strategies."""
 
-from ..driver.idle import (
+from ..files.idle import (
     BackoffIdleStrategy,
     BusySpinIdleStrategy,
     IdleStrategy,

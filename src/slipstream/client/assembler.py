@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..logbuffer import FragmentHandler, Header
-from ..protocol.constants import BEGIN_FLAG, END_FLAG, UNFRAGMENTED
+from ..wire.constants import BEGIN_FLAG, END_FLAG, UNFRAGMENTED
 
 
 class FragmentAssembler:

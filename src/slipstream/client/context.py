@@ -19,12 +19,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from ..driver import commands as cmd
-from ..driver.cnc import PARKED_INDEX, CncError, CncFile
 from ..driver.config import DriverConfig
-from ..driver.counters import CountersReader
-from ..driver.directory import default_directory, map_file
-from ..driver.media_driver import DirectoryHandle, DriverAlreadyRunningError, DriverError, MediaDriver
+from ..driver.media_driver import DirectoryHandle, MediaDriver
+from ..errors import DriverAlreadyRunningError, DriverError
+from ..files import commands as cmd
+from ..files.cnc import PARKED_INDEX, CncError, CncFile
+from ..files.counters import CountersReader
+from ..files.directory import default_directory, map_file
 from .errors import DriverLostError, DriverUnavailableError, RegistrationError
 from .image import Image
 from .publication import ExclusivePublication, Publication

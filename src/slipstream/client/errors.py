@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..driver.media_driver import DriverAlreadyRunningError, DriverError
+from ..errors import DriverAlreadyRunningError, DriverError
 
 __all__ = ["DriverAlreadyRunningError", "DriverError", "DriverLostError", "DriverUnavailableError", "RegistrationError"]
 

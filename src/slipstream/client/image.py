@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mmap
 
-from ..driver.directory import close_mapping
+from ..files.directory import close_mapping
 from ..logbuffer import FragmentHandler, Header, LogBuffers, read_term
 
 

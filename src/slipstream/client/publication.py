@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from ..driver.directory import close_mapping
+from ..files.directory import close_mapping
 from ..logbuffer import CLOSED, BufferClaim, ExclusiveAppender, LogBuffers
 
 

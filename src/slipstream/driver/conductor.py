@@ -18,22 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from ..logbuffer import LogBuffers, compute_log_length
-from ..protocol.positions import wrap_i32
-from ..protocol.receiver import (
-    ImageCreated,
-    ImageReleased,
-    ImageRemoved,
-    LossDetected,
-    ReceiveEndpoint,
-    ReceiverConfig,
-)
-from ..protocol.sender import NetworkPublicationSender, SenderConfig
-from ..protocol.uri import ChannelUri, ChannelUriError
-from . import commands as cmd
-from .cnc import PARKED_INDEX, CncFile
-from .config import DriverConfig
-from .counters import (
+from ..files import commands as cmd
+from ..files.cnc import PARKED_INDEX, CncFile
+from ..files.counters import (
     PUBLISHER_LIMIT_TYPE_ID,
     PUBLISHER_POSITION_TYPE_ID,
     RECEIVER_HWM_TYPE_ID,
@@ -43,10 +30,23 @@ from .counters import (
     SUBSCRIBER_POSITION_TYPE_ID,
     CountersManager,
 )
-from .directory import IMAGES_DIR, PUBLICATIONS_DIR, map_file
-from .error_log import DistinctErrorLog
+from ..files.directory import IMAGES_DIR, PUBLICATIONS_DIR, map_file
+from ..files.error_log import DistinctErrorLog
+from ..files.loss_report import LossReport
+from ..logbuffer import LogBuffers, compute_log_length
+from ..protocol.receiver import (
+    ImageCreated,
+    ImageReleased,
+    ImageRemoved,
+    LossDetected,
+    ReceiveEndpoint,
+    ReceiverConfig,
+)
+from ..protocol.sender import NetworkPublicationSender, SenderConfig
+from ..wire.positions import wrap_i32
+from ..wire.uri import ChannelUri, ChannelUriError
+from .config import DriverConfig
 from .ipc_publication import IpcPublication, PublicationState
-from .loss_report import LossReport
 from .network_publication import NetworkPublication
 from .receive_channel import DriverImage, ReceiveChannel
 from .system_counters import SystemCounters

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
-from ..protocol.constants import (
-    IPC_TERM_DEFAULT_LENGTH,
-    MTU_DEFAULT,
-    RESERVED_SESSION_ID_HIGH_DEFAULT,
-    RESERVED_SESSION_ID_LOW_DEFAULT,
-    TERM_DEFAULT_LENGTH,
-)
-from ..protocol.positions import check_mtu, check_term_length
-from .directory import default_directory
-from .idle import idle_strategy
+from ..files.directory import default_directory
+from ..files.idle import idle_strategy
+from ..wire.constants import IPC_TERM_DEFAULT_LENGTH, MTU_DEFAULT, TERM_DEFAULT_LENGTH
+from ..wire.positions import check_mtu, check_term_length
+
+RESERVED_SESSION_ID_LOW_DEFAULT: Final = -1
+RESERVED_SESSION_ID_HIGH_DEFAULT: Final = 1000
+"""Session ids the driver never picks by itself, as Aeron's reserved range (explicit ids go there)."""
 
 MS = 1_000_000
 S = 1_000_000_000

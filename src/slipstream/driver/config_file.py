@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from ..protocol.uri import parse_duration_ns, parse_size
+from ..wire.uri import parse_duration_ns, parse_size
 from .config import DriverConfig
 
 Kind = Literal["path", "duration", "size", "optional_size", "int", "str", "bool"]

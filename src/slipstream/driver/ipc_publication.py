@@ -14,10 +14,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..files.counters import CountersManager
+from ..files.directory import close_mapping
 from ..logbuffer import LogBuffers
-from ..protocol.constants import DATA_HEADER_LENGTH, HDR_TYPE_PAD, PARTITION_COUNT
-from .counters import CountersManager
-from .directory import close_mapping
+from ..logbuffer.constants import PARTITION_COUNT
+from ..wire.constants import DATA_HEADER_LENGTH, HDR_TYPE_PAD
 
 
 class PublicationState(enum.Enum):

@@ -16,24 +16,17 @@ import threading
 import time
 from pathlib import Path
 
-from .cnc import STATE_CLOSED, STATE_RUNNING, CncFile
+from ..errors import DriverAlreadyRunningError, DriverError
+from ..files.cnc import STATE_CLOSED, STATE_RUNNING, CncFile
+from ..files.directory import CNC_FILE, LOCK_FILE, SOCKET_FILE
+from ..files.idle import IdleStrategy, ParkingIdleStrategy, idle_strategy
+from ..files.loss_report import LOSS_REPORT_FILE, LossReport
 from .conductor import DriverConductor, clean_publications_dir
 from .config import DriverConfig
-from .directory import CNC_FILE, LOCK_FILE, SOCKET_FILE
-from .idle import IdleStrategy, ParkingIdleStrategy, idle_strategy
 from .ipc_publication import PublicationState
-from .loss_report import LOSS_REPORT_FILE, LossReport
 from .network_publication import NetworkPublication
 
 log = logging.getLogger("slipstream.driver")
-
-
-class DriverError(RuntimeError):
-    """The driver cannot start, or a client cannot reach a driver."""
-
-
-class DriverAlreadyRunningError(DriverError):
-    """Another live driver holds the directory."""
 
 
 def socket_address(directory: Path) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from ..protocol.constants import HDR_TYPE_SM, SM_LENGTH
+from ..files.counters import CountersManager
 from ..protocol.sender import NetworkPublicationSender
-from .counters import CountersManager
+from ..wire.constants import HDR_TYPE_SM, SM_LENGTH
 from .ipc_publication import DriverPublication, PublicationState
 from .udp_channel import Address, UdpSocket
 

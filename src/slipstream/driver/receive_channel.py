@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+from ..files.directory import close_mapping, map_file
 from ..logbuffer import LogBuffers, compute_log_length
-from ..protocol.constants import SM_SEND_SETUP_FLAG
-from ..protocol.frames import StatusMessage
 from ..protocol.receiver import ImageParams, PublicationImageReceiver, ReceiveEndpoint
-from .directory import close_mapping, map_file
+from ..wire.constants import SM_SEND_SETUP_FLAG
+from ..wire.frames import StatusMessage
 from .udp_channel import Address, UdpEndpoint, UdpSocket
 
 _RECV_BUDGET = 64

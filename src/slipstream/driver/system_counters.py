@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from .counters import SYSTEM_COUNTER_TYPE_ID, CountersManager
+from ..files.counters import SYSTEM_COUNTER_TYPE_ID, CountersManager
 
 if TYPE_CHECKING:
     from .conductor import DriverConductor

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..protocol.uri import ChannelUri, parse_endpoint
+from ..wire.uri import ChannelUri, parse_endpoint
 
 Address = tuple[str, int] | tuple[str, int, int, int]
 

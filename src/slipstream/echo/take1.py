@@ -34,7 +34,7 @@ from ..client import (
     result_name,
 )
 from ..driver.config import DriverConfig
-from ..protocol.uri import ChannelUri, ChannelUriError, ParamValue, parse_endpoint
+from ..wire.uri import ChannelUri, ChannelUriError, ParamValue, parse_endpoint
 from .messages import ECHO_STREAM_ID, MessageError, decode, format_hello_port, parse_hello_port
 
 __all__ = ["EchoClient", "EchoError", "EchoServer", "SendError", "channel", "host_of", "join_host_port"]

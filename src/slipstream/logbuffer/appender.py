@@ -18,16 +18,8 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from ..protocol.constants import (
-    BEGIN_FLAG,
-    DATA_HEADER_LENGTH,
-    END_FLAG,
-    HDR_TYPE_DATA,
-    HDR_TYPE_PAD,
-    PARTITION_COUNT,
-    UNFRAGMENTED,
-)
-from ..protocol.positions import (
+from ..wire.constants import BEGIN_FLAG, DATA_HEADER_LENGTH, END_FLAG, HDR_TYPE_DATA, HDR_TYPE_PAD, UNFRAGMENTED
+from ..wire.positions import (
     compute_position,
     index_by_term_count,
     max_payload_length,
@@ -37,6 +29,7 @@ from ..protocol.positions import (
     tail_term_offset,
     wrap_i32,
 )
+from .constants import PARTITION_COUNT
 from .layout import LogBuffers
 from .results import ADMIN_ACTION, BACK_PRESSURED, CLOSED, MAX_POSITION_EXCEEDED, NOT_CONNECTED
 

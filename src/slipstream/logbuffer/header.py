@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from ..protocol.constants import (
+from ..wire.constants import (
     BEGIN_FLAG,
     END_FLAG,
     FLAGS_OFFSET,
@@ -20,7 +20,7 @@ from ..protocol.constants import (
     TERM_OFFSET_OFFSET,
     TYPE_OFFSET,
 )
-from ..protocol.positions import compute_position
+from ..wire.positions import compute_position
 
 _I32: Final = struct.Struct("<i")
 _U16: Final = struct.Struct("<H")

@@ -10,15 +10,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from ..protocol.constants import (
-    DATA_HEADER_LENGTH,
-    HDR_TYPE_DATA,
-    LOG_META_DATA_LENGTH,
-    PAGE_SIZE_DEFAULT,
-    PARTITION_COUNT,
-    UNFRAGMENTED,
-)
-from ..protocol.positions import (
+from ..wire.constants import DATA_HEADER_LENGTH, HDR_TYPE_DATA, UNFRAGMENTED
+from ..wire.positions import (
     align,
     check_mtu,
     check_term_length,
@@ -31,6 +24,7 @@ from ..protocol.positions import (
     tail_term_offset,
     wrap_i32,
 )
+from .constants import LOG_META_DATA_LENGTH, PAGE_SIZE_DEFAULT, PARTITION_COUNT
 
 # Metadata field offsets (relative to the metadata section).
 TAIL_COUNTERS_OFFSET: Final = 0

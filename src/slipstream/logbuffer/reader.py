@@ -10,7 +10,7 @@ import functools
 import struct
 from collections.abc import Callable
 
-from ..protocol.constants import DATA_HEADER_LENGTH, HDR_TYPE_DATA, HDR_TYPE_PAD, TYPE_OFFSET
+from ..wire.constants import DATA_HEADER_LENGTH, HDR_TYPE_DATA, HDR_TYPE_PAD, TYPE_OFFSET
 from .header import Header
 
 FragmentHandler = Callable[[memoryview, Header], object]

@@ -1,1 +1,5 @@
-"""Sans-I/O protocol layer: wire frames, positions, channel URIs and protocol state machines."""
+"""Sans-I/O transport machines: the network publication's sender and the receive endpoint's images.
+
+They take datagrams and ``now_ns`` and return datagrams and events; no sockets, threads or clocks.
+May import ``wire`` and ``logbuffer``.
+"""

@@ -42,34 +42,23 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from ..logbuffer import LogBuffers, compute_log_length, zero_buffer
-from .constants import (
+from ..logbuffer.constants import PARTITION_COUNT
+from ..wire.constants import (
     DATA_HEADER_LENGTH,
     EOS_FLAG,
     FRAME_ALIGNMENT,
     HDR_TYPE_DATA,
     HDR_TYPE_PAD,
-    IMAGE_LIVENESS_TIMEOUT_NS,
-    IMAGE_SM_EOS_MULTIPLE,
     MTU_MAX,
-    NAK_MULTICAST_GROUP_SIZE,
-    NAK_MULTICAST_MAX_BACKOFF_NS,
-    NAK_UNICAST_DELAY_NS,
-    NAK_UNICAST_RETRY_DELAY_RATIO,
-    PARTITION_COUNT,
-    PENDING_SETUP_TIMEOUT_NS,
-    RECEIVE_DESTINATION_TIMEOUT_NS,
-    RECEIVER_WINDOW_DEFAULT,
     RTTM_REPLY_FLAG,
     SETUP_GROUP_FLAG,
     SM_EOS_FLAG,
     SM_SEND_SETUP_FLAG,
-    SO_RCVBUF_DEFAULT,
-    STATUS_MESSAGE_TIMEOUT_NS,
     TERM_MAX_LENGTH,
     TERM_MIN_LENGTH,
     UNFRAGMENTED,
 )
-from .frames import (
+from ..wire.frames import (
     DATA_HEADER,
     BytesLike,
     DataScan,
@@ -81,7 +70,20 @@ from .frames import (
     scan_data_datagram,
     scan_equal_frames,
 )
-from .positions import align, compute_position, compute_term_id, index_by_position, is_power_of_two, wrap_i32
+from ..wire.positions import align, compute_position, compute_term_id, index_by_position, is_power_of_two, wrap_i32
+from .defaults import (
+    IMAGE_LIVENESS_TIMEOUT_NS,
+    IMAGE_SM_EOS_MULTIPLE,
+    NAK_MULTICAST_GROUP_SIZE,
+    NAK_MULTICAST_MAX_BACKOFF_NS,
+    NAK_UNICAST_DELAY_NS,
+    NAK_UNICAST_RETRY_DELAY_RATIO,
+    PENDING_SETUP_TIMEOUT_NS,
+    RECEIVE_DESTINATION_TIMEOUT_NS,
+    RECEIVER_WINDOW_DEFAULT,
+    SO_RCVBUF_DEFAULT,
+    STATUS_MESSAGE_TIMEOUT_NS,
+)
 
 __all__ = [
     "Address",

@@ -29,9 +29,26 @@ import struct
 from dataclasses import dataclass
 
 from ..logbuffer import LogBuffers, is_equal_run, scan_term
-from .constants import (
+from ..wire.constants import (
     DATA_HEADER_LENGTH,
     FRAME_ALIGNMENT,
+    RTTM_REPLY_FLAG,
+    SETUP_GROUP_FLAG,
+    SM_EOS_FLAG,
+    SM_SEND_SETUP_FLAG,
+)
+from ..wire.frames import (
+    BytesLike,
+    DataFrame,
+    ErrorFrame,
+    Nak,
+    RttMeasurement,
+    SetupFrame,
+    StatusMessage,
+    decode_datagram,
+)
+from ..wire.positions import compute_position, compute_term_id, index_by_position, max_message_length
+from .defaults import (
     MAX_RESEND_DEFAULT,
     MAX_RESEND_MAX,
     PUBLICATION_CONNECTION_TIMEOUT_NS,
@@ -44,27 +61,7 @@ from .constants import (
     RETRANSMIT_UNICAST_LINGER_NS,
     RETRANSMIT_UNICAST_MAX_ACTIONS,
     RETRANSMIT_UNICAST_RECEIVER_WINDOW_MULTIPLE,
-    RTTM_REPLY_FLAG,
     SENDER_MAX_MESSAGES_PER_SEND,
-    SETUP_GROUP_FLAG,
-    SM_EOS_FLAG,
-    SM_SEND_SETUP_FLAG,
-)
-from .frames import (
-    BytesLike,
-    DataFrame,
-    ErrorFrame,
-    Nak,
-    RttMeasurement,
-    SetupFrame,
-    StatusMessage,
-    decode_datagram,
-)
-from .positions import (
-    compute_position,
-    compute_term_id,
-    index_by_position,
-    max_message_length,
 )
 
 __all__ = ["NetworkPublicationSender", "SenderConfig", "SenderState"]

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from ..protocol.uri import ChannelUri, ChannelUriError
+from ..errors import DriverError
+from ..wire.uri import ChannelUri, ChannelUriError
 from .cnc import STATE_CLOSED, STATE_RUNNING, STATE_STARTING, CncError, CncFile
 from .counters import (
     PUBLISHER_LIMIT_TYPE_ID,
@@ -37,7 +38,6 @@ from .counters import (
 from .directory import CNC_FILE
 from .error_log import ErrorRecord, read_error_log
 from .loss_report import LOSS_REPORT_FILE, LossEntry, read_loss_report
-from .media_driver import DriverError
 
 __all__ = [
     "TYPE_NAMES",
