@@ -34,15 +34,21 @@ from ..files.directory import IMAGES_DIR, PUBLICATIONS_DIR, map_file
 from ..files.error_log import DistinctErrorLog
 from ..files.loss_report import LossReport
 from ..logbuffer import LogBuffers, compute_log_length
-from ..protocol.receiver import (
+from ..protocol.config import ReceiverConfig, SenderConfig
+from ..protocol.events import (
+    GapFilled,
     ImageCreated,
+    ImageEndOfStream,
     ImageReleased,
     ImageRemoved,
     LossDetected,
-    ReceiveEndpoint,
-    ReceiverConfig,
+    PublicationConnected,
+    PublicationDisconnected,
+    PublicationEndOfStreamSent,
+    PublicationErrorReceived,
+    PublicationFinished,
 )
-from ..protocol.sender import NetworkPublicationSender, SenderConfig
+from ..protocol.sender import NetworkPublicationSender
 from ..wire.positions import wrap_i32
 from ..wire.uri import ChannelUri, ChannelUriError
 from .config import DriverConfig
@@ -166,7 +172,7 @@ class DriverConductor:
         # loop takes a copy.
         for network in self.network_publications.values():
             work += network.do_work(now_ns, network.sock.fd in ready, counters)
-            if network.state is PublicationState.DRAINING and network.is_done:
+            if network.sender.has_events and self._sender_events(network):
                 retired.append(network)
         for network in retired:
             self._retire_network_publication(network, now_ns)
@@ -181,6 +187,24 @@ class DriverConductor:
             self._update_stream_counters()
             self.system_counters.update(self)
         return work
+
+    @staticmethod
+    def _sender_events(network: NetworkPublication) -> bool:
+        """React to what a sender reported; True when it finished and the publication can be retired."""
+        finished = False
+        for event in network.sender.take_events():
+            match event:
+                case PublicationFinished():
+                    finished = True
+                case PublicationConnected() | PublicationDisconnected():
+                    pass  # the sender already set the log's connected flag, which clients' offers read
+                case PublicationErrorReceived():
+                    pass  # kept as the sender's last_error; a receiver refusing the image is its business
+                case PublicationEndOfStreamSent():
+                    pass  # the end of stream is the subscribers' news, carried by the heartbeats themselves
+                case _:
+                    pass  # destination events: the publication's destinations already reflect them
+        return finished
 
     def _poll_sockets(self, now_ns: int, timeout_s: float) -> int:
         work = 0
@@ -658,7 +682,7 @@ class DriverConductor:
         if not endpoint.address[1]:  # ephemeral: keyed by the port the OS chose
             endpoint = UdpEndpoint(endpoint.family, sock.getsockname()[: len(endpoint.address)])
         udp = UdpSocket(sock, offload=config.udp_gso)
-        channel_state = ReceiveChannel(endpoint, udp, ReceiveEndpoint(receiver_config), self.images_dir, control)
+        channel_state = ReceiveChannel(endpoint, udp, receiver_config, self.images_dir, control)
         self.receive_channels[endpoint] = channel_state
         self._watch(sock)
         return channel_state
@@ -734,12 +758,17 @@ class DriverConductor:
             work += 1
             match event:
                 case ImageCreated():
-                    path, mapping = channel.claim_log(event.image.log)
+                    receiver = channel.receive.image_by_id(event.image_id)
+                    if receiver is None:  # released in the cycle it was made: nothing to tell anyone
+                        continue
+                    log_file = channel.claim_log(receiver)
                     source = cast(tuple[str, int], event.source)
                     host = f"[{source[0]}]" if ":" in source[0] else source[0]
                     self._next_image_id += 1
-                    image = DriverImage(self._next_image_id, event.image, path, mapping, f"{host}:{source[1]}")
-                    channel.images[id(event.image)] = image
+                    image = DriverImage(
+                        self._next_image_id, receiver, log_file.path, log_file.mapping, f"{host}:{source[1]}"
+                    )
+                    channel.images[event.image_id] = image
                     name = f"aeron:udp?endpoint={channel.endpoint.host_port}"
                     for label, type_id in (("rcv-hwm", RECEIVER_HWM_TYPE_ID), ("rcv-pos", RECEIVER_POSITION_TYPE_ID)):
                         image.position_counters[type_id] = self._stream_counter(
@@ -750,20 +779,22 @@ class DriverConductor:
                         if link is not None and self._image_matches(link, image):
                             self._link_image(link, image, event.join_position, now_ns)
                 case ImageRemoved():
-                    removed = channel.images.get(id(event.image))
+                    removed = channel.images.get(event.image_id)
                     if removed is not None and not removed.removed:
                         removed.removed = True
                         self._unlink_image(removed, now_ns, notify=True)
                 case ImageReleased():
-                    released = channel.images.pop(id(event.image), None)
+                    released = channel.images.pop(event.image_id, None)
                     if released is not None:
                         self._unlink_image(released, now_ns, notify=True)
                         self._free_stream_counters(released.position_counters, now_ns)
                         released.close()
                 case LossDetected():
                     self._record_loss(channel, event)
-                case _:
-                    pass
+                case ImageEndOfStream():
+                    pass  # written to the image log's metadata, where subscribers read it
+                case GapFilled():
+                    pass  # the loss was reported by LossDetected; the fill is counted by the image
         return work
 
     def _unlink_image(self, image: DriverImage, now_ns: int, notify: bool) -> None:

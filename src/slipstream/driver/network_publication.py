@@ -96,10 +96,6 @@ class NetworkPublication(DriverPublication):
             self.state = PublicationState.DRAINING
             self.sender.close()
 
-    @property
-    def is_done(self) -> bool:
-        return self.sender.is_done
-
     def close(self) -> None:
         self.state = PublicationState.DONE
         with contextlib.suppress(OSError):
