@@ -21,9 +21,10 @@ from ..logbuffer import LogBuffers, compute_log_length
 from ..protocol.config import ReceiverConfig
 from ..protocol.image import ImageLog, ImageParams, PublicationImageReceiver
 from ..protocol.receive_endpoint import ReceiveEndpoint
+from ..wire.address import SocketAddress
 from ..wire.constants import SM_SEND_SETUP_FLAG
 from ..wire.frames import StatusMessage
-from .udp_channel import Address, UdpEndpoint, UdpSocket
+from .udp_channel import UdpEndpoint, UdpSocket
 
 _RECV_BUDGET = 64
 MDC_REGISTRATION_INTERVAL_NS = 1_000_000_000
@@ -117,7 +118,7 @@ class ReceiveChannel:
                 image.control_address = control.address  # image SMs and NAKs go to the control address too
         if receive.poll_due(now_ns):
             for datagram, destination in receive.poll(now_ns):
-                self.sock.send([datagram], cast(Address, destination))
+                self.sock.send([datagram], cast(SocketAddress, destination))
                 work += 1
         return work
 
