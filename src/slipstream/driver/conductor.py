@@ -479,6 +479,7 @@ class DriverConductor:
             receiver_window=uri.rcv_wnd or config.receiver_window,
             signal_eos=uri.eos if uri.eos is not None else True,
             group=control_mode is not None,
+            control_mode=control_mode,
             # A Python duty cycle costs more than Aeron's: send more per cycle to amortise it
             # (with GSO, a full batch is one system call).
             max_messages_per_send=GSO_MAX_SEGMENTS if config.udp_gso else 16,
