@@ -27,7 +27,6 @@ _RECV_CHUNK = 64 * 1024
 _MAX_OUTBOX = 4 * 1024 * 1024
 
 
-
 @dataclass(slots=True, eq=False)
 class ClientSession:
     """One connected client process (or context) as the driver sees it."""

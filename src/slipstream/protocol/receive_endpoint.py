@@ -144,6 +144,7 @@ class ReceiveEndpoint:
     # -- subscriptions --------------------------------------------------------------------------
 
     def add_subscription(self, stream_id: int, *, reliable: bool = True) -> None:
+        """Receive ``stream_id``: its SETUPs make images (``reliable=False``: gaps are padded, not NAKed)."""
         self._subscriptions[stream_id] = reliable
 
     def remove_subscription(self, stream_id: int) -> None:
@@ -185,6 +186,7 @@ class ReceiveEndpoint:
         return self._by_id.get(image_id)
 
     def take_events(self) -> list[ReceiverEvent]:
+        """What happened since the last call, oldest first."""
         events, self._events = self._events, []
         return events
 

@@ -156,10 +156,12 @@ class NetworkPublicationSender:
 
     @property
     def retransmits_sent(self) -> int:
+        """Retransmissions started (one per NAK served, however many datagrams it took)."""
         return self._retransmit.retransmits_sent
 
     @property
     def retransmitted_bytes(self) -> int:
+        """Bytes resent for NAKs."""
         return self._retransmit.retransmitted_bytes
 
     @property
@@ -174,6 +176,7 @@ class NetworkPublicationSender:
 
     @property
     def retransmit_overflows(self) -> int:
+        """Group channels: NAKs dropped because every retransmit action was busy."""
         return self._retransmit.retransmit_overflows
 
     # -- state for the driver -------------------------------------------------------------------

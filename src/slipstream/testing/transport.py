@@ -199,6 +199,7 @@ class SimulatedPublication:
         network.bind(address, lambda data, source, now: self.sender.on_datagram(data, now, source))
 
     def offer(self, messages: Sequence[bytes]) -> None:
+        """Queue messages; ``publish`` appends them in order as the window allows."""
         self.outbox.extend(messages)
 
     def publish(self) -> None:
@@ -273,6 +274,7 @@ class SimulatedSubscription:
                     self.subscriber = Subscriber(image)
 
     def read(self) -> None:
+        """Let the subscriber read what its image holds (unless it stalls)."""
         if self.subscriber is not None and self.consume:
             self.subscriber.poll()
 
@@ -286,9 +288,11 @@ class SimulatedSubscription:
         return len(out)
 
     def received(self) -> list[bytes]:
+        """Messages this subscription's subscriber reassembled, in order."""
         return self.subscriber.messages if self.subscriber is not None else []
 
     def events_of(self, kind: type[E]) -> list[E]:
+        """Every endpoint event of ``kind`` so far, oldest first."""
         self.take_events()
         return [e for e in self.events if isinstance(e, kind)]
 
@@ -368,6 +372,7 @@ class TransportPair:
 
     @property
     def now(self) -> int:
+        """The manual clock's time."""
         return self.clock.now_ns()
 
     def step(self) -> None:
@@ -394,6 +399,7 @@ class TransportPair:
             self.step()
 
     def run_for(self, duration_ns: int) -> None:
+        """Step for ``duration_ns`` of simulated time."""
         deadline = self.now + duration_ns
         while self.now < deadline:
             self.step()
@@ -402,26 +408,32 @@ class TransportPair:
 
     @property
     def sender(self) -> NetworkPublicationSender:
+        """The publication's sender machine."""
         return self.publication.sender
 
     @property
     def appender(self) -> ExclusiveAppender:
+        """The publication's appender (its ``position`` is what was appended)."""
         return self.publication.appender
 
     @property
     def outbox(self) -> deque[bytes]:
+        """Messages offered and not yet appended."""
         return self.publication.outbox
 
     @property
     def published(self) -> list[bytes]:
+        """Messages appended so far, in order."""
         return self.publication.published
 
     @property
     def last_offer_result(self) -> int:
+        """The last refusal ``publish`` met (NOT_CONNECTED, BACK_PRESSURED ...); 0 before any."""
         return self.publication.last_offer_result
 
     @property
     def close_when_published(self) -> bool:
+        """Close the publication once everything offered was appended."""
         return self.publication.close_when_published
 
     @close_when_published.setter
@@ -430,6 +442,7 @@ class TransportPair:
 
     @property
     def sender_running(self) -> bool:
+        """False: the publishing driver died (its sender is not polled)."""
         return self.publication.running
 
     @sender_running.setter
@@ -444,10 +457,12 @@ class TransportPair:
 
     @property
     def subscription(self) -> SimulatedSubscription:
+        """The first subscription."""
         return self.subscriptions[0]
 
     @property
     def endpoint(self) -> ReceiveEndpoint:
+        """The first subscription's endpoint machine (assign one from ``new_endpoint`` to restart it)."""
         return self.subscription.endpoint
 
     @endpoint.setter
@@ -456,6 +471,7 @@ class TransportPair:
 
     @property
     def subscriber(self) -> Subscriber | None:
+        """The first subscription's subscriber (None until its first image)."""
         return self.subscription.subscriber
 
     @subscriber.setter
@@ -464,6 +480,7 @@ class TransportPair:
 
     @property
     def consume(self) -> bool:
+        """False: the first subscription's subscriber stalls."""
         return self.subscription.consume
 
     @consume.setter
@@ -472,6 +489,7 @@ class TransportPair:
 
     @property
     def receiver_running(self) -> bool:
+        """False: the subscribing driver died (its endpoint is not polled)."""
         return self.subscription.running
 
     @receiver_running.setter
@@ -480,9 +498,11 @@ class TransportPair:
 
     @property
     def events(self) -> list[ReceiverEvent]:
+        """The first subscription's endpoint events collected so far."""
         return self.subscription.events
 
     def new_endpoint(self) -> ReceiveEndpoint:
+        """A fresh endpoint for the first subscription (a restarted subscriber)."""
         return self.subscription.new_endpoint()
 
     def received(self) -> list[bytes]:
@@ -490,4 +510,5 @@ class TransportPair:
         return self.subscription.received()
 
     def events_of(self, kind: type[E]) -> list[E]:
+        """The first subscription's events of ``kind`` so far."""
         return self.subscription.events_of(kind)
