@@ -47,7 +47,7 @@ def test_dynamic_mdc_delivers_every_byte_to_every_registered_subscription_under_
     pair.offer(sent)
     pair.run_until(lambda: pair.received() == sent and second.received() == sent, 30 * S)
     assert set(pair.sender.destinations) == {SUBSCRIPTION_ADDRESS, SECOND_SUBSCRIPTION}
-    added = [e.destination for e in pair.sender.take_events() if isinstance(e, DestinationAdded)]
+    added = [e.destination for e in pair.publication.events if isinstance(e, DestinationAdded)]
     assert sorted(added) == sorted([SUBSCRIPTION_ADDRESS, SECOND_SUBSCRIPTION])
     assert pair.net.stats.dropped > 0 and pair.sender.retransmits_sent > 0
     # Images answer the control address, where the data comes from.
@@ -66,14 +66,14 @@ def test_a_silent_destination_expires_and_the_others_keep_receiving() -> None:
     first = messages(40, seed=63)
     pair.offer(first)
     pair.run_until(lambda: pair.received() == first and second.received() == first, 10 * S)
-    pair.sender.take_events()
+    pair.publication.events.clear()
     second.running = False  # its driver died: no more registrations or status messages
     pair.net.unbind(SECOND_SUBSCRIPTION)
     gone = pair.now
     pair.run_until(lambda: SECOND_SUBSCRIPTION not in pair.sender.destinations, 4 * S)
     # Its last status message or registration left at most 200 ms before; expiry is checked as the sender sends.
     assert config.destination_timeout_ns - 200 * MS < pair.now - gone < config.destination_timeout_ns + 200 * MS
-    removed = [e for e in pair.sender.take_events() if isinstance(e, DestinationRemoved)]
+    removed = [e for e in pair.publication.events if isinstance(e, DestinationRemoved)]
     assert [e.destination for e in removed] == [SECOND_SUBSCRIPTION]
     later = messages(40, seed=65)
     pair.offer(later)

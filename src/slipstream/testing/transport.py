@@ -38,6 +38,7 @@ from ..protocol import (
     ReceiverConfig,
     ReceiverEvent,
     SenderConfig,
+    SenderEvent,
 )
 from ..wire.address import Address
 from ..wire.constants import BEGIN_FLAG, END_FLAG, TERM_MIN_LENGTH, UNFRAGMENTED
@@ -192,6 +193,8 @@ class SimulatedPublication:
         self.sender = NetworkPublicationSender(log, config)
         self.outbox: deque[bytes] = deque()
         self.published: list[bytes] = []
+        self.events: list[SenderEvent] = []
+        """The sender's events (connected, destinations added ...), taken after every poll."""
         self.last_offer_result = 0
         self.close_when_published = False
         self.running = True
@@ -225,6 +228,8 @@ class SimulatedPublication:
             for datagram in datagrams:
                 self.network.send(self.address, target, datagram)
                 sent += 1
+        if self.sender.has_events:
+            self.events.extend(self.sender.take_events())
         return sent
 
 
