@@ -124,6 +124,16 @@ class ClientCommandAdapter:
         self.clients[client.client_id] = client
         self.send(client, cmd.Welcome(os.getpid(), self._liveness_timeout_ns, client.client_id))
 
+    @property
+    def pending(self) -> bool:
+        """Whether commands, closed clients or errors wait for the conductor (an idle cycle checks only this)."""
+        return bool(self._commands or self._closed or self.errors)
+
+    @property
+    def has_closed(self) -> bool:
+        """Whether ``take_closed`` would return any."""
+        return bool(self._closed)
+
     def take_commands(self) -> list[tuple[ClientSession, cmd.ClientMessage]]:
         """Commands decoded since the last call, in arrival order (a client's ``Hello`` excluded)."""
         commands, self._commands = self._commands, []

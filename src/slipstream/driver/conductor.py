@@ -132,13 +132,19 @@ class DriverConductor:
     def do_work(self, now_ns: int, timeout_s: float = 0.0) -> int:
         """One duty cycle of every agent; ``timeout_s`` lets an idle driver sleep in the socket wait itself."""
         work = self._poll_sockets(now_ns, timeout_s)
-        work += self._on_client_commands(now_ns)
-        work += self._ipc_work(now_ns)
-        sent, finished = self.sender.do_work(now_ns, self._udp_ready, self.counters)
-        work += sent + self._retire_network_publications(finished, now_ns)
+        if self.client_commands.pending:
+            work += self._on_client_commands(now_ns)
+        if self.publications:
+            work += self._ipc_work(now_ns)
+        work += self.sender.do_work(now_ns, self._udp_ready, self.counters)
+        if self.sender.finished:
+            work += self._retire_network_publications(self.sender.take_finished(), now_ns)
         work += self.receiver.do_work(now_ns, self._udp_ready, self.counters)
-        work += self._on_image_events(now_ns)
-        return work + self._on_timer(now_ns)
+        if self.receiver.image_events:
+            work += self._on_image_events(now_ns)
+        if now_ns >= self._next_timer_ns:
+            work += self._on_timer(now_ns)
+        return work
 
     def park(self, timeout_s: float) -> int:
         """Sleep until a client speaks (commands, doorbell), a datagram arrives, or ``timeout_s``.
@@ -197,17 +203,14 @@ class DriverConductor:
     def _ipc_work(self, now_ns: int) -> int:
         """IPC publications: publisher limits from subscriber positions; closed ones retire once drained."""
         work = 0
-        if self.publications:
-            for publication in list(self.publications.values()):
-                work += publication.update_limit(self.counters)
-                if publication.state is PublicationState.DRAINING:
-                    work += self._check_drained(publication, now_ns)
+        for publication in list(self.publications.values()):
+            work += publication.update_limit(self.counters)
+            if publication.state is PublicationState.DRAINING:
+                work += self._check_drained(publication, now_ns)
         return work
 
     def _on_timer(self, now_ns: int) -> int:
         """Every ``timer_interval_ns``: heartbeat, client liveness, error log and counters."""
-        if now_ns < self._next_timer_ns:
-            return 0
         self._next_timer_ns = now_ns + self.config.timer_interval_ns
         self.cnc.heartbeat_ms = time.time_ns() // 1_000_000
         work = self._check_liveness(now_ns)
@@ -496,8 +499,6 @@ class DriverConductor:
 
     def _on_image_events(self, now_ns: int) -> int:
         """Images appeared, went or lost data: link them to subscriptions, tell clients, count."""
-        if not self.receiver.image_events:
-            return 0
         events = self.receiver.take_image_events()
         channels = self.receiver.channels
         for channel, event in events:
@@ -662,6 +663,8 @@ class DriverConductor:
         """Release everything closed clients held: their subscriptions stop holding publishers back at
         once, their publications end their streams so subscribers still get every byte before the image
         goes."""
+        if not self.client_commands.has_closed:
+            return
         for client, _ in self.client_commands.take_closed():
             for registration_id in list(client.subscriptions):
                 link = self.subscriptions.get(registration_id)
