@@ -442,6 +442,8 @@ class DriverConductor:
         self._watch(sock)
         return receive_channel
 
+    # -- images and subscribers -------------------------------------------------------------------
+
     @staticmethod
     def _image_matches(link: SubscriptionLink, image: DriverImage) -> bool:
         return _wants(link, image.receiver.stream_id, image.receiver.session_id)
