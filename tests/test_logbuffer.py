@@ -23,6 +23,7 @@ from slipstream.logbuffer import (
     compute_log_length,
     read_term,
     scan_term,
+    unblock,
 )
 from slipstream.wire.constants import HDR_TYPE_PAD, TERM_MIN_LENGTH
 from slipstream.wire.positions import pack_tail
@@ -186,6 +187,24 @@ def test_try_claim_commit_and_abort() -> None:
         claim.commit()
     with pytest.raises(ValueError):
         app.claim(2000, BIG, claim)
+
+
+def test_unblock_pads_a_claim_its_writer_abandoned() -> None:
+    log = make_log()
+    app = ExclusiveAppender(log)
+    app.append(b"before", BIG)
+    claim = BufferClaim()
+    stuck = app.position
+    assert app.claim(100, BIG, claim) > stuck  # the writer dies here: never committed
+    app.append(b"after", BIG)
+    reader = Reader(log)
+    reader.poll()
+    assert [f[0] for f in reader.fragments] == [b"before"]  # stopped at the claim
+    assert not unblock(log, 0)  # a committed frame is left alone
+    assert unblock(log, stuck)
+    assert not unblock(log, stuck)  # once is enough: it is padding now
+    reader.poll()
+    assert [f[0] for f in reader.fragments] == [b"before", b"after"]
 
 
 def test_scan_term_blocks_and_padding() -> None:

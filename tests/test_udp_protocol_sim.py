@@ -2,7 +2,8 @@
 
 Each test runs a publication (``NetworkPublicationSender`` over a log an ``ExclusiveAppender`` fills)
 against a subscription endpoint (``ReceiveEndpoint``), both driven by one manual clock; a subscriber
-reads the image log and reassembles messages. Every run is seeded, so failures reproduce exactly.
+reads the image log and reassembles messages: ``slipstream.testing.TransportPair``. Every run is
+seeded, so failures reproduce exactly.
 """
 
 from __future__ import annotations
@@ -10,22 +11,10 @@ from __future__ import annotations
 import random
 import struct
 import zlib
-from collections import deque
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import pytest
 
-from slipstream.logbuffer import (
-    ADMIN_ACTION,
-    BACK_PRESSURED,
-    NOT_CONNECTED,
-    ExclusiveAppender,
-    Header,
-    LogBuffers,
-    compute_log_length,
-    read_term,
-)
+from slipstream.logbuffer import BACK_PRESSURED, NOT_CONNECTED
 from slipstream.protocol import (
     GapFilled,
     ImageCreated,
@@ -34,21 +23,23 @@ from slipstream.protocol import (
     ImageRemoved,
     ImageState,
     LossDetected,
-    NetworkPublicationSender,
-    PublicationImageReceiver,
-    ReceiveEndpoint,
     ReceiverConfig,
-    ReceiverEvent,
-    SenderConfig,
 )
-from slipstream.testing import Datagram, InMemoryNetwork, LinkConditions, ManualClock
-from slipstream.wire.constants import BEGIN_FLAG, END_FLAG, TERM_MIN_LENGTH
+from slipstream.testing import (
+    PUBLICATION_ADDRESS,
+    SUBSCRIPTION_ADDRESS,
+    Datagram,
+    InMemoryNetwork,
+    LinkConditions,
+    ManualClock,
+    TransportPair,
+)
+from slipstream.wire.constants import TERM_MIN_LENGTH
 from slipstream.wire.frames import DataFrame, Nak, SetupFrame, StatusMessage
 
-E = TypeVar("E", bound=ReceiverEvent)
 TERM = TERM_MIN_LENGTH
-PUB = ("10.0.0.1", 40001)
-SUB = ("10.0.0.2", 20121)
+PUB = PUBLICATION_ADDRESS
+SUB = SUBSCRIPTION_ADDRESS
 SESSION, STREAM, INITIAL = 0x1234, 1001, -5  # the initial term id wraps through zero on the way
 US = 1_000
 MS = 1_000_000
@@ -69,207 +60,9 @@ def intact(message: bytes) -> bool:
     return len(message) >= 8 and struct.unpack_from("<I", message, 4)[0] == zlib.crc32(message[8:])
 
 
-class Subscriber:
-    """Reads an image log from its join position and reassembles fragments; a skipped PAD (a filled
-    gap) inside a fragmented message discards that message, as a fragment assembler must."""
-
-    def __init__(self, image: PublicationImageReceiver) -> None:
-        self.image = image
-        self.log = image.log
-        self.position = image.join_position
-        self.header = Header(self.log.initial_term_id, self.log.bits)
-        self.messages: list[bytes] = []
-        self.discarded = 0
-        self._partial: bytearray | None = None
-        self._expected: int | None = None
-
-    def _on_fragment(self, payload: memoryview, header: Header) -> None:
-        start = header.position - ((header.frame_length + 31) & -32)
-        if self._partial is not None and start != self._expected:
-            self._partial = None
-            self.discarded += 1
-        self._expected = header.position
-        flags = header.flags
-        if flags & BEGIN_FLAG:
-            if self._partial is not None:
-                self.discarded += 1
-            self._partial = bytearray(payload)
-        elif self._partial is None:
-            self.discarded += 1
-            return
-        else:
-            self._partial += payload
-        if flags & END_FLAG:
-            self.messages.append(bytes(self._partial))
-            self._partial = None
-
-    def poll(self) -> None:
-        log = self.log
-        while True:
-            index, offset = (self.position >> log.bits) % 3, self.position & (log.term_length - 1)
-            _, next_offset, ok = read_term(
-                log.terms[index], log.terms_i32[index], offset, self._on_fragment, 100, self.header
-            )
-            assert ok
-            if next_offset == offset:
-                break
-            self.position += next_offset - offset
-        self.image.on_consumption(self.position)
-
-
-_NOT_STATE = {"log", "config", "rng", "log_factory", "_log_factory", "_delay", "_tails"}
-_PARTS = {"_loss", "_retransmit", "_flow"}
-
-
-def log_crc(log: LogBuffers) -> int:
-    crc = 0
-    for term in log.terms:
-        crc = zlib.crc32(term, crc)
-    return zlib.crc32(log.meta_i64, crc)
-
-
-def machine_state(machine: object) -> dict[str, Any]:
-    """Everything a poll could change in a sender or an endpoint (its images and their logs included)."""
-    state: dict[str, Any] = {}
-    for name, value in vars(machine).items():
-        if name in _NOT_STATE:
-            continue
-        if name == "_actions":
-            value = [tuple(getattr(a, slot) for slot in a.__slots__) for a in value]
-        elif name in _PARTS:
-            value = machine_state(value)  # the machine's loss detector, retransmit handler, flow control
-        elif isinstance(value, (list, dict, set)):
-            value = repr(value)
-        state[name] = value
-    if isinstance(machine, ReceiveEndpoint):
-        images = [*machine.images, *vars(machine)["_lingering"]]
-        state["images"] = [machine_state(image) for image in images]
-        state["logs"] = [log_crc(image.log) for image in images]
-        state["rng"] = machine.rng.getstate()
-    elif isinstance(machine, NetworkPublicationSender):
-        state["log"] = log_crc(machine.log)
-    return state
-
-
-def checked_poll(machine: NetworkPublicationSender | ReceiveEndpoint, now: int) -> list[Any]:
-    """Poll, and when the machine said no poll was due, check that this one sent and changed nothing:
-    the promise that lets the driver skip idle polls."""
-    if machine.poll_due(now):
-        return list(machine.poll(now))
-    before = machine_state(machine)
-    out = list(machine.poll(now))
-    assert out == [], f"poll_due was False at {now} but poll sent {out}"
-    assert machine_state(machine) == before, f"poll_due was False at {now} but poll changed the state"
-    return out
-
-
-class Sim:
-    """One publication and one subscription endpoint on a seeded lossy network, stepped by hand.
-
-    Every poll goes through ``checked_poll``: each scenario also checks ``poll_due``."""
-
-    def __init__(
-        self,
-        *,
-        seed: int = 1,
-        data_link: LinkConditions | None = None,
-        control_link: LinkConditions | None = None,
-        reliable: bool = True,
-        receiver_config: ReceiverConfig | None = None,
-        sender_config: SenderConfig | None = None,
-        step_ns: int = 20 * US,
-        initial_term_id: int = INITIAL,
-    ) -> None:
-        self.clock = ManualClock(1_000 * S)
-        self.net = InMemoryNetwork(self.clock, seed=seed)
-        self.net.set_link(PUB, SUB, data_link or LinkConditions(delay_ns=50 * US))
-        self.net.set_link(SUB, PUB, control_link or LinkConditions(delay_ns=50 * US))
-        log = LogBuffers(bytearray(compute_log_length(TERM)), TERM)
-        log.initialize(initial_term_id=initial_term_id, session_id=SESSION, stream_id=STREAM, mtu=1408)
-        self.appender = ExclusiveAppender(log)
-        self.sender = NetworkPublicationSender(log, sender_config)
-        self.receiver_config = receiver_config
-        self.reliable = reliable
-        self.seed = seed
-        self.endpoint = self.new_endpoint()
-        self.net.bind(PUB, lambda data, source, now: self.sender.on_datagram(data, now, source))
-        self.net.bind(SUB, lambda data, source, now: self.endpoint.on_datagram(data, now, source))
-        self.step_ns = step_ns
-        self.subscriber: Subscriber | None = None
-        self.events: list[ReceiverEvent] = []
-        self.outbox: deque[bytes] = deque()
-        self.published: list[bytes] = []
-        self.consume = True
-        self.close_when_published = False
-        self.sender_running = True
-        self.receiver_running = True
-
-    def new_endpoint(self) -> ReceiveEndpoint:
-        endpoint = ReceiveEndpoint(self.receiver_config, rng=random.Random(self.seed))
-        endpoint.add_subscription(STREAM, reliable=self.reliable)
-        return endpoint
-
-    @property
-    def now(self) -> int:
-        return self.clock.now_ns()
-
-    def offer(self, messages: list[bytes]) -> None:
-        self.outbox.extend(messages)
-
-    def _publish(self) -> None:
-        while self.outbox:
-            result = self.appender.append(self.outbox[0], self.sender.publisher_limit())
-            if result == ADMIN_ACTION:
-                continue
-            if result < 0:
-                self.last_offer_result = result
-                return
-            self.published.append(self.outbox.popleft())
-        if self.close_when_published:
-            self.sender.close()
-
-    def step(self) -> None:
-        now = self.now
-        delivered = self.net.deliver_due()
-        self._publish()
-        sent = 0
-        if self.sender_running:
-            for datagram in checked_poll(self.sender, now):
-                self.net.send(PUB, SUB, datagram)
-                sent += 1
-        self._take_events()
-        if self.subscriber is not None and self.consume:
-            self.subscriber.poll()
-        if self.receiver_running:
-            for datagram, destination in checked_poll(self.endpoint, now):
-                self.net.send(SUB, destination, datagram)
-                sent += 1
-        idle = not delivered and not sent and self.net.in_flight == 0
-        self.clock.advance(MS if idle else self.step_ns)
-
-    def _take_events(self) -> None:
-        for event in self.endpoint.take_events():
-            self.events.append(event)
-            if isinstance(event, ImageCreated):
-                self.subscriber = Subscriber(self.endpoint.image_by_id(event.image_id))
-
-    def run_until(self, done: Callable[[], bool], timeout_ns: int) -> None:
-        deadline = self.now + timeout_ns
-        while not done():
-            assert self.now < deadline, "simulation timed out"
-            self.step()
-
-    def run_for(self, duration_ns: int) -> None:
-        deadline = self.now + duration_ns
-        while self.now < deadline:
-            self.step()
-
-    def received(self) -> list[bytes]:
-        return self.subscriber.messages if self.subscriber is not None else []
-
-    def events_of(self, kind: type[E]) -> list[E]:
-        self._take_events()
-        return [e for e in self.events if isinstance(e, kind)]
+Sim = TransportPair
+"""One publication and one subscription endpoint on a seeded lossy network, stepped by hand; every
+poll goes through ``checked_poll``, so each scenario also checks ``poll_due``."""
 
 
 def lossy(loss: float) -> LinkConditions:

@@ -27,7 +27,6 @@ _RECV_CHUNK = 64 * 1024
 _MAX_OUTBOX = 4 * 1024 * 1024
 
 
-
 @dataclass(slots=True, eq=False)
 class ClientSession:
     """One connected client process (or context) as the driver sees it."""
@@ -124,6 +123,16 @@ class ClientCommandAdapter:
         client.pid = message.pid
         self.clients[client.client_id] = client
         self.send(client, cmd.Welcome(os.getpid(), self._liveness_timeout_ns, client.client_id))
+
+    @property
+    def pending(self) -> bool:
+        """Whether commands, closed clients or errors wait for the conductor (an idle cycle checks only this)."""
+        return bool(self._commands or self._closed or self.errors)
+
+    @property
+    def has_closed(self) -> bool:
+        """Whether ``take_closed`` would return any."""
+        return bool(self._closed)
 
     def take_commands(self) -> list[tuple[ClientSession, cmd.ClientMessage]]:
         """Commands decoded since the last call, in arrival order (a client's ``Hello`` excluded)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import os
 import random
 import socket
@@ -32,11 +31,9 @@ from ..files.counters import (
     SUBSCRIBER_POSITION_TYPE_ID,
     CountersManager,
 )
-from ..files.directory import IMAGES_DIR, PUBLICATIONS_DIR, map_file
+from ..files.directory import IMAGES_DIR, PUBLICATIONS_DIR
 from ..files.error_log import DistinctErrorLog
 from ..files.loss_report import LossReport
-from ..logbuffer import LogBuffers, compute_log_length
-from ..protocol.config import ReceiverConfig, SenderConfig
 from ..protocol.events import (
     GapFilled,
     ImageCreated,
@@ -47,7 +44,19 @@ from ..protocol.events import (
 )
 from ..protocol.sender import NetworkPublicationSender
 from ..wire.positions import wrap_i32
-from ..wire.uri import ChannelUri, ChannelUriError
+from ..wire.uri import ChannelUri
+from .channels import (
+    CommandRefused,
+    channel_key,
+    map_publication_log,
+    open_publication_socket,
+    open_receive_socket,
+    parse_channel,
+    publication_endpoint,
+    receiver_config,
+    sender_config,
+    subscription_endpoints,
+)
 from .client_commands import ClientCommandAdapter, ClientSession
 from .config import DriverConfig
 from .ipc_publication import IpcPublication, PublicationState
@@ -57,7 +66,7 @@ from .receive_channel import DriverImage, ReceiveChannel
 from .receiver_agent import ReceiverAgent
 from .sender_agent import SenderAgent
 from .system_counters import SystemCounters
-from .udp_channel import GSO_MAX_SEGMENTS, UdpEndpoint, UdpSocket, open_socket, resolve
+from .udp_channel import UdpEndpoint, UdpSocket, resolve
 
 log = logging.getLogger("slipstream.driver")
 
@@ -123,13 +132,19 @@ class DriverConductor:
     def do_work(self, now_ns: int, timeout_s: float = 0.0) -> int:
         """One duty cycle of every agent; ``timeout_s`` lets an idle driver sleep in the socket wait itself."""
         work = self._poll_sockets(now_ns, timeout_s)
-        work += self._on_client_commands(now_ns)
-        work += self._ipc_work(now_ns)
-        sent, finished = self.sender.do_work(now_ns, self._udp_ready, self.counters)
-        work += sent + self._retire_network_publications(finished, now_ns)
+        if self.client_commands.pending:
+            work += self._on_client_commands(now_ns)
+        if self.publications:
+            work += self._ipc_work(now_ns)
+        work += self.sender.do_work(now_ns, self._udp_ready, self.counters)
+        if self.sender.finished:
+            work += self._retire_network_publications(self.sender.take_finished(), now_ns)
         work += self.receiver.do_work(now_ns, self._udp_ready, self.counters)
-        work += self._on_image_events(now_ns)
-        return work + self._on_timer(now_ns)
+        if self.receiver.image_events:
+            work += self._on_image_events(now_ns)
+        if now_ns >= self._next_timer_ns:
+            work += self._on_timer(now_ns)
+        return work
 
     def park(self, timeout_s: float) -> int:
         """Sleep until a client speaks (commands, doorbell), a datagram arrives, or ``timeout_s``.
@@ -188,17 +203,14 @@ class DriverConductor:
     def _ipc_work(self, now_ns: int) -> int:
         """IPC publications: publisher limits from subscriber positions; closed ones retire once drained."""
         work = 0
-        if self.publications:
-            for publication in list(self.publications.values()):
-                work += publication.update_limit(self.counters)
-                if publication.state is PublicationState.DRAINING:
-                    work += self._check_drained(publication, now_ns)
+        for publication in list(self.publications.values()):
+            work += publication.update_limit(self.counters)
+            if publication.state is PublicationState.DRAINING:
+                work += self._check_drained(publication, now_ns)
         return work
 
     def _on_timer(self, now_ns: int) -> int:
         """Every ``timer_interval_ns``: heartbeat, client liveness, error log and counters."""
-        if now_ns < self._next_timer_ns:
-            return 0
         self._next_timer_ns = now_ns + self.config.timer_interval_ns
         self.cnc.heartbeat_ms = time.time_ns() // 1_000_000
         work = self._check_liveness(now_ns)
@@ -213,85 +225,67 @@ class DriverConductor:
     # -- commands ---------------------------------------------------------------------------------
 
     def _on_message(self, client: ClientSession, message: cmd.ClientMessage, now_ns: int) -> None:
-        match message:
-            case cmd.Keepalive() | cmd.Wake():
-                pass
-            case cmd.AddPublication():
-                self._add_publication(client, message, now_ns)
-            case cmd.RemovePublication():
-                self._remove_publication(client, message.correlation_id, message.registration_id, now_ns)
-            case cmd.AddSubscription():
-                self._add_subscription(client, message, now_ns)
-            case cmd.RemoveSubscription():
-                self._remove_subscription(client, message.correlation_id, message.registration_id, now_ns)
-            case cmd.AddDestination() | cmd.RemoveDestination():
-                self._destination(client, message)
-            case cmd.CloseClient():
-                self._close_client(client, now_ns, "client closed")
-            case cmd.Hello():
-                self._error(client, 0, "PROTOCOL", "Hello sent twice")
+        """Run one command; a refused one answers the client with its error code and message."""
+        try:
+            match message:
+                case cmd.Keepalive() | cmd.Wake():
+                    pass
+                case cmd.AddPublication():
+                    self._add_publication(client, message, now_ns)
+                case cmd.RemovePublication():
+                    self._remove_publication(client, message.correlation_id, message.registration_id, now_ns)
+                case cmd.AddSubscription():
+                    self._add_subscription(client, message, now_ns)
+                case cmd.RemoveSubscription():
+                    self._remove_subscription(client, message.correlation_id, message.registration_id, now_ns)
+                case cmd.AddDestination() | cmd.RemoveDestination():
+                    self._destination(client, message)
+                case cmd.CloseClient():
+                    self._close_client(client, now_ns, "client closed")
+                case cmd.Hello():
+                    raise CommandRefused("PROTOCOL", "Hello sent twice")
+        except CommandRefused as refused:
+            self._error(client, getattr(message, "correlation_id", 0), refused.code, refused.message)
 
     def _error(self, client: ClientSession, correlation_id: int, code: str, message: str) -> None:
         self.record_error(f"{code}: {message}")
         self._send(client, cmd.ErrorResponse(correlation_id, code, message))
 
-    def _check_correlation(self, client: ClientSession, correlation_id: int) -> bool:
+    def _check_correlation(self, client: ClientSession, correlation_id: int) -> None:
         """Registration ids are the client's correlation ids, unique because they carry its client id."""
         if (
             correlation_id >> 32 != client.client_id
             or correlation_id in self.publications
             or (correlation_id in self.subscriptions)
         ):
-            self._error(client, correlation_id, "PROTOCOL", f"correlation id {correlation_id} is not this client's")
-            return False
-        return True
-
-    def _parse_channel(
-        self, client: ClientSession, correlation_id: int, channel: str, stream_id: int
-    ) -> ChannelUri | None:
-        try:
-            uri = ChannelUri.parse(channel)
-        except ChannelUriError as exc:
-            self._error(client, correlation_id, "INVALID_CHANNEL", str(exc))
-            return None
-        if not -(1 << 31) <= stream_id < (1 << 31):
-            self._error(client, correlation_id, "INVALID_CHANNEL", f"stream id {stream_id} is not a 32-bit integer")
-            return None
-        if uri.is_spy:
-            self._error(client, correlation_id, "UNSUPPORTED_MEDIA", f"{channel}: spy subscriptions are not supported")
-            return None
-        return uri
+            raise CommandRefused("PROTOCOL", f"correlation id {correlation_id} is not this client's")
 
     def _add_publication(self, client: ClientSession, message: cmd.AddPublication, now_ns: int) -> None:
-        """A new publication: where it sends, its session, its socket and log file, then its driver side.
-        Each step answers the client with an error and stops if it fails."""
-        correlation_id = message.correlation_id
-        if not self._check_correlation(client, correlation_id):
-            return
-        uri = self._parse_channel(client, correlation_id, message.channel, message.stream_id)
-        if uri is None:
-            return
-        placement = self._publication_endpoint(client, message, uri)
-        if placement is None:
-            return
-        endpoint, control_mode = placement
-        session_id = self._publication_session_id(client, message, uri)
-        if session_id is None:
-            return
-        sock: socket.socket | None = None
-        if endpoint is not None:
-            sock = self._publication_socket(client, message, uri, endpoint, control_mode)
-            if sock is None:
-                return
-        created = self._publication_log(client, message, uri, session_id, ipc=endpoint is None)
-        if created is None:
+        """A new publication: where it sends, its session, its socket and log file, then its driver side."""
+        correlation_id, stream_id, channel = message.correlation_id, message.stream_id, message.channel
+        self._check_correlation(client, correlation_id)
+        uri = parse_channel(channel, stream_id)
+        endpoint, control_mode = publication_endpoint(channel, uri)
+        session_id = self._publication_session_id(uri, stream_id)
+        sock = None if endpoint is None else open_publication_socket(channel, uri, endpoint, control_mode, self.config)
+        path = self.publications_dir / f"{correlation_id}.logbuffer"
+        try:
+            mapping, logbuffers, window = map_publication_log(
+                path,
+                uri,
+                self.config,
+                self._rng,
+                ipc=endpoint is None,
+                session_id=session_id,
+                stream_id=stream_id,
+                correlation_id=correlation_id,
+            )
+        except CommandRefused:
             if sock is not None:
                 sock.close()
-            return
-        path, mapping, logbuffers, window = created
-        label = f"pub-lmt: {correlation_id} {session_id} {message.stream_id} {message.channel}"
+            raise
         limit_id = self.counters.allocate(
-            label,
+            f"pub-lmt: {correlation_id} {session_id} {stream_id} {channel}",
             PUBLISHER_LIMIT_TYPE_ID,
             registration_id=correlation_id,
             owner_id=client.client_id,
@@ -299,18 +293,18 @@ class DriverConductor:
         )
         self.counters.set(limit_id, logbuffers.producer_position())
         ready = cmd.PublicationReady(
-            correlation_id, correlation_id, session_id, message.stream_id, str(path), limit_id, message.channel
+            correlation_id, correlation_id, session_id, stream_id, str(path), limit_id, channel
         )
         client.publications.add(correlation_id)
-        args = (correlation_id, client.client_id, session_id, message.stream_id, message.channel, message.exclusive)
+        identity = (correlation_id, client.client_id, session_id, stream_id, channel, message.exclusive)
         if sock is not None:
             network = NetworkPublication(
-                *args,
+                *identity,
                 path,
                 mapping,
                 logbuffers,
                 limit_id,
-                NetworkPublicationSender(logbuffers, self._sender_config(uri, control_mode)),
+                NetworkPublicationSender(logbuffers, sender_config(uri, control_mode, self.config)),
                 UdpSocket(sock, offload=self.config.udp_gso),
                 control_mode=control_mode,
             )
@@ -322,27 +316,20 @@ class DriverConductor:
                 ("snd-lmt", SENDER_LIMIT_TYPE_ID),
             ):
                 network.position_counters[type_id] = self._stream_counter(
-                    name,
-                    type_id,
-                    correlation_id,
-                    session_id,
-                    message.stream_id,
-                    message.channel,
-                    client.client_id,
-                    now_ns,
+                    name, type_id, correlation_id, session_id, stream_id, channel, client.client_id, now_ns
                 )
             self._send(client, ready)
             network.update_limit(self.counters)
             return
-        publication = IpcPublication(*args, path, mapping, logbuffers, limit_id, window)
+        publication = IpcPublication(*identity, path, mapping, logbuffers, limit_id, window)
         self.publications[correlation_id] = publication
         publication.position_counters[PUBLISHER_POSITION_TYPE_ID] = self._stream_counter(
             "pub-pos",
             PUBLISHER_POSITION_TYPE_ID,
             correlation_id,
             session_id,
-            message.stream_id,
-            message.channel,
+            stream_id,
+            channel,
             client.client_id,
             now_ns,
         )
@@ -352,138 +339,25 @@ class DriverConductor:
                 self._link(link, publication, now_ns)
         publication.update_limit(self.counters)
 
-    def _publication_endpoint(
-        self, client: ClientSession, message: cmd.AddPublication, uri: ChannelUri
-    ) -> tuple[UdpEndpoint | None, str | None] | None:
-        """Where a publication sends, and its MDC control mode: (None, None) for IPC; None if refused.
-
-        Unicast connects to the endpoint. MDC binds the control address (or an ephemeral port for
-        manual mode without one) and sends to each destination."""
-        correlation_id = message.correlation_id
-        if not uri.is_udp:
-            return None, None
-        control_mode = uri.control_mode
-        if control_mode == "response":
-            self._error(
-                client, correlation_id, "UNSUPPORTED_CHANNEL", f"{message.channel}: response channels are not supported"
-            )
-            return None
-        target = uri.control if control_mode is not None else uri.endpoint
-        if target is None and control_mode != "manual":
-            self._error(
-                client,
-                correlation_id,
-                "INVALID_CHANNEL",
-                f"{message.channel}: a UDP publication needs endpoint=host:port, or control=host:port with "
-                "control-mode=dynamic|manual",
-            )
-            return None
-        try:
-            endpoint = resolve(target, "control" if control_mode else "endpoint") if target else resolve("0.0.0.0:0")
-        except ValueError as exc:
-            self._error(client, correlation_id, "INVALID_CHANNEL", str(exc))
-            return None
-        return endpoint, control_mode
-
-    def _publication_session_id(
-        self, client: ClientSession, message: cmd.AddPublication, uri: ChannelUri
-    ) -> int | None:
+    def _publication_session_id(self, uri: ChannelUri, stream_id: int) -> int:
         """The channel's ``session-id`` unless an active publication of the stream uses it, else a free one."""
         session_id = uri.session_id
         if session_id is None:
-            return self._allocate_session_id(message.stream_id)
+            return self._allocate_session_id(stream_id)
         all_publications: list[IpcPublication | NetworkPublication] = [
             *self.publications.values(),
             *self.network_publications.values(),
         ]
-        key = _channel_key(uri)
+        key = channel_key(uri)
         if any(
             p.session_id == session_id
-            and p.stream_id == message.stream_id
+            and p.stream_id == stream_id
             and p.state is PublicationState.ACTIVE
-            and _channel_key(ChannelUri.parse(p.channel)) == key
+            and channel_key(ChannelUri.parse(p.channel)) == key
             for p in all_publications
         ):
-            self._error(
-                client,
-                message.correlation_id,
-                "SESSION_IN_USE",
-                f"session id {session_id} is already used on stream {message.stream_id}",
-            )
-            return None
+            raise CommandRefused("SESSION_IN_USE", f"session id {session_id} is already used on stream {stream_id}")
         return session_id
-
-    def _publication_socket(
-        self,
-        client: ClientSession,
-        message: cmd.AddPublication,
-        uri: ChannelUri,
-        endpoint: UdpEndpoint,
-        control_mode: str | None,
-    ) -> socket.socket | None:
-        """Unicast: connected to the endpoint; MDC: bound to the control address."""
-        config = self.config
-        rcvbuf, sndbuf = uri.so_rcvbuf or config.so_rcvbuf, uri.so_sndbuf or config.so_sndbuf
-        try:
-            if control_mode is None:
-                return open_socket(endpoint.family, connect=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=sndbuf)
-            return open_socket(endpoint.family, bind=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=sndbuf)
-        except OSError as exc:
-            self._error(client, message.correlation_id, "RESOURCE", f"{message.channel}: cannot open socket: {exc}")
-            return None
-
-    def _publication_log(
-        self, client: ClientSession, message: cmd.AddPublication, uri: ChannelUri, session_id: int, *, ipc: bool
-    ) -> tuple[Path, mmap.mmap, LogBuffers, int] | None:
-        """The publication's log file, mapped and initialized, and its publication window."""
-        config = self.config
-        correlation_id = message.correlation_id
-        term_length = uri.term_length or (config.ipc_term_length if ipc else config.udp_term_length)
-        mtu = uri.mtu or (config.ipc_mtu if ipc else config.udp_mtu)
-        start = uri.start_position
-        if start is not None:
-            initial_term_id, term_id, term_offset = start.initial_term_id, start.term_id, start.term_offset
-        else:
-            initial_term_id = wrap_i32(self._rng.getrandbits(32))
-            term_id, term_offset = initial_term_id, 0
-        window = term_length // 2
-        if uri.pub_wnd is not None:
-            window = min(window, uri.pub_wnd)
-        elif ipc and config.ipc_publication_window is not None:
-            window = min(window, config.ipc_publication_window)
-        path = self.publications_dir / f"{correlation_id}.logbuffer"
-        try:
-            mapping = map_file(path, compute_log_length(term_length), create=True)
-        except OSError as exc:
-            self._error(client, correlation_id, "RESOURCE", f"cannot create {path}: {exc}")
-            return None
-        logbuffers = LogBuffers(memoryview(mapping), term_length)
-        logbuffers.initialize(
-            initial_term_id=initial_term_id,
-            term_id=term_id,
-            term_offset=term_offset,
-            session_id=session_id,
-            stream_id=message.stream_id,
-            mtu=mtu,
-            correlation_id=correlation_id,
-            publication_window=window,
-            linger_ns=uri.linger_ns or 0,
-            signal_eos=uri.eos if uri.eos is not None else True,
-        )
-        return path, mapping, logbuffers, window
-
-    def _sender_config(self, uri: ChannelUri, control_mode: str | None) -> SenderConfig:
-        config = self.config
-        return SenderConfig(
-            linger_timeout_ns=uri.linger_ns if uri.linger_ns is not None else config.publication_linger_ns,
-            receiver_window=uri.rcv_wnd or config.receiver_window,
-            signal_eos=uri.eos if uri.eos is not None else True,
-            group=control_mode is not None,
-            # A Python duty cycle costs more than Aeron's: send more per cycle to amortise it
-            # (with GSO, a full batch is one system call).
-            max_messages_per_send=GSO_MAX_SEGMENTS if config.udp_gso else 16,
-            max_resend=uri.max_resend or SenderConfig().max_resend,
-        )
 
     def _allocate_session_id(self, stream_id: int) -> int:
         low, high = self.config.reserved_session_id_low, self.config.reserved_session_id_high
@@ -499,10 +373,7 @@ class DriverConductor:
     ) -> None:
         publication = self.publications.get(registration_id) or self.network_publications.get(registration_id)
         if publication is None or publication.client_id != client.client_id:
-            self._error(
-                client, correlation_id, "UNKNOWN_PUBLICATION", f"no publication {registration_id} of this client"
-            )
-            return
+            raise CommandRefused("UNKNOWN_PUBLICATION", f"no publication {registration_id} of this client")
         client.publications.discard(registration_id)
         publication.start_draining(now_ns)
         self._send(client, cmd.OperationSuccess(correlation_id))
@@ -511,50 +382,29 @@ class DriverConductor:
         """Manual MDC: the application adds and removes a publication's destinations."""
         publication = self.network_publications.get(message.registration_id)
         if publication is None or publication.client_id != client.client_id:
-            self._error(
-                client,
-                message.correlation_id,
-                "UNKNOWN_PUBLICATION",
-                f"no UDP publication {message.registration_id} of this client",
-            )
-            return
+            raise CommandRefused("UNKNOWN_PUBLICATION", f"no UDP publication {message.registration_id} of this client")
         if publication.control_mode != "manual":
-            self._error(
-                client,
-                message.correlation_id,
-                "INVALID_CHANNEL",
-                f"{publication.channel}: destinations can only be managed with control-mode=manual",
+            raise CommandRefused(
+                "INVALID_CHANNEL", f"{publication.channel}: destinations can only be managed with control-mode=manual"
             )
-            return
         try:
             uri = ChannelUri.parse(message.channel)
             if uri.endpoint is None:
                 raise ValueError(f"{message.channel}: a destination needs endpoint=host:port")
             destination = resolve(uri.endpoint)
         except ValueError as exc:
-            self._error(client, message.correlation_id, "INVALID_CHANNEL", str(exc))
-            return
+            raise CommandRefused("INVALID_CHANNEL", str(exc)) from None
         if isinstance(message, cmd.AddDestination):
             publication.add_destination(destination.address)
         elif not publication.remove_destination(destination.address):
-            self._error(
-                client, message.correlation_id, "UNKNOWN_DESTINATION", f"{message.channel} is not a destination"
-            )
-            return
+            raise CommandRefused("UNKNOWN_DESTINATION", f"{message.channel} is not a destination")
         self._send(client, cmd.OperationSuccess(message.correlation_id))
 
     def _add_subscription(self, client: ClientSession, message: cmd.AddSubscription, now_ns: int) -> None:
         correlation_id = message.correlation_id
-        if not self._check_correlation(client, correlation_id):
-            return
-        uri = self._parse_channel(client, correlation_id, message.channel, message.stream_id)
-        if uri is None:
-            return
-        receive_channel = None
-        if uri.is_udp:
-            receive_channel = self._receive_channel(client, correlation_id, message.channel, uri)
-            if receive_channel is None:
-                return
+        self._check_correlation(client, correlation_id)
+        uri = parse_channel(message.channel, message.stream_id)
+        receive_channel = self._receive_channel(message.channel, uri) if uri.is_udp else None
         link = SubscriptionLink(
             correlation_id, client, message.channel, message.stream_id, uri.session_id, receive_channel
         )
@@ -572,62 +422,27 @@ class DriverConductor:
             if publication.state is PublicationState.ACTIVE and self._matches(link, publication):
                 self._link(link, publication, now_ns)
 
-    def _receive_channel(
-        self, client: ClientSession, correlation_id: int, channel: str, uri: ChannelUri
-    ) -> ReceiveChannel | None:
+    def _receive_channel(self, channel: str, uri: ChannelUri) -> ReceiveChannel:
         """The bound endpoint for a UDP subscription: shared by every subscription on the same address."""
-        control: UdpEndpoint | None = None
-        try:
-            if uri.control is not None and uri.control_mode == "dynamic":
-                control = resolve(uri.control, "control")
-            elif uri.endpoint is None:
-                raise ValueError(
-                    f"{channel}: a UDP subscription needs endpoint=host:port, or control=host:port with "
-                    "control-mode=dynamic"
-                )
-            if uri.endpoint is not None:
-                endpoint = resolve(uri.endpoint)
-            else:
-                assert control is not None
-                endpoint = UdpEndpoint(
-                    control.family, ("::", 0) if control.family == socket.AF_INET6 else ("0.0.0.0", 0)
-                )
-        except ValueError as exc:
-            self._error(client, correlation_id, "INVALID_CHANNEL", str(exc))
-            return None
+        endpoint, control = subscription_endpoints(channel, uri)
         existing = self.receive_channels.get(endpoint) if endpoint.address[1] else None
         if existing is not None:
             if existing.control != control:
-                self._error(
-                    client,
-                    correlation_id,
-                    "INVALID_CHANNEL",
-                    f"{channel}: {endpoint.host_port} is already bound with another control address",
+                raise CommandRefused(
+                    "INVALID_CHANNEL", f"{channel}: {endpoint.host_port} is already bound with another control address"
                 )
-                return None
             return existing
-        config = self.config
-        rcvbuf = uri.so_rcvbuf or config.so_rcvbuf
-        try:
-            sock = open_socket(endpoint.family, bind=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=uri.so_sndbuf)
-        except OSError as exc:
-            self._error(client, correlation_id, "RESOURCE", f"{channel}: cannot bind {endpoint.host_port}: {exc}")
-            return None
-        actual_rcvbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        receiver_config = ReceiverConfig(
-            # Never advertise more than the socket can hold: a sender filling the window would
-            # overflow the buffer and turn into retransmissions (the C driver refuses this set-up).
-            receiver_window=min(uri.rcv_wnd or config.receiver_window, actual_rcvbuf),
-            so_rcvbuf=actual_rcvbuf,
-            nak_delay_ns=uri.nak_delay_ns if uri.nak_delay_ns is not None else ReceiverConfig().nak_delay_ns,
-        )
+        sock = open_receive_socket(channel, uri, endpoint, self.config)
+        config = receiver_config(uri, sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), self.config)
         if not endpoint.address[1]:  # ephemeral: keyed by the port the OS chose
             endpoint = UdpEndpoint(endpoint.family, sock.getsockname()[: len(endpoint.address)])
-        udp = UdpSocket(sock, offload=config.udp_gso)
-        channel_state = ReceiveChannel(endpoint, udp, receiver_config, self.images_dir, control)
-        self.receive_channels[endpoint] = channel_state
+        udp = UdpSocket(sock, offload=self.config.udp_gso)
+        receive_channel = ReceiveChannel(endpoint, udp, config, self.images_dir, control)
+        self.receive_channels[endpoint] = receive_channel
         self._watch(sock)
-        return channel_state
+        return receive_channel
+
+    # -- images and subscribers -------------------------------------------------------------------
 
     @staticmethod
     def _image_matches(link: SubscriptionLink, image: DriverImage) -> bool:
@@ -686,8 +501,6 @@ class DriverConductor:
 
     def _on_image_events(self, now_ns: int) -> int:
         """Images appeared, went or lost data: link them to subscriptions, tell clients, count."""
-        if not self.receiver.image_events:
-            return 0
         events = self.receiver.take_image_events()
         channels = self.receiver.channels
         for channel, event in events:
@@ -852,6 +665,8 @@ class DriverConductor:
         """Release everything closed clients held: their subscriptions stop holding publishers back at
         once, their publications end their streams so subscribers still get every byte before the image
         goes."""
+        if not self.client_commands.has_closed:
+            return
         for client, _ in self.client_commands.take_closed():
             for registration_id in list(client.subscriptions):
                 link = self.subscriptions.get(registration_id)
@@ -959,11 +774,6 @@ class DriverConductor:
             channel.close()
         self.receive_channels.clear()
         self.poller.close()
-
-
-def _channel_key(uri: ChannelUri) -> tuple[str, str | None, str | None]:
-    """What makes two channels the same for session-id clashes (as in Aeron: one session per channel)."""
-    return (uri.media, uri.endpoint, uri.control) if uri.is_udp else (uri.media, None, None)
 
 
 def _wants(link: SubscriptionLink, stream_id: int, session_id: int) -> bool:

@@ -8,6 +8,7 @@ from typing import Final
 
 from ..files.directory import default_directory
 from ..files.idle import idle_strategy
+from ..protocol.config import require_positive
 from ..wire.constants import IPC_TERM_DEFAULT_LENGTH, MTU_DEFAULT, TERM_DEFAULT_LENGTH
 from ..wire.positions import check_mtu, check_term_length
 
@@ -68,14 +69,13 @@ class DriverConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
-        for name in (
+        require_positive(
+            self,
             "client_liveness_timeout_ns",
             "publication_linger_ns",
             "publication_unblock_timeout_ns",
             "timer_interval_ns",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive: {getattr(self, name)}")
+        )
         try:
             check_term_length(self.ipc_term_length)
         except ValueError as exc:

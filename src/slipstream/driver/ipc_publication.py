@@ -7,24 +7,17 @@ end of stream when the publication closes or its client dies.
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import mmap
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files.counters import CountersManager
-from ..files.directory import close_mapping
-from ..logbuffer import LogBuffers
-from ..logbuffer.constants import PARTITION_COUNT
-from ..wire.constants import DATA_HEADER_LENGTH, HDR_TYPE_PAD
+from ..files.directory import release_log_file
+from ..logbuffer import LogBuffers, unblock
+from ..protocol.lifecycle import Lifecycle
 
-
-class PublicationState(enum.Enum):
-    ACTIVE = "active"
-    DRAINING = "draining"
-    DONE = "done"
+PublicationState = Lifecycle
+"""A driver publication's lifecycle: active, draining once closed, done (an IPC one has no linger)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -45,9 +38,7 @@ class DriverPublication:
     def release_log(self) -> None:
         """Release the mapping and delete the file; mapped readers keep their pages until they unmap."""
         self.log.close()
-        close_mapping(self.mapping)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.log_path)
+        release_log_file(self.log_path, self.mapping)
 
 
 @dataclass(slots=True, eq=False)
@@ -73,8 +64,7 @@ class IpcPublication(DriverPublication):
         """
         producer = self.producer_position()
         if self.subscribers:
-            consumer = min(counters.get(cid) for cid in self.subscribers.values())
-            limit = consumer + self.window
+            limit = counters.min_value(self.subscribers.values()) + self.window
             if not self.log.is_connected:
                 self.log.is_connected = True
         else:
@@ -92,7 +82,7 @@ class IpcPublication(DriverPublication):
     def min_subscriber_position(self, counters: CountersManager) -> int | None:
         if not self.subscribers:
             return None
-        return min(counters.get(cid) for cid in self.subscribers.values())
+        return counters.min_value(self.subscribers.values())
 
     def start_draining(self, now_ns: int) -> None:
         if self.state is PublicationState.ACTIVE:
@@ -116,18 +106,8 @@ class IpcPublication(DriverPublication):
             self.stuck_position = position
             self.stuck_since_ns = now_ns
             return False
-        if now_ns - self.stuck_since_ns < timeout_ns:
+        if now_ns - self.stuck_since_ns < timeout_ns or not unblock(self.log, position):
             return False
-        log = self.log
-        index = (position >> log.bits) % PARTITION_COUNT
-        offset = position & (log.term_length - 1)
-        term_i32 = log.terms_i32[index]
-        frame_length = term_i32[offset >> 2]
-        if frame_length >= 0 or -frame_length < DATA_HEADER_LENGTH or -frame_length > log.term_length - offset:
-            return False
-        log.terms[index][offset + 6] = HDR_TYPE_PAD
-        log.terms[index][offset + 7] = 0
-        term_i32[offset >> 2] = -frame_length
         self.stuck_since_ns = now_ns
         return True
 

@@ -8,18 +8,17 @@ publisher limit the application's ``offer`` reads.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import cast
 
 from ..files.counters import CountersManager
 from ..protocol.sender import NetworkPublicationSender
 from ..wire.address import SocketAddress
-from ..wire.constants import HDR_TYPE_SM, SM_LENGTH
 from .ipc_publication import DriverPublication, PublicationState
 from .udp_channel import UdpSocket
 
 _RECV_BUDGET = 64
-DESTINATION_TIMEOUT_NS = 5_000_000_000
-"""A dynamic MDC destination that sent no status message for this long is dropped (as Aeron)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -29,8 +28,6 @@ class NetworkPublication(DriverPublication):
     state: PublicationState = PublicationState.ACTIVE
     control_mode: str | None = None
     """None for unicast (connected socket); "dynamic" or "manual" for multi-destination-cast."""
-    destinations: dict[SocketAddress, int] = field(default_factory=dict)
-    """MDC destinations -> time of their last status message (manual ones never expire)."""
     position_counters: dict[int, int] = field(default_factory=dict)
     """Type id -> counter id of the per-stream position counters the driver keeps current."""
     _published_limit: int | None = None
@@ -50,38 +47,28 @@ class NetworkPublication(DriverPublication):
         work = 0
         sender = self.sender
         for data, source in self.sock.receive(_RECV_BUDGET) if readable else ():
-            if self.control_mode == "dynamic" and len(data) >= SM_LENGTH and data[6] == HDR_TYPE_SM and not data[7]:
-                # Any status message at the control port adds or refreshes its source as a destination:
-                # the reply traffic a NAT lets through (reference 3.2, 3.5).
-                self.destinations[source] = now_ns
             sender.on_datagram(data, now_ns, source)
             work += 1
         if not sender.poll_due(now_ns):
             return work
-        datagrams = sender.poll(now_ns)
+        sent = sender.datagrams_sent
+        batches = sender.poll_batches(now_ns)
         self.update_limit(counters)
-        if not datagrams:
-            return work
-        if self.control_mode is None:
-            self.sock.send(datagrams)
-        else:
-            if self.control_mode == "dynamic":
-                self._expire_destinations(now_ns)
-            for destination in self.destinations:
-                self.sock.send(datagrams, destination)
-        return work + len(datagrams)
+        for datagrams, destination in batches:
+            self.sock.send(datagrams, cast(SocketAddress | None, destination))
+        return work + sender.datagrams_sent - sent
 
-    def _expire_destinations(self, now_ns: int) -> None:
-        expired = [d for d, seen in self.destinations.items() if now_ns - seen > DESTINATION_TIMEOUT_NS]
-        for destination in expired:
-            del self.destinations[destination]
+    @property
+    def destinations(self) -> dict[Hashable, int]:
+        """MDC destinations (kept by the sender) -> time of their last status message."""
+        return self.sender.destinations
 
     def add_destination(self, address: SocketAddress) -> None:
         """Manual MDC: a destination that stays until removed."""
-        self.destinations[address] = 1 << 62
+        self.sender.add_destination(address)
 
     def remove_destination(self, address: SocketAddress) -> bool:
-        return self.destinations.pop(address, None) is not None
+        return self.sender.remove_destination(address)
 
     def update_limit(self, counters: CountersManager) -> int:
         limit = self.sender.publisher_limit()

@@ -25,6 +25,7 @@ class SocketPoller(Generic[T]):
         """fd -> what it is, as given to ``register``."""
 
     def register(self, fd: int, what: T) -> None:
+        """Watch ``fd`` for readability; ``poll`` reports it with ``what``."""
         self._epoll.register(fd, select.EPOLLIN)
         self.watched[fd] = what
 
@@ -41,4 +42,5 @@ class SocketPoller(Generic[T]):
         return [(fd, watched[fd]) for fd, _ in self._epoll.poll(timeout_s if timeout_s > 0 else 0) if fd in watched]
 
     def close(self) -> None:
+        """Release the epoll descriptor (the watched sockets are their owners' to close)."""
         self._epoll.close()

@@ -16,19 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from ..files.directory import close_mapping, map_file
+from ..files.directory import map_file, release_log_file
 from ..logbuffer import LogBuffers, compute_log_length
 from ..protocol.config import ReceiverConfig
 from ..protocol.image import ImageLog, ImageParams, PublicationImageReceiver
 from ..protocol.receive_endpoint import ReceiveEndpoint
 from ..wire.address import SocketAddress
-from ..wire.constants import SM_SEND_SETUP_FLAG
-from ..wire.frames import StatusMessage
 from .udp_channel import UdpEndpoint, UdpSocket
 
 _RECV_BUDGET = 64
-MDC_REGISTRATION_INTERVAL_NS = 1_000_000_000
-"""How often a dynamic MDC subscription (re)registers at the publication's control address."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +51,7 @@ class DriverImage:
 
     def close(self) -> None:
         self.receiver.log.close()
-        close_mapping(self.mapping)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.log_path)
+        release_log_file(self.log_path, self.mapping)
 
 
 class ReceiveChannel:
@@ -74,13 +68,14 @@ class ReceiveChannel:
         self.endpoint = endpoint
         self.control = control
         """Dynamic MDC: the publication's control address, where this endpoint registers and reports."""
-        self._next_registration_ns = 0
         self.sock = sock
         self.images_dir = images_dir
         self._name = f"{os.getpid()}-{endpoint.address[1]}-{id(self):x}"
         self._pending_logs: dict[Path, ImageLogFile] = {}
         """Logs mapped for images the driver has not taken over yet (or whose SETUP failed after all)."""
-        self.receive = ReceiveEndpoint(config, log_factory=self._map_log)
+        self.receive = ReceiveEndpoint(
+            config, log_factory=self._map_log, control=control.address if control is not None else None
+        )
         self.subscriptions: set[int] = set()
         self.images: dict[int, DriverImage] = {}
         """By the endpoint's image id, as its events carry it."""
@@ -107,15 +102,6 @@ class ReceiveChannel:
         for data, segment, source in self.sock.receive_batches(_RECV_BUDGET) if readable else ():
             receive.on_datagrams(data, segment, now_ns, source)
             work += 1
-        control = self.control
-        if control is not None:
-            if now_ns >= self._next_registration_ns:
-                # Sent from the data socket, so the NAT on the way learns the mapping the data comes back on.
-                self._next_registration_ns = now_ns + MDC_REGISTRATION_INTERVAL_NS
-                registration = StatusMessage(0, 0, 0, 0, 0, receive.receiver_id, flags=SM_SEND_SETUP_FLAG)
-                self.sock.send([registration.encode()], control.address)
-            for image in receive.images:
-                image.control_address = control.address  # image SMs and NAKs go to the control address too
         if receive.poll_due(now_ns):
             for datagram, destination in receive.poll(now_ns):
                 self.sock.send([datagram], cast(SocketAddress, destination))
@@ -137,6 +123,4 @@ class ReceiveChannel:
             image.close()
         self.images.clear()
         for pending in self._pending_logs.values():
-            close_mapping(pending.mapping)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(pending.path)
+            release_log_file(pending.path, pending.mapping)

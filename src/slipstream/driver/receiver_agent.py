@@ -27,17 +27,13 @@ class ReceiverAgent:
     def do_work(self, now_ns: int, readable: set[int], counters: CountersManager) -> int:
         """Consumption in, datagrams in, datagrams out, for every channel; events queue for the conductor."""
         work = 0
-        get = counters.get
+        slowest = counters.min_value
         events = self.image_events
         for channel in self.channels.values():
             for image in channel.images.values():
                 subscribers = image.subscribers
                 if subscribers and not image.removed:
-                    # Every duty cycle: one subscriber (the common case) without building a map and a min.
-                    positions = subscribers.values()
-                    image.receiver.on_consumption(
-                        get(*positions) if len(subscribers) == 1 else min(map(get, positions))
-                    )
+                    image.receiver.on_consumption(slowest(subscribers.values()))
             work += channel.do_work(now_ns, channel.sock.fd in readable)
             if channel.receive.has_events:
                 events.extend((channel, event) for event in channel.receive.take_events())

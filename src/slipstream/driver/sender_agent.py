@@ -27,20 +27,24 @@ class SenderAgent:
 
     def __init__(self) -> None:
         self.publications: dict[int, NetworkPublication] = {}
+        self.finished: list[NetworkPublication] = []
+        """Publications whose sender finished, for the conductor to retire (``take_finished``)."""
 
-    def do_work(
-        self, now_ns: int, readable: set[int], counters: CountersManager
-    ) -> tuple[int, list[NetworkPublication]]:
-        """One duty cycle over every publication; returns the work done and the publications that finished."""
+    def do_work(self, now_ns: int, readable: set[int], counters: CountersManager) -> int:
+        """One duty cycle over every publication; the work done. Finished ones queue in ``finished``."""
         work = 0
-        finished: list[NetworkPublication] = []
         # Nothing here adds or removes publications (the conductor retires them afterwards), so this
         # iterates the dict itself.
         for network in self.publications.values():
             work += network.do_work(now_ns, network.sock.fd in readable, counters)
             if network.sender.has_events and _finished(network):
-                finished.append(network)
-        return work, finished
+                self.finished.append(network)
+        return work
+
+    def take_finished(self) -> list[NetworkPublication]:
+        """The publications that finished since the last call."""
+        finished, self.finished = self.finished, []
+        return finished
 
 
 def _finished(network: NetworkPublication) -> bool:

@@ -62,3 +62,11 @@ def close_mapping(mapping: mmap.mmap) -> None:
     """Close a mapping; if views of it are still held somewhere, leave it to the garbage collector."""
     with contextlib.suppress(BufferError):
         mapping.close()
+
+
+def release_log_file(path: Path, mapping: mmap.mmap) -> None:
+    """Release a log file the driver mapped (its log's views closed first) and delete it. Readers that
+    mapped it keep their pages until they unmap; a file already gone is no error."""
+    close_mapping(mapping)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

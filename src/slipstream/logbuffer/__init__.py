@@ -1,6 +1,10 @@
-"""Log buffers: three term partitions plus metadata over any writable buffer, with append and read."""
+"""Log buffers: three term partitions plus metadata over any writable buffer, with append and read.
 
-from .appender import BufferClaim, ExclusiveAppender, zero_buffer
+One implementation serves IPC publications, network publications and images. May import ``wire``
+(and ``slipstream.errors``); ``files``, ``protocol`` and everything above may import it.
+"""
+
+from .appender import BufferClaim, ExclusiveAppender, unblock, zero_buffer
 from .header import Header
 from .layout import LogBufferError, LogBuffers, compute_log_length
 from .reader import FragmentHandler, is_equal_run, read_term, scan_term
@@ -23,5 +27,6 @@ __all__ = [
     "result_name",
     "is_equal_run",
     "scan_term",
+    "unblock",
     "zero_buffer",
 ]

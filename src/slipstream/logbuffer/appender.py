@@ -120,6 +120,25 @@ Doorbell = tuple[memoryview, int, Callable[[], None]]
 parked media driver asks to be woken this way when it has data to send."""
 
 
+def unblock(log: LogBuffers, position: int) -> bool:
+    """Pad the frame a publisher claimed at ``position`` but never committed, so readers get past it.
+
+    A frame being written carries its length negated; a publisher that died (or closed) inside
+    ``try_claim`` leaves it so, and subscribers stop there for good. Turning it into padding of the
+    claimed length (type first, length last, as every frame is committed) lets them reach what follows
+    and end of stream. False if there is no such claim at ``position``."""
+    index = (position >> log.bits) % PARTITION_COUNT
+    offset = position & (log.term_length - 1)
+    term_i32 = log.terms_i32[index]
+    frame_length = term_i32[offset >> 2]
+    if frame_length >= 0 or -frame_length < DATA_HEADER_LENGTH or -frame_length > log.term_length - offset:
+        return False
+    log.terms[index][offset + 6] = HDR_TYPE_PAD
+    log.terms[index][offset + 7] = 0
+    term_i32[offset >> 2] = -frame_length
+    return True
+
+
 def _limit_cell() -> memoryview:
     """A private limit counter, zero until set."""
     return memoryview(bytearray(8)).cast("q")

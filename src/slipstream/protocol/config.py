@@ -14,6 +14,8 @@ from .defaults import (
     IMAGE_SM_EOS_MULTIPLE,
     MAX_RESEND_DEFAULT,
     MAX_RESEND_MAX,
+    MDC_DESTINATION_TIMEOUT_NS,
+    MDC_REGISTRATION_INTERVAL_NS,
     NAK_MULTICAST_GROUP_SIZE,
     NAK_MULTICAST_MAX_BACKOFF_NS,
     NAK_UNICAST_DELAY_NS,
@@ -84,6 +86,8 @@ class ReceiverConfig:
     max_gaps_naked: int = 16
     """Gaps between the rebuild position and the HWM that each get a NAK timer at once (the
     reference NAKs only the first, so a window with several losses costs a round trip per loss)."""
+    mdc_registration_interval_ns: int = MDC_REGISTRATION_INTERVAL_NS
+    """Dynamic MDC (an endpoint given a control address): how often it registers there."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -101,6 +105,7 @@ class ReceiverConfig:
             "max_outbound",
             "scan_passes_per_poll",
             "max_gaps_naked",
+            "mdc_registration_interval_ns",
         )
         require_non_negative(self, "nak_delay_ns", "nak_retry_delay_ns", "gap_fill_delay_ns", "eos_linger_multiple")
         if self.nak_group_size < 1:
@@ -140,6 +145,12 @@ class SenderConfig:
     """Receiver ids kept for liveness; bounds memory whatever receiver ids peers invent."""
     signal_eos: bool = True
     ttl: int = 0
+    control_mode: str | None = None
+    """Multi-destination-cast: None (unicast: the adapter's socket is connected to the receiver),
+    "dynamic" (destinations are learned from status messages and expire) or "manual" (the application
+    adds and removes them)."""
+    destination_timeout_ns: int = MDC_DESTINATION_TIMEOUT_NS
+    """Dynamic MDC: a destination that sent no status message for this long is dropped."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -161,4 +172,7 @@ class SenderConfig:
             "max_retransmit_datagrams_per_poll",
             "max_pending_replies",
             "max_tracked_receivers",
+            "destination_timeout_ns",
         )
+        if self.control_mode not in (None, "dynamic", "manual"):
+            raise ValueError(f"control_mode must be None, 'dynamic' or 'manual': {self.control_mode!r}")

@@ -43,3 +43,7 @@ RETRANSMIT_UNICAST_RECEIVER_WINDOW_MULTIPLE: Final = 16
 RETRANSMIT_MULTICAST_RECEIVER_WINDOW_MULTIPLE: Final = 4
 SENDER_MAX_MESSAGES_PER_SEND: Final = 4
 """Datagrams of new data a sender sends per duty cycle."""
+MDC_DESTINATION_TIMEOUT_NS: Final = 5_000_000_000
+"""A dynamic MDC destination that sent no status message for this long is dropped (as Aeron)."""
+MDC_REGISTRATION_INTERVAL_NS: Final = 1_000_000_000
+"""How often a dynamic MDC subscription (re)registers at the publication's control address."""

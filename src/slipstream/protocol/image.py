@@ -164,18 +164,22 @@ class PublicationImageReceiver:
 
     @property
     def loss_observations(self) -> int:
+        """Loss-report observations: one per gap found or grown (each lost byte counted once)."""
         return self._loss.loss_observations
 
     @property
     def bytes_lost(self) -> int:
+        """Bytes found missing (NAKed or padded), each counted once."""
         return self._loss.bytes_lost
 
     @property
     def first_loss_ns(self) -> int | None:
+        """When loss was first observed, None if never."""
         return self._loss.first_loss_ns
 
     @property
     def last_loss_ns(self) -> int | None:
+        """When loss was last observed, None if never."""
         return self._loss.last_loss_ns
 
     # -- positions ------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ class ReceiveEndpoint:
         receiver_id: int | None = None,
         rng: random.Random | None = None,
         log_factory: LogFactory = default_log_factory,
+        control: Address | None = None,
     ) -> None:
         config = config if config is not None else ReceiverConfig()
         config.validate()
@@ -103,6 +104,11 @@ class ReceiveEndpoint:
         self.receiver_id = receiver_id if receiver_id is not None else self.rng.getrandbits(63)
         """Random per endpoint (reference 1.4): lets a sender tell its receivers apart."""
         self._log_factory = log_factory
+        self.control = control
+        """Dynamic MDC: the publication's control address. The endpoint registers there every
+        ``mdc_registration_interval_ns`` (an SM asking for SETUP, from the data socket, so a NAT on the
+        way learns the mapping the data comes back on), and its images send SMs and NAKs there."""
+        self._next_registration_ns = 0
         self._subscriptions: dict[int, bool] = {}
         """stream_id -> reliable."""
         self._images: dict[tuple[int, int], PublicationImageReceiver] = {}
@@ -138,6 +144,7 @@ class ReceiveEndpoint:
     # -- subscriptions --------------------------------------------------------------------------
 
     def add_subscription(self, stream_id: int, *, reliable: bool = True) -> None:
+        """Receive ``stream_id``: its SETUPs make images (``reliable=False``: gaps are padded, not NAKed)."""
         self._subscriptions[stream_id] = reliable
 
     def remove_subscription(self, stream_id: int) -> None:
@@ -179,6 +186,7 @@ class ReceiveEndpoint:
         return self._by_id.get(image_id)
 
     def take_events(self) -> list[ReceiverEvent]:
+        """What happened since the last call, oldest first."""
         events, self._events = self._events, []
         return events
 
@@ -328,6 +336,8 @@ class ReceiveEndpoint:
             rng=self.rng,
             now_ns=now_ns,
         )
+        if self.control is not None:
+            image.control_address = self.control  # data comes from the control port's socket too
         self._images[key] = image
         self._by_id[image.image_id] = image
         self._pending_setups.pop(key, None)
@@ -365,8 +375,14 @@ class ReceiveEndpoint:
     # -- output ---------------------------------------------------------------------------------
 
     def poll(self, now_ns: int) -> list[Outgoing]:
-        """Datagrams to send now, each with its destination: queued replies, then every image's SM/NAK."""
+        """Datagrams to send now, each with its destination: a due MDC registration, queued replies,
+        then every image's SM/NAK."""
         out, self._outbound = self._outbound, []
+        control = self.control
+        if control is not None and now_ns >= self._next_registration_ns:
+            self._next_registration_ns = now_ns + self.config.mdc_registration_interval_ns
+            registration = StatusMessage(0, 0, 0, 0, 0, self.receiver_id, flags=SM_SEND_SETUP_FLAG)
+            out.insert(0, (registration.encode(), control))
         events = self._events
         removed: list[tuple[int, int]] = []
         for key, image in self._images.items():
@@ -390,5 +406,7 @@ class ReceiveEndpoint:
                     still.append(image)
                     wake = min(wake, image.deadline_ns)
             self._lingering = still
+        if control is not None and self._next_registration_ns < wake:
+            wake = self._next_registration_ns
         self._wake_ns = wake
         return out

@@ -92,9 +92,7 @@ class RetransmitHandler:
         """Valid NAKs for data no longer (or not yet) in the resend window: nothing to resend."""
         self.retransmit_overflows = 0
 
-    def on_nak(
-        self, term_id: int, offset: int, length: int, snd_pos: int, now_ns: int, resends: list[bytes]
-    ) -> None:
+    def on_nak(self, term_id: int, offset: int, length: int, snd_pos: int, now_ns: int, resends: list[bytes]) -> None:
         """Serve a valid, non-empty NAK: take an action and, with no delay, resend into ``resends`` now."""
         position = compute_position(term_id, offset, self._bits, self.initial_term_id)
         if not self._in_resend_window(position, snd_pos):

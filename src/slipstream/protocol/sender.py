@@ -15,7 +15,9 @@ NAKs are served by its :class:`~slipstream.protocol.retransmit.RetransmitHandler
 messages set its limit through :class:`~slipstream.protocol.flow_control.FlowControl`, as Aeron splits
 them out of its publication; both modules say where they differ from the C driver on purpose. What
 happens to the publication (connected, disconnected, an ERR frame, end-of-stream sent, finished)
-comes out of ``take_events()`` as pure data.
+comes out of ``take_events()`` as pure data. On multi-destination-cast it keeps the destinations:
+learned from status messages and expired when dynamic, added and removed by the application when
+manual; ``poll_batches`` says where each batch of datagrams goes.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from __future__ import annotations
 import struct
 
 from ..logbuffer import LogBuffers, is_equal_run, scan_term
+from ..wire.address import Address
 from ..wire.constants import (
     DATA_HEADER_LENGTH,
     FRAME_ALIGNMENT,
+    HDR_TYPE_SM,
     RTTM_REPLY_FLAG,
     SETUP_GROUP_FLAG,
     SM_EOS_FLAG,
+    SM_LENGTH,
     SM_SEND_SETUP_FLAG,
 )
 from ..wire.frames import (
@@ -44,6 +49,8 @@ from ..wire.frames import (
 from ..wire.positions import compute_position, compute_term_id, index_by_position
 from .config import SenderConfig
 from .events import (
+    DestinationAdded,
+    DestinationRemoved,
     PublicationConnected,
     PublicationDisconnected,
     PublicationEndOfStreamSent,
@@ -66,8 +73,8 @@ class NetworkPublicationSender:
         for data, source in datagrams_received_on_the_publication_socket:
             sender.on_datagram(data, now_ns, source)
         if sender.poll_due(now_ns):            # else poll would send nothing and change nothing
-            for datagram in sender.poll(now_ns):
-                sock.send(datagram)
+            for datagrams, destination in sender.poll_batches(now_ns):
+                sock.send(datagrams, destination)  # None: the connected peer (unicast); else each MDC destination
             pub_lmt = sender.publisher_limit()  # the appender may append below this position
         if sender.has_events:
             for event in sender.take_events():
@@ -111,6 +118,9 @@ class NetworkPublicationSender:
         """receiver_id -> time of its last status message (the flow control's)."""
         self._eos_sent = False
         self._events: list[SenderEvent] = []
+        self._dynamic = config.control_mode == "dynamic"
+        self._destinations: dict[Address, int] = {}
+        """MDC destinations -> time of their last status message (manual ones never expire)."""
         self._replies: list[bytes] = []
         self._resends: list[bytes] = []
         """Retransmissions made as NAKs arrived, for the next poll: at most four polls' retransmit budget."""
@@ -146,10 +156,12 @@ class NetworkPublicationSender:
 
     @property
     def retransmits_sent(self) -> int:
+        """Retransmissions started (one per NAK served, however many datagrams it took)."""
         return self._retransmit.retransmits_sent
 
     @property
     def retransmitted_bytes(self) -> int:
+        """Bytes resent for NAKs."""
         return self._retransmit.retransmitted_bytes
 
     @property
@@ -164,6 +176,7 @@ class NetworkPublicationSender:
 
     @property
     def retransmit_overflows(self) -> int:
+        """Group channels: NAKs dropped because every retransmit action was busy."""
         return self._retransmit.retransmit_overflows
 
     # -- state for the driver -------------------------------------------------------------------
@@ -242,10 +255,38 @@ class NetworkPublicationSender:
             return True
         return not self._blocked and self._tails[self._tail_index] != self._tail_seen
 
+    # -- multi-destination-cast -----------------------------------------------------------------
+
+    @property
+    def destinations(self) -> dict[Address, int]:
+        """MDC destinations -> time of their last status message (manual ones: never expire). Read-only."""
+        return self._destinations
+
+    def add_destination(self, address: Address) -> None:
+        """Manual MDC: a destination that stays until removed."""
+        self._destinations[address] = 1 << 62
+
+    def remove_destination(self, address: Address) -> bool:
+        """Manual MDC: stop sending to ``address``; False if it was not a destination."""
+        return self._destinations.pop(address, None) is not None
+
+    def _expire_destinations(self, now_ns: int) -> None:
+        timeout = self.config.destination_timeout_ns
+        expired = [d for d, seen in self._destinations.items() if now_ns - seen > timeout]
+        for destination in expired:
+            del self._destinations[destination]
+            self._events.append(DestinationRemoved(self.session_id, self.stream_id, destination))
+
     # -- input ----------------------------------------------------------------------------------
 
-    def on_datagram(self, data: BytesLike, now_ns: int, source: object = None) -> None:
-        """Handle one datagram received on the publication's socket (SM, NAK, RTTM or ERR)."""
+    def on_datagram(self, data: BytesLike, now_ns: int, source: Address = None) -> None:
+        """Handle one datagram received on the publication's socket (SM, NAK, RTTM or ERR) from ``source``."""
+        if self._dynamic and len(data) >= SM_LENGTH and data[6] == HDR_TYPE_SM and not data[7]:
+            # Dynamic MDC: any status message at the control port adds or refreshes its source as a
+            # destination: the reply traffic a NAT lets through (reference 3.2, 3.5).
+            if source not in self._destinations:
+                self._events.append(DestinationAdded(self.session_id, self.stream_id, source))
+            self._destinations[source] = now_ns
         if self.state is SenderState.DONE:
             return
         self._wake_ns = 0
@@ -371,6 +412,18 @@ class NetworkPublicationSender:
         self.datagrams_sent += len(out)
         self._wake_ns = self._next_wake_ns(now_ns)
         return out
+
+    def poll_batches(self, now_ns: int) -> list[tuple[list[bytes], Address | None]]:
+        """``poll``'s datagrams with where they go: one batch for the connected peer (destination None)
+        on unicast, the same batch for every destination on MDC (expired dynamic ones dropped first)."""
+        datagrams = self.poll(now_ns)
+        if not datagrams:
+            return []
+        if self.config.control_mode is None:
+            return [(datagrams, None)]
+        if self._dynamic:
+            self._expire_destinations(now_ns)
+        return [(datagrams, destination) for destination in self._destinations]
 
     def _unsent(self) -> bool:
         """Whether the log holds data beyond the sender position (committed or still being written).

@@ -1,11 +1,15 @@
-"""Public test helpers: a manual clock, an in-memory lossy datagram network, and netns test hosts.
+"""Public test helpers: a manual clock, an in-memory lossy datagram network, the transport machines
+paired over it, and netns test hosts.
 
 They let protocol code (which takes ``now_ns`` and bytes) be exercised under loss, reordering,
-duplication and long timeouts deterministically and fast. This package sits at the bottom of the
-layer stack: it knows nothing of slipstream's wire format. :mod:`.netns` builds real hosts (network
+duplication and long timeouts deterministically and fast. :mod:`.network` moves opaque bytes;
+:mod:`.transport` runs the real sender and receive-endpoint machines over it (:class:`TransportPair`,
+unicast or dynamic MDC with several subscriptions). :mod:`.netns` builds real hosts (network
 namespaces with nftables loss and NAT) for tests that must hit the kernel; it needs root.
+This package may use any floor below ``cli``; no floor imports it.
 """
 
+from ..wire.address import Address
 from .clock import ManualClock
 from .netns import (
     DropRule,
@@ -23,7 +27,6 @@ from .netns import (
     require_netns,
 )
 from .network import (
-    Address,
     Datagram,
     DatagramHandler,
     InMemoryNetwork,
@@ -31,8 +34,20 @@ from .network import (
     NetworkEndpoint,
     NetworkStats,
 )
+from .transport import (
+    PUBLICATION_ADDRESS,
+    SUBSCRIPTION_ADDRESS,
+    SimulatedPublication,
+    SimulatedSubscription,
+    Subscriber,
+    TransportPair,
+    checked_poll,
+    machine_state,
+)
 
 __all__ = [
+    "PUBLICATION_ADDRESS",
+    "SUBSCRIPTION_ADDRESS",
     "Address",
     "Datagram",
     "DatagramHandler",
@@ -47,10 +62,16 @@ __all__ = [
     "NetnsUnavailableError",
     "NetworkEndpoint",
     "NetworkStats",
+    "SimulatedPublication",
+    "SimulatedSubscription",
+    "Subscriber",
+    "TransportPair",
     "UdpDropRule",
+    "checked_poll",
     "drop_random",
     "drop_random_udp",
     "link",
+    "machine_state",
     "python_command",
     "remove_stale_namespaces",
     "require_netns",

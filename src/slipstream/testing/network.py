@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from ..wire.address import Address
 from .clock import ManualClock
 
 __all__ = [
@@ -25,9 +26,6 @@ __all__ = [
     "NetworkEndpoint",
     "NetworkStats",
 ]
-
-Address: TypeAlias = Hashable
-"""Any hashable name for an endpoint, e.g. ``("10.0.0.1", 20121)``."""
 
 DatagramHandler: TypeAlias = Callable[[bytes, Address, int], None]
 """Called as ``handler(data, source, now_ns)`` when a datagram reaches a bound address."""

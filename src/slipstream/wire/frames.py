@@ -173,20 +173,19 @@ class DataFrame:
             length = 0
         else:
             length = DATA_HEADER_LENGTH + len(payload)
-        try:
-            header = DATA_HEADER.pack(
-                length,
-                CURRENT_VERSION,
-                self.flags,
-                HDR_TYPE_DATA,
-                self.term_offset,
-                self.session_id,
-                self.stream_id,
-                self.term_id,
-                self.reserved_value,
-            )
-        except struct.error:
-            raise _encode_error(self) from None
+        header = _pack(
+            self,
+            DATA_HEADER,
+            length,
+            CURRENT_VERSION,
+            self.flags,
+            HDR_TYPE_DATA,
+            self.term_offset,
+            self.session_id,
+            self.stream_id,
+            self.term_id,
+            self.reserved_value,
+        )
         if not payload:
             return header
         return b"".join((header, payload, _ZEROS[: -length & _ALIGN_MASK]))
@@ -211,20 +210,19 @@ class PadFrame:
         """Only the 32-byte header: the padded bytes themselves are never sent."""
         if isinstance(self.frame_length, int) and self.frame_length < DATA_HEADER_LENGTH:
             raise FrameError(f"PAD frame_length must be >= {DATA_HEADER_LENGTH}: {self.frame_length}")
-        try:
-            return DATA_HEADER.pack(
-                self.frame_length,
-                CURRENT_VERSION,
-                self.flags,
-                HDR_TYPE_PAD,
-                self.term_offset,
-                self.session_id,
-                self.stream_id,
-                self.term_id,
-                self.reserved_value,
-            )
-        except struct.error:
-            raise _encode_error(self) from None
+        return _pack(
+            self,
+            DATA_HEADER,
+            self.frame_length,
+            CURRENT_VERSION,
+            self.flags,
+            HDR_TYPE_PAD,
+            self.term_offset,
+            self.session_id,
+            self.stream_id,
+            self.term_id,
+            self.reserved_value,
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -242,23 +240,22 @@ class SetupFrame:
     flags: int = 0
 
     def encode(self) -> bytes:
-        try:
-            return SETUP.pack(
-                SETUP_LENGTH,
-                CURRENT_VERSION,
-                self.flags,
-                HDR_TYPE_SETUP,
-                self.term_offset,
-                self.session_id,
-                self.stream_id,
-                self.initial_term_id,
-                self.active_term_id,
-                self.term_length,
-                self.mtu,
-                self.ttl,
-            )
-        except struct.error:
-            raise _encode_error(self) from None
+        return _pack(
+            self,
+            SETUP,
+            SETUP_LENGTH,
+            CURRENT_VERSION,
+            self.flags,
+            HDR_TYPE_SETUP,
+            self.term_offset,
+            self.session_id,
+            self.stream_id,
+            self.initial_term_id,
+            self.active_term_id,
+            self.term_length,
+            self.mtu,
+            self.ttl,
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -275,22 +272,11 @@ class StatusMessage:
     flags: int = 0
 
     def encode(self) -> bytes:
-        try:
-            if self.group_tag is None:
-                return SM.pack(
-                    SM_LENGTH,
-                    CURRENT_VERSION,
-                    self.flags,
-                    HDR_TYPE_SM,
-                    self.session_id,
-                    self.stream_id,
-                    self.consumption_term_id,
-                    self.consumption_term_offset,
-                    self.receiver_window,
-                    self.receiver_id,
-                )
-            return SM_WITH_GROUP_TAG.pack(
-                SM_WITH_GROUP_TAG_LENGTH,
+        if self.group_tag is None:
+            return _pack(
+                self,
+                SM,
+                SM_LENGTH,
                 CURRENT_VERSION,
                 self.flags,
                 HDR_TYPE_SM,
@@ -300,10 +286,22 @@ class StatusMessage:
                 self.consumption_term_offset,
                 self.receiver_window,
                 self.receiver_id,
-                self.group_tag,
             )
-        except struct.error:
-            raise _encode_error(self) from None
+        return _pack(
+            self,
+            SM_WITH_GROUP_TAG,
+            SM_WITH_GROUP_TAG_LENGTH,
+            CURRENT_VERSION,
+            self.flags,
+            HDR_TYPE_SM,
+            self.session_id,
+            self.stream_id,
+            self.consumption_term_id,
+            self.consumption_term_offset,
+            self.receiver_window,
+            self.receiver_id,
+            self.group_tag,
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -318,20 +316,19 @@ class Nak:
     flags: int = 0
 
     def encode(self) -> bytes:
-        try:
-            return NAK.pack(
-                NAK_LENGTH,
-                CURRENT_VERSION,
-                self.flags,
-                HDR_TYPE_NAK,
-                self.session_id,
-                self.stream_id,
-                self.term_id,
-                self.term_offset,
-                self.length,
-            )
-        except struct.error:
-            raise _encode_error(self) from None
+        return _pack(
+            self,
+            NAK,
+            NAK_LENGTH,
+            CURRENT_VERSION,
+            self.flags,
+            HDR_TYPE_NAK,
+            self.session_id,
+            self.stream_id,
+            self.term_id,
+            self.term_offset,
+            self.length,
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -346,20 +343,19 @@ class RttMeasurement:
     flags: int = 0
 
     def encode(self) -> bytes:
-        try:
-            return RTTM.pack(
-                RTTM_LENGTH,
-                CURRENT_VERSION,
-                self.flags,
-                HDR_TYPE_RTTM,
-                self.session_id,
-                self.stream_id,
-                self.echo_timestamp,
-                self.reception_delta,
-                self.receiver_id,
-            )
-        except struct.error:
-            raise _encode_error(self) from None
+        return _pack(
+            self,
+            RTTM,
+            RTTM_LENGTH,
+            CURRENT_VERSION,
+            self.flags,
+            HDR_TYPE_RTTM,
+            self.session_id,
+            self.stream_id,
+            self.echo_timestamp,
+            self.reception_delta,
+            self.receiver_id,
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -394,21 +390,20 @@ class ErrorFrame:
             group_tag = 0
         else:
             flags |= ERR_GROUP_TAG_FLAG
-        try:
-            header = ERR_HEADER.pack(
-                ERR_HEADER_LENGTH + len(text),
-                CURRENT_VERSION,
-                flags,
-                HDR_TYPE_ERR,
-                self.session_id,
-                self.stream_id,
-                self.receiver_id,
-                group_tag,
-                self.error_code,
-                len(text),
-            )
-        except struct.error:
-            raise _encode_error(self) from None
+        header = _pack(
+            self,
+            ERR_HEADER,
+            ERR_HEADER_LENGTH + len(text),
+            CURRENT_VERSION,
+            flags,
+            HDR_TYPE_ERR,
+            self.session_id,
+            self.stream_id,
+            self.receiver_id,
+            group_tag,
+            self.error_code,
+            len(text),
+        )
         return header + text
 
 
@@ -422,18 +417,17 @@ class ResponseSetup:
     flags: int = 0
 
     def encode(self) -> bytes:
-        try:
-            return RSP_SETUP.pack(
-                RSP_SETUP_LENGTH,
-                CURRENT_VERSION,
-                self.flags,
-                HDR_TYPE_RSP_SETUP,
-                self.session_id,
-                self.stream_id,
-                self.response_session_id,
-            )
-        except struct.error:
-            raise _encode_error(self) from None
+        return _pack(
+            self,
+            RSP_SETUP,
+            RSP_SETUP_LENGTH,
+            CURRENT_VERSION,
+            self.flags,
+            HDR_TYPE_RSP_SETUP,
+            self.session_id,
+            self.stream_id,
+            self.response_session_id,
+        )
 
 
 Frame: TypeAlias = DataFrame | PadFrame | SetupFrame | StatusMessage | Nak | RttMeasurement | ErrorFrame | ResponseSetup
@@ -448,6 +442,14 @@ _FIELD_RANGES: Final[dict[str, tuple[int, int]]] = {
     "echo_timestamp": _I64_RANGE,
     "reception_delta": _I64_RANGE,
 }
+
+
+def _pack(frame: Frame, layout: struct.Struct, *values: object) -> bytes:
+    """Pack a frame's fields; values ``struct`` refuses become a FrameError naming the bad field."""
+    try:
+        return layout.pack(*values)
+    except struct.error:
+        raise _encode_error(frame) from None
 
 
 def _encode_error(frame: Frame) -> FrameError:
