@@ -147,12 +147,18 @@ def _configure_logging(level: str) -> None:
     logger.propagate = False
 
 
-def _stop_on_signals(stop: threading.Event) -> None:
+def _stop_on_signals(stop: threading.Event) -> list[int]:
+    """Set ``stop`` on SIGINT/SIGTERM; the returned list receives the signal numbers, so the command can
+    tell a stop it was asked for from a failure."""
+    received: list[int] = []
+
     def handler(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    return received
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -199,7 +205,7 @@ def run_client(args: argparse.Namespace) -> int:
         return 2
     _configure_logging(args.log_level)
     stop = threading.Event()
-    _stop_on_signals(stop)
+    signals = _stop_on_signals(stop)
     log = logging.getLogger(f"slipstream.echo.take{args.take}")
     try:
         if args.take == 1:
@@ -227,7 +233,14 @@ def run_client(args: argparse.Namespace) -> int:
                 reserved_session_id_high=args.reserved_session_id_high,
             ) as client2:
                 client2.run(stop)
+        if signals:
+            print(f"slipstream echo client: stopped by {signal.Signals(signals[0]).name}", file=sys.stderr)
+            return 128 + signals[0]
     except EchoError as exc:
+        if signals:  # the waits end early on a signal: that is the reason, not a timeout
+            name = signal.Signals(signals[0]).name
+            print(f"slipstream echo client: stopped by {name} before the echo finished", file=sys.stderr)
+            return 128 + signals[0]
         log.error("%s", exc)
         return 1
     except (DriverError, ValueError) as exc:

@@ -127,7 +127,12 @@ def format_stat(status: DriverStatus, pattern: re.Pattern[str] | None = None) ->
     now = datetime.now().astimezone().isoformat(timespec="seconds")
     header = f"{now} - slipstream stat, pid {status.pid}, heartbeat age {status.heartbeat_age_ms}ms"
     if not status.alive:
-        why = status.state if status.state != "running" else "heartbeat older than the client liveness timeout"
+        if not status.process_exists:
+            why = f"process {status.pid} is gone"
+        elif status.state != "running":
+            why = status.state
+        else:
+            why = "heartbeat older than the client liveness timeout"
         header += f" (driver not alive: {why})"
     lines = [header, "=" * 80]
     lines += [f"{c.counter_id:3}: {c.value:20,} - {c.label}" for c in _selected(status, pattern)]
@@ -144,6 +149,7 @@ def stat_json(status: DriverStatus, pattern: re.Pattern[str] | None = None) -> d
         "client_liveness_timeout_ns": status.client_liveness_timeout_ns,
         "state": status.state,
         "alive": status.alive,
+        "process_exists": status.process_exists,
         "counters": [counter_json(c) for c in _selected(status, pattern)],
     }
 
@@ -207,7 +213,8 @@ def run_loss(args: argparse.Namespace) -> int:
 def format_error(record: ErrorRecord) -> str:
     """ErrorStat's layout, with ISO dates instead of raw milliseconds."""
     return (
-        f"{record.observation_count} observations from {iso_ms(record.first_observation_ms)} "
+        f"{record.observation_count} observation{'' if record.observation_count == 1 else 's'} "
+        f"from {iso_ms(record.first_observation_ms)} "
         f"to {iso_ms(record.last_observation_ms)} for:\n {record.text}"
     )
 
@@ -230,7 +237,7 @@ def run_errors(args: argparse.Namespace) -> int:
     for record in records:
         print(format_error(record))
         print()
-    print(f"{len(records)} distinct errors observed.")
+    print(f"{len(records)} distinct error{'' if len(records) == 1 else 's'} observed.")
     return 0
 
 

@@ -8,6 +8,7 @@ instead of deep inside the driver. Unknown keys are kept verbatim (newer Aeron v
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal, NamedTuple, TypeVar, cast
 
+from ..errors import SlipstreamError
 from .constants import FRAME_ALIGNMENT, IPC_TERM_DEFAULT_LENGTH, TERM_DEFAULT_LENGTH, TERM_MAX_LENGTH
 from .positions import check_mtu, check_term_length, wrap_i32
 
@@ -32,6 +34,8 @@ __all__ = [
     "Media",
     "ParamValue",
     "StartPosition",
+    "UnsupportedChannelError",
+    "check_supported",
     "parse_bool",
     "parse_duration_ns",
     "parse_endpoint",
@@ -66,7 +70,7 @@ _DURATION_MULTIPLIERS: Final = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_00
 _FC_STRATEGIES: Final = frozenset({"max", "min", "tagged"})
 
 
-class ChannelUriError(ValueError):
+class ChannelUriError(SlipstreamError, ValueError):
     """A channel URI (or one of its parameters) is malformed.
 
     ``parameter`` names the offending key, or is None for structural errors (prefix, media, separators),
@@ -715,3 +719,51 @@ class ChannelUri:
     @property
     def tags(self) -> tuple[int, ...] | None:
         return self._typed("tags", _tags)
+
+
+class UnsupportedChannelError(ChannelUriError):
+    """A well-formed channel asks for something slipstream's media driver does not do (multicast,
+    ``cc=cubic``, ``fc=min``/``tagged``, or a key it does not know); ``parameter`` names it."""
+
+
+_SUPPORTED_FC: Final = frozenset({"max"})
+
+
+def _near_miss(key: str) -> str:
+    close = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else f" (known keys: {', '.join(sorted(KNOWN_KEYS))})"
+
+
+def _is_multicast(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_multicast
+    except ValueError:
+        return False  # a host name: resolved (to unicast) by the driver
+
+
+def check_supported(uri: ChannelUri) -> None:
+    """Refuse what parses but would silently do nothing in slipstream's driver, naming the parameter.
+
+    ``ChannelUri`` itself stays a faithful model of Aeron's URIs (it keeps unknown keys and accepts every
+    Aeron value); this check is what the client API applies before it asks the driver for a channel, so
+    a typo (``term-lenght``), a multicast group, or a strategy the driver does not implement fails at the
+    call instead of leaving a channel that never connects or ignores the setting.
+    """
+    for key in uri.params:
+        if key not in KNOWN_KEYS:
+            raise UnsupportedChannelError(f"unknown parameter{_near_miss(key)}", key)
+    for key in ("endpoint", "control"):
+        address = uri.endpoint_address if key == "endpoint" else uri.control_address
+        if address is not None and _is_multicast(address[0].strip("[]")):
+            raise UnsupportedChannelError(
+                f"multicast address {address[0]} is not supported (use a unicast address, or MDC with "
+                "control-mode=manual|dynamic)",
+                key,
+            )
+    if uri.cc not in (None, "static"):
+        raise UnsupportedChannelError(f"congestion control {uri.cc!r} is not supported (only static)", "cc")
+    fc = uri.fc
+    if fc is not None and fc.strategy not in _SUPPORTED_FC:
+        raise UnsupportedChannelError(
+            f"flow control strategy {fc.strategy!r} is not supported (only max, the default)", "fc"
+        )
