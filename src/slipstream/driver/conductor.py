@@ -296,6 +296,8 @@ class DriverConductor:
                 self._close_client(client, now_ns, "client closed")
             case cmd.Hello():
                 self._error(client, 0, "PROTOCOL", "Hello sent twice")
+            case cmd.InvalidCommand():  # a mistyped command costs that command, not the client
+                self._error(client, message.correlation_id, "INVALID_COMMAND", message.reason)
 
     def _error(self, client: ClientSession, correlation_id: int, code: str, message: str) -> None:
         self.record_error(f"{code}: {message}")
