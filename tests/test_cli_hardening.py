@@ -122,7 +122,9 @@ def test_unwritable_driver_directory_is_one_line_and_status_2(tmp_path: Path) ->
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     for args in (("driver", "--dir", str(blocker / "d")), ("subscribe", "--dir", str(blocker / "d"), "--timeout", "1"),
-                 ("demo", "--dir", str(blocker / "d"), "--messages", "1", "--pings", "1")):
+                 ("demo", "--dir", str(blocker / "d"), "--messages", "1", "--pings", "1"),
+                 ("echo", "server", "--take", "2", "--directory", str(blocker / "d"), "--local-address", "127.0.0.1",
+                  "--data-port", "40901", "--control-port", "40902", "--base-port", "40910", "--duration", "1")):
         done = cli(*args, timeout=30)
         assert done.returncode == 2, (args, done.stderr)
         assert "Traceback" not in done.stderr and f"cannot use driver directory {blocker / 'd'}" in done.stderr

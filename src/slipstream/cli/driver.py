@@ -19,6 +19,7 @@ from ..wire.uri import ChannelUriError, parse_size
 
 
 def register(commands: Any) -> None:
+    """Add ``driver`` to the command parsers."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "driver",
         help="run a standalone media driver",
@@ -70,6 +71,7 @@ def config_from_args(args: argparse.Namespace) -> DriverConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run a standalone driver until SIGINT/SIGTERM; bad settings exit 2 with one line."""
     try:
         config = config_from_args(args)
         if args.print_config:

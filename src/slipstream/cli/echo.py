@@ -59,6 +59,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def register(commands: Any) -> None:
+    """Add ``echo server`` and ``echo client`` to the command parsers."""
     echo: argparse.ArgumentParser = commands.add_parser(
         "echo", help="the guide's echo server and client (take 1: naive, take 2: through NAT)"
     )
@@ -162,6 +163,7 @@ def _stop_on_signals(stop: threading.Event) -> list[int]:
 
 
 def run_server(args: argparse.Namespace) -> int:
+    """Run an echo server until SIGINT/SIGTERM or ``--duration``."""
     problem = _settle(args, "server")
     if problem is not None:
         print(f"slipstream echo server: {problem}", file=sys.stderr)
@@ -199,6 +201,7 @@ def run_server(args: argparse.Namespace) -> int:
 
 
 def run_client(args: argparse.Namespace) -> int:
+    """Run an echo client; a signal stops it with a message and status 128 + signal."""
     problem = _settle(args, "client")
     if problem is not None:
         print(f"slipstream echo client: {problem}", file=sys.stderr)

@@ -33,6 +33,7 @@ _CLEAR = "\x1b[H\x1b[2J"
 
 
 def register(commands: Any) -> None:
+    """Add ``stat``, ``loss``, ``errors`` and ``backlog`` to the command parsers."""
     stat: argparse.ArgumentParser = commands.add_parser(
         "stat", help="print the driver's counters (like AeronStat)", description="Counters of a media driver."
     )
@@ -140,6 +141,7 @@ def format_stat(status: DriverStatus, pattern: re.Pattern[str] | None = None) ->
 
 
 def stat_json(status: DriverStatus, pattern: re.Pattern[str] | None = None) -> dict[str, Any]:
+    """A status snapshot as JSON: identity, liveness and the selected counters."""
     return {
         "time_ms": time.time_ns() // 1_000_000,
         "directory": str(status.directory),
@@ -197,6 +199,7 @@ def run_stat(args: argparse.Namespace) -> int:
 
 
 def run_loss(args: argparse.Namespace) -> int:
+    """Print the driver's loss report as CSV (or JSON)."""
     try:
         entries: list[LossEntry] = loss(_directory(args))
     except CncError as exc:
@@ -220,6 +223,7 @@ def format_error(record: ErrorRecord) -> str:
 
 
 def error_json(record: ErrorRecord) -> dict[str, Any]:
+    """One error record as JSON, with ISO dates next to the raw milliseconds."""
     data: dict[str, Any] = _jsonable(record)
     data["first_observation"] = iso_ms(record.first_observation_ms)
     data["last_observation"] = iso_ms(record.last_observation_ms)
@@ -227,6 +231,7 @@ def error_json(record: ErrorRecord) -> dict[str, Any]:
 
 
 def run_errors(args: argparse.Namespace) -> int:
+    """Print the driver's distinct-error log, as ``ErrorStat`` does."""
     try:
         records = errors(_directory(args))
     except CncError as exc:
@@ -274,6 +279,7 @@ def format_backlog(streams: list[StreamBacklog]) -> str:
 
 
 def run_backlog(args: argparse.Namespace) -> int:
+    """Print how far each stream's consumers trail its producers."""
     try:
         streams = backlog(_directory(args))
     except CncError as exc:

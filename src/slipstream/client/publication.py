@@ -71,10 +71,12 @@ class ExclusivePublication:
 
     @property
     def position(self) -> int:
+        """Stream position after the last message appended here."""
         return self._appender.position
 
     @property
     def position_limit(self) -> int:
+        """Position up to which the driver lets this publication write (flow control)."""
         return int(self._limit_values[self._limit_index])
 
     @property
@@ -84,18 +86,22 @@ class ExclusivePublication:
 
     @property
     def is_closed(self) -> bool:
+        """True once closed by ``close`` or by the loss of the media driver."""
         return self._closed
 
     @property
     def max_message_length(self) -> int:
+        """Longest message ``offer`` takes (bigger ones raise ValueError): fragments of up to a term's eighth."""
         return self._appender.max_message_length
 
     @property
     def max_payload_length(self) -> int:
+        """Longest payload of one fragment (``mtu`` minus the header): the most ``try_claim`` takes."""
         return self._appender.max_payload_length
 
     @property
     def term_length(self) -> int:
+        """Length of each of the log's three terms."""
         return self._log.term_length
 
     def add_destination(self, channel: str) -> None:
@@ -104,6 +110,7 @@ class ExclusivePublication:
         self._destination(channel, True)
 
     def remove_destination(self, channel: str) -> None:
+        """Stop sending to a destination added with ``add_destination``."""
         self._destination(channel, False)
 
     def _destination(self, channel: str, add: bool) -> None:

@@ -72,6 +72,7 @@ class MediaDriver:
         self._closed = False
 
     def start(self) -> MediaDriver:
+        """Claim the directory (one driver per directory) and create its files and socket; ``run`` then serves."""
         directory = self.directory
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -178,6 +179,7 @@ class MediaDriver:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Ask ``run`` to return (from a signal handler or another thread)."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():

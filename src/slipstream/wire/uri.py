@@ -556,6 +556,7 @@ class ChannelUri:
 
     @property
     def media(self) -> Media:
+        """``udp`` or ``ipc``."""
         return self._media
 
     @property
@@ -565,10 +566,12 @@ class ChannelUri:
 
     @property
     def is_udp(self) -> bool:
+        """True for ``aeron:udp``."""
         return self._media == MEDIA_UDP
 
     @property
     def is_ipc(self) -> bool:
+        """True for ``aeron:ipc`` (shared memory)."""
         return self._media == MEDIA_IPC
 
     @property
@@ -588,6 +591,7 @@ class ChannelUri:
 
     @property
     def endpoint(self) -> str | None:
+        """``endpoint`` as written (``host:port``); None when absent."""
         return self._params.get("endpoint")
 
     @property
@@ -597,6 +601,7 @@ class ChannelUri:
 
     @property
     def control(self) -> str | None:
+        """``control`` as written (``host:port``); None when absent."""
         return self._params.get("control")
 
     @property
@@ -606,42 +611,52 @@ class ChannelUri:
 
     @property
     def control_mode(self) -> ControlMode | None:
+        """``control-mode``, parsed and checked; None when absent."""
         return self._typed("control-mode", _control_mode)
 
     @property
     def interface(self) -> str | None:
+        """``interface`` as written; None when absent."""
         return self._params.get("interface")
 
     @property
     def ttl(self) -> int | None:
+        """``ttl``, parsed and checked; None when absent."""
         return self._typed("ttl", _ttl)
 
     @property
     def reliable(self) -> bool | None:
+        """``reliable``, parsed and checked; None when absent."""
         return self._typed("reliable", _bool)
 
     @property
     def session_id(self) -> int | None:
+        """``session-id``, parsed and checked; None when absent."""
         return self._typed("session-id", _i32)
 
     @property
     def mtu(self) -> int | None:
+        """``mtu``, parsed and checked; None when absent."""
         return self._typed("mtu", _mtu)
 
     @property
     def term_length(self) -> int | None:
+        """``term-length``, parsed and checked; None when absent."""
         return self._typed("term-length", _term_length)
 
     @property
     def init_term_id(self) -> int | None:
+        """``init-term-id``, parsed and checked; None when absent."""
         return self._typed("init-term-id", _i32)
 
     @property
     def term_id(self) -> int | None:
+        """``term-id``, parsed and checked; None when absent."""
         return self._typed("term-id", _i32)
 
     @property
     def term_offset(self) -> int | None:
+        """``term-offset``, parsed and checked; None when absent."""
         return self._typed("term-offset", _term_offset)
 
     @property
@@ -654,70 +669,87 @@ class ChannelUri:
 
     @property
     def linger_ns(self) -> int | None:
+        """``linger``, parsed and checked; None when absent."""
         return self._typed("linger", _duration)
 
     @property
     def eos(self) -> bool | None:
+        """``eos``, parsed and checked; None when absent."""
         return self._typed("eos", _bool)
 
     @property
     def fc(self) -> FlowControl | None:
+        """``fc``, parsed and checked; None when absent."""
         return self._typed("fc", _parse_flow_control)
 
     @property
     def gtag(self) -> int | None:
+        """``gtag``, parsed and checked; None when absent."""
         return self._typed("gtag", _i64)
 
     @property
     def cc(self) -> CongestionControl | None:
+        """``cc``, parsed and checked; None when absent."""
         return self._typed("cc", _congestion_control)
 
     @property
     def rcv_wnd(self) -> int | None:
+        """``rcv-wnd``, parsed and checked; None when absent."""
         return self._typed("rcv-wnd", _window)
 
     @property
     def pub_wnd(self) -> int | None:
+        """``pub-wnd``, parsed and checked; None when absent."""
         return self._typed("pub-wnd", _window)
 
     @property
     def so_rcvbuf(self) -> int | None:
+        """``so-rcvbuf``, parsed and checked; None when absent."""
         return self._typed("so-rcvbuf", _socket_buffer)
 
     @property
     def so_sndbuf(self) -> int | None:
+        """``so-sndbuf``, parsed and checked; None when absent."""
         return self._typed("so-sndbuf", _socket_buffer)
 
     @property
     def nak_delay_ns(self) -> int | None:
+        """``nak-delay``, parsed and checked; None when absent."""
         return self._typed("nak-delay", _duration)
 
     @property
     def max_resend(self) -> int | None:
+        """``max-resend``, parsed and checked; None when absent."""
         return self._typed("max-resend", _max_resend)
 
     @property
     def sparse(self) -> bool | None:
+        """``sparse``, parsed and checked; None when absent."""
         return self._typed("sparse", _bool)
 
     @property
     def tether(self) -> bool | None:
+        """``tether``, parsed and checked; None when absent."""
         return self._typed("tether", _bool)
 
     @property
     def rejoin(self) -> bool | None:
+        """``rejoin``, parsed and checked; None when absent."""
         return self._typed("rejoin", _bool)
 
     @property
     def group(self) -> bool | None:
+        """``group``, parsed and checked; None when absent."""
         return self._typed("group", _bool)
 
     @property
     def alias(self) -> str | None:
+        """``alias``: a label for humans, ignored by the driver; None when absent."""
         return self._params.get("alias")
 
     @property
     def tags(self) -> tuple[int, ...] | None:
+        """``tags``, parsed and checked; None when absent."""
         return self._typed("tags", _tags)
 
 
