@@ -254,3 +254,17 @@ def test_a_config_file_may_name_a_duration_without_its_ns_suffix(tmp_path: Path)
     path = tmp_path / "driver.toml"
     path.write_text('client_liveness_timeout = "3s"\n')
     assert load_config(path).client_liveness_timeout_ns == 3_000_000_000
+
+
+def test_context_arguments_are_checked_with_the_right_builtin(driver_dir: Path) -> None:
+    with pytest.raises(TypeError, match="driver_timeout_s"):
+        Context(driver_dir, driver_timeout_s="5")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="directory"):
+        Context(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="driver_config"):
+        Context(driver_dir, driver_config={"directory": driver_dir})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="driver must be"):
+        Context(driver_dir, driver="bogus")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="on_driver_lost"):
+        Context(driver_dir, on_driver_lost="print")  # type: ignore[arg-type]
+    assert not driver_dir.exists()

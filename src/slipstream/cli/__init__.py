@@ -64,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except MemoryError:
+        print(f"slipstream {name}: out of memory (try smaller sizes or counts)", file=sys.stderr)
+        return 1
     except (SlipstreamError, ValueError, OverflowError) as exc:
         print(f"slipstream {name}: {exc}", file=sys.stderr)
         return 2

@@ -21,7 +21,13 @@ from typing import Literal
 
 from ..driver.config import DriverConfig
 from ..driver.media_driver import DirectoryHandle, MediaDriver, directory_error
-from ..errors import DriverAlreadyRunningError, DriverConfigError, DriverError, InvalidArgumentError
+from ..errors import (
+    DriverAlreadyRunningError,
+    DriverConfigError,
+    DriverError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+)
 from ..files import commands as cmd
 from ..files.cnc import PARKED_INDEX, CncError, CncFile
 from ..files.counters import CountersReader
@@ -68,16 +74,16 @@ class Context:
         if driver not in ("auto", "embedded", "external"):
             raise InvalidArgumentError(f"driver must be 'auto', 'embedded' or 'external': {driver!r}")
         if isinstance(driver_timeout_s, bool) or not isinstance(driver_timeout_s, int | float):
-            raise InvalidArgumentError(f"driver_timeout_s must be a number of seconds: {driver_timeout_s!r}")
+            raise InvalidArgumentTypeError(f"driver_timeout_s must be a number of seconds: {driver_timeout_s!r}")
         if not 0 < driver_timeout_s <= 86_400:
             raise InvalidArgumentError(f"driver_timeout_s must be in (0, 86400] seconds: {driver_timeout_s}")
         check_callable("on_driver_lost", on_driver_lost)
         if driver_config is not None and not isinstance(driver_config, DriverConfig):
-            raise InvalidArgumentError(f"driver_config must be a DriverConfig: {type(driver_config).__name__}")
+            raise InvalidArgumentTypeError(f"driver_config must be a DriverConfig: {type(driver_config).__name__}")
         if directory is None:
             directory = driver_config.directory if driver_config is not None else default_directory()
         elif not isinstance(directory, str | Path):
-            raise InvalidArgumentError(f"directory must be a str or Path: {type(directory).__name__}")
+            raise InvalidArgumentTypeError(f"directory must be a str or Path: {type(directory).__name__}")
         self.directory = Path(directory)
         if (
             driver_config is not None
