@@ -268,3 +268,18 @@ def test_context_arguments_are_checked_with_the_right_builtin(driver_dir: Path) 
     with pytest.raises(TypeError, match="on_driver_lost"):
         Context(driver_dir, on_driver_lost="print")  # type: ignore[arg-type]
     assert not driver_dir.exists()
+
+
+def test_external_attach_after_a_killed_standalone_driver_fails_at_once(driver_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "slipstream", "driver", "--dir", str(driver_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and "media driver running" in proc.stdout.readline()
+    proc.kill()
+    proc.wait(5)
+    started = time.monotonic()
+    with pytest.raises(DriverUnavailableError, match="refuses connections"):
+        Context(driver_dir, driver="external", driver_timeout_s=10)
+    assert time.monotonic() - started < 2
