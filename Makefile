@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench lint clean system-deps
 
+# One environment with the dev extras serves both `demo` and `test`, so `make test` after `make demo`
+# installs nothing more. The demo alone needs only the core dependencies: `pip install . && slipstream demo`.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

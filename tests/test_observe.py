@@ -22,6 +22,7 @@ from slipstream.driver.config_file import KINDS, ConfigFileError, apply_config_f
 from slipstream.errors import DriverError
 from slipstream.files import observe
 from slipstream.files.cnc import CncError
+from slipstream.files.commands import AddPublication
 from slipstream.files.loss_report import LossReport
 
 TIMER_NS = 10_000_000  # positions and system counters refresh every 10 ms, so waits stay short
@@ -251,8 +252,10 @@ def test_parse_stream_label() -> None:
 
 def test_errors_are_deduplicated_with_counts(ctx: Context, driver_dir: Path) -> None:
     for _ in range(3):
+        # The client API now refuses a bad channel itself; send the command as another client could.
+        correlation_id = ctx._next_correlation_id()
         with pytest.raises(RegistrationError) as raised:
-            ctx.add_publication("aeron:bogus", 1)
+            ctx._request(correlation_id, AddPublication(correlation_id, "aeron:bogus", 1, False))
         assert raised.value.code == "INVALID_CHANNEL"
     (record,) = observe.errors(driver_dir)
     assert record.observation_count == 3 and record.first_observation_ms <= record.last_observation_ms
@@ -263,7 +266,7 @@ def test_errors_are_deduplicated_with_counts(ctx: Context, driver_dir: Path) -> 
     iso = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"
     assert re.fullmatch(
         rf"3 observations from {iso} to {iso} for:\n INVALID_CHANNEL: unknown media 'bogus' \(expected udp or ipc\)\n"
-        r"\n1 distinct errors observed\.\n",
+        r"\n1 distinct error observed\.\n",
         done.stdout,
     ), done.stdout
     (as_json,) = json.loads(cli("errors", "--dir", str(driver_dir), "--json").stdout)

@@ -36,8 +36,17 @@ from .client import (
     result_name,
 )
 from .driver.config import DriverConfig
+from .driver.config_file import ConfigFileError
 from .driver.media_driver import MediaDriver
-from .wire.uri import ChannelUri, ChannelUriError
+from .errors import (
+    DriverConfigError,
+    DriverDirectoryError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    SlipstreamError,
+)
+from .files.cnc import CncError
+from .wire.uri import ChannelUri, ChannelUriError, UnsupportedChannelError
 
 __version__ = "0.1.0"
 
@@ -53,9 +62,13 @@ __all__ = [
     "BusySpinIdleStrategy",
     "ChannelUri",
     "ChannelUriError",
+    "CncError",
+    "ConfigFileError",
     "Context",
     "DriverAlreadyRunningError",
     "DriverConfig",
+    "DriverConfigError",
+    "DriverDirectoryError",
     "DriverError",
     "DriverLostError",
     "DriverUnavailableError",
@@ -65,11 +78,15 @@ __all__ = [
     "Header",
     "IdleStrategy",
     "Image",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "MediaDriver",
     "Publication",
     "RegistrationError",
     "SleepingIdleStrategy",
+    "SlipstreamError",
     "Subscription",
+    "UnsupportedChannelError",
     "YieldingIdleStrategy",
     "__version__",
     "offer_async",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ..driver.config import DriverConfig
+from ..driver.config import MAX_DURATION_NS, DriverConfig
 from ..driver.config_file import format_config, load_config
 from ..driver.media_driver import MediaDriver
 from ..errors import DriverError
@@ -18,6 +19,7 @@ from ..wire.uri import ChannelUriError, parse_size
 
 
 def register(commands: Any) -> None:
+    """Add ``driver`` to the command parsers."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "driver",
         help="run a standalone media driver",
@@ -56,7 +58,12 @@ def config_from_args(args: argparse.Namespace) -> DriverConfig:
         except ChannelUriError as exc:
             raise ValueError(f"--ipc-term-length: {exc}") from None
     if args.client_liveness_timeout is not None:
-        config.client_liveness_timeout_ns = int(args.client_liveness_timeout * 1e9)
+        seconds = args.client_liveness_timeout
+        if not math.isfinite(seconds) or not 0 < seconds <= MAX_DURATION_NS / 1e9:
+            raise ValueError(
+                f"--client-liveness-timeout must be a number of seconds in (0, {MAX_DURATION_NS // 10**9}]: {seconds}"
+            )
+        config.client_liveness_timeout_ns = int(seconds * 1e9)
     if args.idle is not None:
         config.idle_strategy = args.idle
     config.validate()
@@ -64,6 +71,7 @@ def config_from_args(args: argparse.Namespace) -> DriverConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run a standalone driver until SIGINT/SIGTERM; bad settings exit 2 with one line."""
     try:
         config = config_from_args(args)
         if args.print_config:

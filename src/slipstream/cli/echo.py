@@ -59,6 +59,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def register(commands: Any) -> None:
+    """Add ``echo server`` and ``echo client`` to the command parsers."""
     echo: argparse.ArgumentParser = commands.add_parser(
         "echo", help="the guide's echo server and client (take 1: naive, take 2: through NAT)"
     )
@@ -147,15 +148,22 @@ def _configure_logging(level: str) -> None:
     logger.propagate = False
 
 
-def _stop_on_signals(stop: threading.Event) -> None:
+def _stop_on_signals(stop: threading.Event) -> list[int]:
+    """Set ``stop`` on SIGINT/SIGTERM; the returned list receives the signal numbers, so the command can
+    tell a stop it was asked for from a failure."""
+    received: list[int] = []
+
     def handler(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    return received
 
 
 def run_server(args: argparse.Namespace) -> int:
+    """Run an echo server until SIGINT/SIGTERM or ``--duration``."""
     problem = _settle(args, "server")
     if problem is not None:
         print(f"slipstream echo server: {problem}", file=sys.stderr)
@@ -193,13 +201,14 @@ def run_server(args: argparse.Namespace) -> int:
 
 
 def run_client(args: argparse.Namespace) -> int:
+    """Run an echo client; a signal stops it with a message and status 128 + signal."""
     problem = _settle(args, "client")
     if problem is not None:
         print(f"slipstream echo client: {problem}", file=sys.stderr)
         return 2
     _configure_logging(args.log_level)
     stop = threading.Event()
-    _stop_on_signals(stop)
+    signals = _stop_on_signals(stop)
     log = logging.getLogger(f"slipstream.echo.take{args.take}")
     try:
         if args.take == 1:
@@ -227,7 +236,14 @@ def run_client(args: argparse.Namespace) -> int:
                 reserved_session_id_high=args.reserved_session_id_high,
             ) as client2:
                 client2.run(stop)
+        if signals:
+            print(f"slipstream echo client: stopped by {signal.Signals(signals[0]).name}", file=sys.stderr)
+            return 128 + signals[0]
     except EchoError as exc:
+        if signals:  # the waits end early on a signal: that is the reason, not a timeout
+            name = signal.Signals(signals[0]).name
+            print(f"slipstream echo client: stopped by {name} before the echo finished", file=sys.stderr)
+            return 128 + signals[0]
         log.error("%s", exc)
         return 1
     except (DriverError, ValueError) as exc:

@@ -33,6 +33,7 @@ _CLEAR = "\x1b[H\x1b[2J"
 
 
 def register(commands: Any) -> None:
+    """Add ``stat``, ``loss``, ``errors`` and ``backlog`` to the command parsers."""
     stat: argparse.ArgumentParser = commands.add_parser(
         "stat", help="print the driver's counters (like AeronStat)", description="Counters of a media driver."
     )
@@ -127,7 +128,12 @@ def format_stat(status: DriverStatus, pattern: re.Pattern[str] | None = None) ->
     now = datetime.now().astimezone().isoformat(timespec="seconds")
     header = f"{now} - slipstream stat, pid {status.pid}, heartbeat age {status.heartbeat_age_ms}ms"
     if not status.alive:
-        why = status.state if status.state != "running" else "heartbeat older than the client liveness timeout"
+        if not status.process_exists:
+            why = f"process {status.pid} is gone"
+        elif status.state != "running":
+            why = status.state
+        else:
+            why = "heartbeat older than the client liveness timeout"
         header += f" (driver not alive: {why})"
     lines = [header, "=" * 80]
     lines += [f"{c.counter_id:3}: {c.value:20,} - {c.label}" for c in _selected(status, pattern)]
@@ -135,6 +141,7 @@ def format_stat(status: DriverStatus, pattern: re.Pattern[str] | None = None) ->
 
 
 def stat_json(status: DriverStatus, pattern: re.Pattern[str] | None = None) -> dict[str, Any]:
+    """A status snapshot as JSON: identity, liveness and the selected counters."""
     return {
         "time_ms": time.time_ns() // 1_000_000,
         "directory": str(status.directory),
@@ -144,6 +151,7 @@ def stat_json(status: DriverStatus, pattern: re.Pattern[str] | None = None) -> d
         "client_liveness_timeout_ns": status.client_liveness_timeout_ns,
         "state": status.state,
         "alive": status.alive,
+        "process_exists": status.process_exists,
         "counters": [counter_json(c) for c in _selected(status, pattern)],
     }
 
@@ -191,6 +199,7 @@ def run_stat(args: argparse.Namespace) -> int:
 
 
 def run_loss(args: argparse.Namespace) -> int:
+    """Print the driver's loss report as CSV (or JSON)."""
     try:
         entries: list[LossEntry] = loss(_directory(args))
     except CncError as exc:
@@ -207,12 +216,14 @@ def run_loss(args: argparse.Namespace) -> int:
 def format_error(record: ErrorRecord) -> str:
     """ErrorStat's layout, with ISO dates instead of raw milliseconds."""
     return (
-        f"{record.observation_count} observations from {iso_ms(record.first_observation_ms)} "
+        f"{record.observation_count} observation{'' if record.observation_count == 1 else 's'} "
+        f"from {iso_ms(record.first_observation_ms)} "
         f"to {iso_ms(record.last_observation_ms)} for:\n {record.text}"
     )
 
 
 def error_json(record: ErrorRecord) -> dict[str, Any]:
+    """One error record as JSON, with ISO dates next to the raw milliseconds."""
     data: dict[str, Any] = _jsonable(record)
     data["first_observation"] = iso_ms(record.first_observation_ms)
     data["last_observation"] = iso_ms(record.last_observation_ms)
@@ -220,6 +231,7 @@ def error_json(record: ErrorRecord) -> dict[str, Any]:
 
 
 def run_errors(args: argparse.Namespace) -> int:
+    """Print the driver's distinct-error log, as ``ErrorStat`` does."""
     try:
         records = errors(_directory(args))
     except CncError as exc:
@@ -230,7 +242,7 @@ def run_errors(args: argparse.Namespace) -> int:
     for record in records:
         print(format_error(record))
         print()
-    print(f"{len(records)} distinct errors observed.")
+    print(f"{len(records)} distinct error{'' if len(records) == 1 else 's'} observed.")
     return 0
 
 
@@ -267,6 +279,7 @@ def format_backlog(streams: list[StreamBacklog]) -> str:
 
 
 def run_backlog(args: argparse.Namespace) -> int:
+    """Print how far each stream's consumers trail its producers."""
     try:
         streams = backlog(_directory(args))
     except CncError as exc:

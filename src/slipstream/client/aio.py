@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..logbuffer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED, FragmentHandler
+from ..logbuffer import ADMIN_ACTION, BACK_PRESSURED, CLOSED, NOT_CONNECTED, FragmentHandler
+from .errors import renewed
 from .publication import ExclusivePublication
 from .subscription import Subscription
 
@@ -31,6 +32,7 @@ class AsyncBackoff:
         self._sleep_s = min_sleep_s
 
     async def idle(self) -> None:
+        """Pause once: yield while spins remain, else sleep and double the next sleep (up to the cap)."""
         if self._count < self.spins:
             self._count += 1
             await asyncio.sleep(0)
@@ -39,6 +41,7 @@ class AsyncBackoff:
         self._sleep_s = min(self._sleep_s * 2, self.max_sleep_s)
 
     def reset(self) -> None:
+        """Start over with spins (call after work was found)."""
         self._count = 0
         self._sleep_s = self.min_sleep_s
 
@@ -51,12 +54,15 @@ async def poll_async(
     timeout_s: float | None = None,
     backoff: AsyncBackoff | None = None,
 ) -> int:
-    """Wait until at least one fragment was delivered (returns the count) or ``timeout_s`` passed (0)."""
+    """Wait until at least one fragment was delivered (returns the count) or ``timeout_s`` passed (0).
+
+    Returns 0 at once for a closed subscription; raises ``DriverLostError`` (within a back-off pause)
+    when the media driver is lost, also while waiting."""
     backoff = backoff or AsyncBackoff()
     backoff.reset()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
-        fragments = subscription.poll(handler, fragment_limit)
+        fragments = subscription.poll(handler, fragment_limit)  # raises DriverLostError once the driver is lost
         if fragments or subscription.is_closed:
             return fragments
         if deadline is not None and time.monotonic() >= deadline:
@@ -72,13 +78,17 @@ async def offer_async(
     backoff: AsyncBackoff | None = None,
 ) -> int:
     """Offer, waiting out back-pressure and absent subscribers until ``timeout_s``; returns the new
-    position, or the last refusal code (CLOSED and MAX_POSITION_EXCEEDED are returned at once)."""
+    position, or the last refusal code (CLOSED and MAX_POSITION_EXCEEDED are returned at once).
+
+    Raises ``DriverLostError`` (at once, also while waiting) when the media driver is lost."""
     backoff = backoff or AsyncBackoff()
     backoff.reset()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         result = publication.offer(message)
         if result not in _RETRY:
+            if result == CLOSED and publication.driver_error is not None:
+                raise renewed(publication.driver_error)
             return result
         if result == ADMIN_ACTION:
             continue

@@ -20,13 +20,21 @@ from pathlib import Path
 from typing import Literal
 
 from ..driver.config import DriverConfig
-from ..driver.media_driver import DirectoryHandle, MediaDriver
-from ..errors import DriverAlreadyRunningError, DriverError
+from ..driver.media_driver import DirectoryHandle, MediaDriver, directory_error
+from ..errors import (
+    DriverAlreadyRunningError,
+    DriverConfigError,
+    DriverError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+)
 from ..files import commands as cmd
 from ..files.cnc import PARKED_INDEX, CncError, CncFile
 from ..files.counters import CountersReader
-from ..files.directory import default_directory, map_file
-from .errors import DriverLostError, DriverUnavailableError, RegistrationError
+from ..files.directory import LOCK_FILE, default_directory, map_file
+from ..wire.uri import ChannelUri, check_supported
+from ._args import check_callable, check_channel, check_stream_id
+from .errors import DriverLostError, DriverUnavailableError, RegistrationError, renewed
 from .image import Image
 from .publication import ExclusivePublication, Publication
 from .subscription import ImageHandler, Subscription
@@ -64,12 +72,28 @@ class Context:
         on_driver_lost: Callable[[DriverError], object] | None = None,
     ) -> None:
         if driver not in ("auto", "embedded", "external"):
-            raise ValueError(f"driver must be 'auto', 'embedded' or 'external': {driver!r}")
-        if driver_timeout_s <= 0:
-            raise ValueError(f"driver_timeout_s must be positive: {driver_timeout_s}")
+            raise InvalidArgumentError(f"driver must be 'auto', 'embedded' or 'external': {driver!r}")
+        if isinstance(driver_timeout_s, bool) or not isinstance(driver_timeout_s, int | float):
+            raise InvalidArgumentTypeError(f"driver_timeout_s must be a number of seconds: {driver_timeout_s!r}")
+        if not 0 < driver_timeout_s <= 86_400:
+            raise InvalidArgumentError(f"driver_timeout_s must be in (0, 86400] seconds: {driver_timeout_s}")
+        check_callable("on_driver_lost", on_driver_lost)
+        if driver_config is not None and not isinstance(driver_config, DriverConfig):
+            raise InvalidArgumentTypeError(f"driver_config must be a DriverConfig: {type(driver_config).__name__}")
         if directory is None:
             directory = driver_config.directory if driver_config is not None else default_directory()
+        elif not isinstance(directory, str | Path):
+            raise InvalidArgumentTypeError(f"directory must be a str or Path: {type(directory).__name__}")
         self.directory = Path(directory)
+        if (
+            driver_config is not None
+            and driver_config.directory.absolute() != self.directory.absolute()
+            and driver_config.directory != default_directory()  # a config that names no directory takes ours
+        ):
+            raise DriverConfigError(
+                f"directory {self.directory} contradicts driver_config.directory {driver_config.directory}; "
+                "give one of them (or the same directory)"
+            )
         self.driver_timeout_s = driver_timeout_s
         self.on_driver_lost = on_driver_lost
         self._driver_config = replace(driver_config or DriverConfig(), directory=self.directory)
@@ -126,9 +150,17 @@ class Context:
                         continue
                     except DriverAlreadyRunningError:
                         pass  # another process is starting one: wait for its socket
+            except PermissionError as exc:
+                sock.close()
+                raise directory_error(self.directory, exc) from None
             except OSError as exc:
                 sock.close()
                 last_error = exc
+            if mode == "external" and isinstance(last_error, ConnectionRefusedError) and not self._driver_alive():
+                raise DriverUnavailableError(
+                    f"no media driver runs in {self.directory}: its socket refuses connections and the driver "
+                    "that made it is gone; start one with `slipstream driver --dir DIR`"
+                )
             if time.monotonic() >= deadline:
                 hint = "start one with `slipstream driver --dir DIR`" if mode == "external" else "check its log"
                 raise DriverUnavailableError(
@@ -136,6 +168,23 @@ class Context:
                     f"({last_error}); {hint}"
                 )
             time.sleep(0.01)
+
+    def _driver_alive(self) -> bool:
+        """Whether the process named in the directory's lock file still exists (a starting driver writes it
+        before it opens its socket, so a refused connection with no such process means a dead driver)."""
+        try:
+            pid_text = (self.directory / LOCK_FILE).read_text().strip()
+        except OSError:
+            return False
+        if not pid_text.isdigit():
+            return False
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True  # exists, owned by another user
+        return True
 
     def _handshake(self) -> cmd.Welcome:
         invoker = self.is_invoker  # then the driver answers only while this thread invokes it
@@ -180,7 +229,7 @@ class Context:
                 data = b""
             if data == b"":
                 if not self._closed:
-                    self._lose_driver(DriverLostError(f"the media driver in {self.directory} went away"))
+                    self._lose_driver(DriverLostError(self._went_away()))
                 return
             if data:
                 try:
@@ -206,6 +255,17 @@ class Context:
                         DriverLostError(f"the media driver in {self.directory} stopped its heartbeat {age_ms} ms ago")
                     )
                     return
+
+    def _went_away(self) -> str:
+        where = "this process" if self.driver_pid == os.getpid() else f"pid {self.driver_pid}"
+        text = f"the media driver ({where}) in {self.directory} went away"
+        if self.driver_pid != os.getpid():
+            text += (
+                "; if it was the embedded driver of another process, that process ended: for several processes, "
+                f"run a standalone driver (`slipstream driver --dir {self.directory}`) and attach with "
+                'driver="external"'
+            )
+        return text
 
     def _dispatch(self, message: cmd.DriverMessage) -> None:
         match message:
@@ -257,9 +317,9 @@ class Context:
             pending.error = error
             pending.event.set()
         for publication in list(self._publications.values()):
-            publication._release()
+            publication._lose(error)
         for subscription in list(self._subscriptions.values()):
-            subscription._release_all()
+            subscription._lose(error)
         if self.on_driver_lost is not None:
             try:
                 self.on_driver_lost(error)
@@ -297,7 +357,7 @@ class Context:
 
     def _check_usable(self) -> None:
         if self._driver_error is not None:
-            raise self._driver_error
+            raise renewed(self._driver_error)
         if self._closed:
             raise RuntimeError("the context is closed")
 
@@ -316,7 +376,7 @@ class Context:
         finally:
             self._pending.pop(correlation_id, None)
         if pending.error is not None:
-            raise pending.error
+            raise renewed(pending.error)
         response = pending.response
         if isinstance(response, cmd.ErrorResponse):
             raise RegistrationError(response.code, response.message)
@@ -346,6 +406,7 @@ class Context:
         return self._add_publication(channel, stream_id, exclusive=True)
 
     def _add_publication(self, channel: str, stream_id: int, *, exclusive: bool) -> ExclusivePublication:
+        channel = _check_channel_args(channel, stream_id)
         self._check_usable()
         correlation_id = self._next_correlation_id()
         response = self._request(correlation_id, cmd.AddPublication(correlation_id, channel, stream_id, exclusive))
@@ -379,7 +440,13 @@ class Context:
         on_unavailable_image: ImageHandler | None = None,
     ) -> Subscription:
         """Subscribe; images of matching publishers appear (and the callbacks run, on the client's
-        thread) as publishers come and go."""
+        thread) as publishers come and go.
+
+        Raises ``TypeError``/``ValueError`` (both ``SlipstreamError``) naming a bad argument before
+        anything reaches the driver; ``UnsupportedChannelError`` for a channel feature the driver lacks."""
+        channel = _check_channel_args(channel, stream_id)
+        check_callable("on_available_image", on_available_image)
+        check_callable("on_unavailable_image", on_unavailable_image)
         self._check_usable()
         correlation_id = self._next_correlation_id()
         subscription = Subscription(
@@ -405,6 +472,7 @@ class Context:
             self._send(_WAKE)
 
     def _manage_destination(self, registration_id: int, channel: str, add: bool) -> None:
+        channel = str(check_channel("channel", channel))
         self._check_usable()
         correlation_id = self._next_correlation_id()
         kind = cmd.AddDestination if add else cmd.RemoveDestination
@@ -469,6 +537,10 @@ class Context:
             self._cnc.close()
         self._stop_embedded()
 
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "driver lost" if self._driver_error is not None else "open"
+        return f"Context(directory={str(self.directory)!r}, embedded={self.is_embedded}, {state})"
+
     def _stop_embedded(self) -> None:
         if self._embedded is not None:
             self._embedded.close()
@@ -479,3 +551,11 @@ class Context:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_channel_args(channel: object, stream_id: object) -> str:
+    """Check ``add_*`` arguments at the call, before anything is sent: a bad one raises here, naming it."""
+    uri: ChannelUri = check_channel("channel", channel)
+    check_supported(uri)
+    check_stream_id("stream_id", stream_id)
+    return channel if isinstance(channel, str) else str(uri)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from ..errors import DriverAlreadyRunningError, DriverError
+from ..errors import DriverAlreadyRunningError, DriverDirectoryError, DriverError
 
-__all__ = ["DriverAlreadyRunningError", "DriverError", "DriverLostError", "DriverUnavailableError", "RegistrationError"]
+__all__ = [
+    "DriverAlreadyRunningError",
+    "DriverDirectoryError",
+    "DriverError",
+    "DriverLostError",
+    "DriverUnavailableError",
+    "RegistrationError",
+]
 
 
 class DriverUnavailableError(DriverError):
@@ -21,3 +28,14 @@ class RegistrationError(DriverError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
+
+
+def renewed(error: DriverError) -> DriverError:
+    """A new exception like a stored one, to raise again: re-raising the same object would grow its
+    traceback with every call that meets it."""
+    if isinstance(error, RegistrationError):
+        copy: DriverError = RegistrationError(error.code, str(error).partition(": ")[2])
+    else:
+        copy = type(error)(*error.args)
+    copy.__cause__ = error.__cause__
+    return copy

@@ -78,18 +78,22 @@ class Image:
 
     @property
     def position(self) -> int:
+        """This subscriber's position in the stream: bytes consumed so far."""
         return self._position
 
     @property
     def term_length(self) -> int:
+        """Length of each of the log's three terms."""
         return self._log.term_length
 
     @property
     def initial_term_id(self) -> int:
+        """Term id the stream started with."""
         return self._log.initial_term_id
 
     @property
     def end_of_stream_position(self) -> int:
+        """Where the stream ends once the publisher closed (the maximum position before)."""
         return self._log.end_of_stream_position
 
     @property
@@ -99,6 +103,7 @@ class Image:
 
     @property
     def is_closed(self) -> bool:
+        """True once the image is gone (publisher left, subscription closed, driver lost) or corrupt."""
         return self._closed
 
     def _release(self) -> None:

@@ -12,11 +12,14 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from ..errors import DriverError
 from ..files.directory import close_mapping
 from ..logbuffer import CLOSED, BufferClaim, ExclusiveAppender, LogBuffers
 
 
 class Offer(Protocol):
+    """The shape of ``offer``: append a message, return the new position or a negative result code."""
+
     def __call__(self, message: bytes | bytearray | memoryview, /, reserved_value: int = 0) -> int: ...
 
 
@@ -28,8 +31,6 @@ class ExclusivePublication:
     ValueError if the message exceeds ``max_message_length``. It is the log appender's own method
     (reading the driver's limit counter itself), so an offer costs one Python call.
     """
-
-    offer: Offer
 
     def __init__(
         self,
@@ -53,12 +54,14 @@ class ExclusivePublication:
         self._log = LogBuffers(memoryview(mapping))
         # UDP publications ring the doorbell: the driver does the sending, and may be parked in select.
         self._appender = ExclusiveAppender(self._log, (limit_values, limit_index), doorbell)
-        self.offer = self._appender.offer
+        self.offer = self._appender.offer  # type: ignore[method-assign]
         self._limit_values = limit_values
         self._limit_index = limit_index
         self._on_close = on_close
         self._manage_destination = manage_destination
         self._closed = False
+        self.driver_error: DriverError | None = None
+        """Set (and the publication closed) when the media driver was lost; ``offer`` then returns CLOSED."""
 
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         """Reserve a frame of ``length`` bytes (at most ``max_payload_length``) to write in place."""
@@ -68,10 +71,12 @@ class ExclusivePublication:
 
     @property
     def position(self) -> int:
+        """Stream position after the last message appended here."""
         return self._appender.position
 
     @property
     def position_limit(self) -> int:
+        """Position up to which the driver lets this publication write (flow control)."""
         return int(self._limit_values[self._limit_index])
 
     @property
@@ -81,18 +86,22 @@ class ExclusivePublication:
 
     @property
     def is_closed(self) -> bool:
+        """True once closed by ``close`` or by the loss of the media driver."""
         return self._closed
 
     @property
     def max_message_length(self) -> int:
+        """Longest message ``offer`` takes (bigger ones raise ValueError): fragments of up to a term's eighth."""
         return self._appender.max_message_length
 
     @property
     def max_payload_length(self) -> int:
+        """Longest payload of one fragment (``mtu`` minus the header): the most ``try_claim`` takes."""
         return self._appender.max_payload_length
 
     @property
     def term_length(self) -> int:
+        """Length of each of the log's three terms."""
         return self._log.term_length
 
     def add_destination(self, channel: str) -> None:
@@ -101,6 +110,7 @@ class ExclusivePublication:
         self._destination(channel, True)
 
     def remove_destination(self, channel: str) -> None:
+        """Stop sending to a destination added with ``add_destination``."""
         self._destination(channel, False)
 
     def _destination(self, channel: str, add: bool) -> None:
@@ -115,6 +125,18 @@ class ExclusivePublication:
         self._closed = True
         self._appender.close()
         self._on_close(self)
+
+    def offer(self, message: bytes | bytearray | memoryview, /, reserved_value: int = 0) -> int:
+        """Append ``message``; returns the new stream position, or a negative code (NOT_CONNECTED,
+        BACK_PRESSURED, ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED) saying why nothing was written.
+        Raises ValueError if the message exceeds ``max_message_length``. (Each instance replaces this
+        method with its log appender's own, so an offer costs one Python call; this is its documentation.)"""
+        return self._appender.offer(message, reserved_value)
+
+    def _lose(self, error: DriverError) -> None:
+        """The driver is gone: close, and remember why (``offer_async`` raises it)."""
+        self.driver_error = error
+        self._release()
 
     def _release(self) -> None:
         """Drop the mapping (the client calls this once the driver knows)."""
@@ -146,7 +168,7 @@ class Publication(ExclusivePublication):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._lock = threading.Lock()
         self._offer_unlocked = self.offer
-        self.offer = self._locked_offer
+        self.offer = self._locked_offer  # type: ignore[method-assign]
 
     def _locked_offer(self, message: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
         with self._lock:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..errors import DriverError
 from ..logbuffer import FragmentHandler
+from .errors import renewed
 from .image import Image
 
 ImageHandler = Callable[[Image], object]
+"""Callback for an image that became available or unavailable (runs on the client's thread)."""
 
 
 class Subscription:
@@ -33,14 +36,21 @@ class Subscription:
         self._images: tuple[Image, ...] = ()
         self._round_robin = 0
         self._closed = False
+        self.driver_error: DriverError | None = None
+        """Why the media driver was lost, once it was; the subscription is then closed."""
 
     def poll(self, handler: FragmentHandler, fragment_limit: int = 10) -> int:
-        """Deliver up to ``fragment_limit`` fragments across images; returns how many were delivered."""
+        """Deliver up to ``fragment_limit`` fragments across images; returns how many were delivered.
+
+        Once the media driver is lost, the subscription is closed (``is_closed``, ``driver_error``) and
+        ``poll`` raises ``DriverLostError``: a polling loop cannot mistake a dead driver for silence."""
         images = self._images
         count = len(images)
         if count == 1:
             return images[0].poll(handler, fragment_limit)
         if count == 0:
+            if self.driver_error is not None:
+                raise renewed(self.driver_error)
             return 0
         start = self._round_robin = (self._round_robin + 1) % count
         fragments = 0
@@ -52,10 +62,12 @@ class Subscription:
 
     @property
     def images(self) -> tuple[Image, ...]:
+        """The images attached now (a snapshot: the tuple is replaced, never changed)."""
         return self._images
 
     @property
     def image_count(self) -> int:
+        """How many images are attached now."""
         return len(self._images)
 
     @property
@@ -65,9 +77,11 @@ class Subscription:
 
     @property
     def is_closed(self) -> bool:
+        """True once closed by ``close`` or by the loss of the media driver."""
         return self._closed
 
     def image_by_session_id(self, session_id: int) -> Image | None:
+        """The attached image of publisher session ``session_id``, or None."""
         for image in self._images:
             if image.session_id == session_id:
                 return image
@@ -88,12 +102,19 @@ class Subscription:
                 return image
         return None
 
+    def _lose(self, error: DriverError) -> None:
+        """The driver is gone: close every image and the subscription, and remember why."""
+        self.driver_error = error
+        self._closed = True
+        self._release_all()
+
     def _release_all(self) -> None:
         images, self._images = self._images, ()
         for image in images:
             image._release()
 
     def close(self) -> None:
+        """Stop receiving: the driver forgets this subscription and its images close."""
         if self._closed:
             return
         self._closed = True

@@ -244,6 +244,8 @@ class DriverConductor:
                     self._close_client(client, now_ns, "client closed")
                 case cmd.Hello():
                     raise CommandRefused("PROTOCOL", "Hello sent twice")
+                case cmd.InvalidCommand():  # a mistyped command costs that command, not the client
+                    raise CommandRefused("INVALID_COMMAND", message.reason)
         except CommandRefused as refused:
             self._error(client, getattr(message, "correlation_id", 0), refused.code, refused.message)
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from ..errors import DriverConfigError
 from ..files.directory import default_directory
 from ..files.idle import idle_strategy
-from ..protocol.config import require_positive
 from ..wire.constants import IPC_TERM_DEFAULT_LENGTH, MTU_DEFAULT, TERM_DEFAULT_LENGTH
 from ..wire.positions import check_mtu, check_term_length
 
@@ -19,6 +19,8 @@ RESERVED_SESSION_ID_HIGH_DEFAULT: Final = 1000
 MS = 1_000_000
 S = 1_000_000_000
 THREADING_MODES = ("dedicated", "invoker")
+MAX_DURATION_NS: Final = 365 * 24 * 3600 * S
+"""Longest duration setting: well inside the 64-bit fields the driver stores durations in."""
 
 
 @dataclass(slots=True)
@@ -66,16 +68,30 @@ class DriverConfig:
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
+        self.validate()  # a bad setting fails where it is written, not when a driver starts
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad setting."""
-        require_positive(
-            self,
+        """Raise ``DriverConfigError`` (a ValueError) naming the first bad setting. Runs at construction
+        and when a driver starts (fields may be assigned in between)."""
+        try:
+            self._validate()
+        except DriverConfigError:
+            raise
+        except ValueError as exc:
+            raise DriverConfigError(str(exc)) from None
+
+    def _validate(self) -> None:
+        for name in (
             "client_liveness_timeout_ns",
             "publication_linger_ns",
             "publication_unblock_timeout_ns",
             "timer_interval_ns",
-        )
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int (nanoseconds): {value!r}")
+            if not 0 < value <= MAX_DURATION_NS:
+                raise ValueError(f"{name} must be in (0, {MAX_DURATION_NS}] ns (at most a year): {value}")
         try:
             check_term_length(self.ipc_term_length)
         except ValueError as exc:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
+from ..errors import SlipstreamError
 from ..wire.uri import parse_duration_ns, parse_size
 from .config import DriverConfig
 
@@ -78,7 +79,7 @@ _BOOL_WORDS: Final = {
 _INT_RE: Final = re.compile(r"[+-]?[0-9]{1,19}", re.ASCII)
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(SlipstreamError, ValueError):
     """A configuration file cannot be read, or names an unknown key or a bad value."""
 
 
@@ -101,7 +102,6 @@ def field_for_key(key: str) -> str | None:
         return name
     if name in _CLI_NAMES:
         return _CLI_NAMES[name]
-        return name
     if f"{name}_ns" in KINDS and KINDS[f"{name}_ns"] == "duration":
         return f"{name}_ns"
     return None

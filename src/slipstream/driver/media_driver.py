@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import DriverAlreadyRunningError, DriverError
+from ..errors import DriverAlreadyRunningError, DriverDirectoryError, DriverError
 from ..files.cnc import STATE_CLOSED, STATE_RUNNING, CncFile
 from ..files.directory import CNC_FILE, LOCK_FILE, SOCKET_FILE
 from ..files.idle import IdleStrategy, ParkingIdleStrategy, idle_strategy
@@ -72,9 +72,13 @@ class MediaDriver:
         self._closed = False
 
     def start(self) -> MediaDriver:
+        """Claim the directory (one driver per directory) and create its files and socket; ``run`` then serves."""
         directory = self.directory
-        directory.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise directory_error(directory, exc) from None
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -88,6 +92,9 @@ class MediaDriver:
         os.write(lock_fd, f"{os.getpid()}\n".encode())
         try:
             self._prepare(directory)
+        except OSError as exc:
+            self._shutdown()
+            raise directory_error(directory, exc) from None
         except BaseException:
             self._shutdown()
             raise
@@ -172,6 +179,7 @@ class MediaDriver:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Ask ``run`` to return (from a signal handler or another thread)."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -253,6 +261,16 @@ class MediaDriver:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def directory_error(directory: Path, exc: OSError) -> DriverDirectoryError:
+    """An OS error on the driver directory, as one line that names it and the way out."""
+    reason = exc.strerror or type(exc).__name__
+    return DriverDirectoryError(
+        f"cannot use driver directory {directory}: {reason}"
+        f"{f' ({exc.filename})' if exc.filename and str(exc.filename) != str(directory) else ''}; "
+        "choose a directory this user can write (--dir DIR, or $SLIPSTREAM_DIR) or fix its permissions"
+    )
 
 
 def _lock_holder(directory: Path) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from ..errors import SlipstreamError
 from .counters import METADATA_LENGTH, VALUE_LENGTH, CountersManager, CountersReader
 from .directory import CNC_FILE, close_mapping, map_file
 
@@ -31,7 +32,7 @@ STATE_RUNNING: Final = 1
 STATE_CLOSED: Final = 2
 
 
-class CncError(RuntimeError):
+class CncError(SlipstreamError, RuntimeError):
     """``cnc.dat`` is missing, too short or from an incompatible version."""
 
 

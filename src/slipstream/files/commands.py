@@ -9,6 +9,7 @@ frame size so that a misbehaving client cannot make the driver allocate without 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Final, Generic, TypeVar
 
 import msgspec
@@ -78,6 +79,15 @@ class CloseClient(msgspec.Struct, tag=True, frozen=True):
     pass
 
 
+class InvalidCommand(msgspec.Struct, tag=True, frozen=True):
+    """Made by the driver's decoder, never sent: a well-framed command whose fields have the wrong types
+    or values. It carries the command's correlation id when one could be read, so the driver answers
+    that command with an error instead of dropping the client."""
+
+    correlation_id: int
+    reason: str
+
+
 ClientMessage = (
     Hello
     | AddPublication
@@ -89,6 +99,7 @@ ClientMessage = (
     | Wake
     | Keepalive
     | CloseClient
+    | InvalidCommand
 )
 
 # -- driver to client -------------------------------------------------------------------------------
@@ -167,9 +178,10 @@ T = TypeVar("T")
 class Decoder(Generic[T]):
     """Splits a byte stream into messages of type ``T``; keeps partial frames between feeds."""
 
-    def __init__(self, message_type: type[T]) -> None:
+    def __init__(self, message_type: type[T], invalid: Callable[[int, str], T] | None = None) -> None:
         self._decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(message_type)
         self._buffer = bytearray()
+        self._invalid = invalid
 
     def feed(self, data: bytes) -> list[T]:
         """Messages completed by ``data``. Raises CommandError on a bad frame; the stream is then unusable."""
@@ -187,15 +199,39 @@ class Decoder(Generic[T]):
             start += 4 + length
             try:
                 messages.append(self._decoder.decode(body))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except msgspec.ValidationError as exc:
+                # Framing is intact, so the stream stays usable: answer the command if it has an id.
+                correlation_id = _correlation_id(body) if self._invalid is not None else None
+                if correlation_id is None or self._invalid is None:
+                    raise CommandError(f"invalid message: {exc}") from None
+                messages.append(self._invalid(correlation_id, f"invalid command: {exc}"))
+            except msgspec.DecodeError as exc:
                 raise CommandError(f"invalid message: {exc}") from None
         del buf[:start]
         return messages
 
 
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
+
+
+def _correlation_id(body: bytes) -> int | None:
+    """The ``correlation_id`` of a msgpack map, if it has an int one (the body is at most 64 KiB)."""
+    try:
+        value = msgspec.msgpack.decode(body)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    correlation_id = value.get("correlation_id")
+    if isinstance(correlation_id, bool) or not isinstance(correlation_id, int):
+        return None
+    return correlation_id if _I64_MIN <= correlation_id <= _I64_MAX else None
+
+
 def client_decoder() -> Decoder[ClientMessage]:
-    """Decoder the driver uses for what clients send."""
-    return Decoder(ClientMessage)  # type: ignore[arg-type]
+    """Decoder the driver uses for what clients send; a mistyped command becomes ``InvalidCommand``."""
+    return Decoder(ClientMessage, InvalidCommand)  # type: ignore[arg-type]
 
 
 def driver_decoder() -> Decoder[DriverMessage]:

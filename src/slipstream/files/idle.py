@@ -14,18 +14,22 @@ from typing import Protocol
 
 
 class IdleStrategy(Protocol):
-    def idle(self, work_count: int = 0) -> None: ...
+    def idle(self, work_count: int = 0) -> None:
+        """Wait according to the strategy; ``work_count`` > 0 means work was done (and resets it)."""
 
-    def reset(self) -> None: ...
+    def reset(self) -> None:
+        """Forget the idle streak: the next wait starts from the shortest."""
 
 
 class BusySpinIdleStrategy:
     """Never gives the core up: lowest latency, one full core per agent."""
 
     def idle(self, work_count: int = 0) -> None:
+        """Return at once: the lowest latency, one core kept busy."""
         return None
 
     def reset(self) -> None:
+        """Nothing to reset."""
         return None
 
 
@@ -33,10 +37,12 @@ class YieldingIdleStrategy:
     """Gives the core to other runnable threads when idle (``sched_yield``)."""
 
     def idle(self, work_count: int = 0) -> None:
+        """Yield the CPU when no work was done."""
         if work_count <= 0:
             os.sched_yield()
 
     def reset(self) -> None:
+        """Nothing to reset."""
         return None
 
 
@@ -49,10 +55,12 @@ class SleepingIdleStrategy:
         self.period_s = period_s
 
     def idle(self, work_count: int = 0) -> None:
+        """Sleep for the fixed period when no work was done."""
         if work_count <= 0:
             time.sleep(self.period_s)
 
     def reset(self) -> None:
+        """Nothing to reset."""
         return None
 
 
@@ -73,6 +81,7 @@ class BackoffIdleStrategy:
         self._sleep_s = min_sleep_s
 
     def idle(self, work_count: int = 0) -> None:
+        """Spin, then yield, then sleep for longer and longer while no work is done; work resets it."""
         if work_count > 0:
             self.reset()
             return
@@ -86,6 +95,7 @@ class BackoffIdleStrategy:
             self._sleep_s = min(self._sleep_s * 2, self.max_sleep_s)
 
     def reset(self) -> None:
+        """Start over with spinning."""
         self._spins = 0
         self._yields = 0
         self._sleep_s = self.min_sleep_s

@@ -13,6 +13,7 @@ at most one timer tick of traffic.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -134,8 +135,11 @@ class DriverStatus:
     state: str
     """``starting``, ``running`` or ``closed`` (a clean stop); a killed driver stays ``running``."""
     alive: bool
-    """Running, and its heartbeat is younger than the client liveness timeout: what clients also assume."""
+    """Running, its process exists, and its heartbeat is younger than the client liveness timeout."""
     counters: tuple[CounterInfo, ...] = field(repr=False)
+    process_exists: bool = True
+    """Whether process ``pid`` exists (seen from this pid namespace): a SIGKILLed driver shows at once,
+    before its heartbeat ages past the liveness timeout."""
 
 
 def driver_status(directory: Path | str) -> DriverStatus:
@@ -147,6 +151,7 @@ def driver_status(directory: Path | str) -> DriverStatus:
         state = cnc.state
         snapshot = _read_counters(cnc)
     age_ms = _now_ms() - heartbeat_ms
+    exists = _process_exists(header.pid)
     return DriverStatus(
         directory=directory,
         pid=header.pid,
@@ -155,9 +160,22 @@ def driver_status(directory: Path | str) -> DriverStatus:
         heartbeat_age_ms=age_ms,
         client_liveness_timeout_ns=header.client_liveness_timeout_ns,
         state=_STATE_NAMES.get(state, f"unknown ({state})"),
-        alive=state == STATE_RUNNING and age_ms * 1_000_000 <= header.client_liveness_timeout_ns,
+        alive=exists and state == STATE_RUNNING and age_ms * 1_000_000 <= header.client_liveness_timeout_ns,
         counters=snapshot,
+        process_exists=exists,
     )
+
+
+def _process_exists(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, but belongs to another user
+    return True
 
 
 def counters(directory: Path | str) -> list[CounterInfo]:

@@ -85,6 +85,7 @@ class BufferClaim:
 
     @property
     def reserved_value(self) -> int:
+        """The claimed frame's 64-bit reserved value (readers see it as ``Header.reserved_value``)."""
         if self._term is None:
             raise RuntimeError("no frame is claimed")
         return int(struct.unpack_from("<q", self._term, self._offset + 24)[0])

@@ -40,42 +40,52 @@ class Header:
 
     @property
     def frame_length(self) -> int:
+        """Length of the current frame, header included."""
         return int(_I32.unpack_from(self.buffer, self.offset)[0])
 
     @property
     def flags(self) -> int:
+        """The frame's flags byte (begin, end, end-of-stream bits)."""
         return int(self.buffer[self.offset + FLAGS_OFFSET])
 
     @property
     def is_begin(self) -> bool:
+        """True on the first fragment of a message."""
         return bool(self.buffer[self.offset + FLAGS_OFFSET] & BEGIN_FLAG)
 
     @property
     def is_end(self) -> bool:
+        """True on the last fragment of a message."""
         return bool(self.buffer[self.offset + FLAGS_OFFSET] & END_FLAG)
 
     @property
     def type(self) -> int:
+        """The frame type (data or padding)."""
         return int(_U16.unpack_from(self.buffer, self.offset + TYPE_OFFSET)[0])
 
     @property
     def term_offset(self) -> int:
+        """Offset of the frame in its term."""
         return int(_I32.unpack_from(self.buffer, self.offset + TERM_OFFSET_OFFSET)[0])
 
     @property
     def session_id(self) -> int:
+        """Session id of the publisher that wrote the frame."""
         return int(_I32.unpack_from(self.buffer, self.offset + SESSION_ID_OFFSET)[0])
 
     @property
     def stream_id(self) -> int:
+        """Stream id of the frame."""
         return int(_I32.unpack_from(self.buffer, self.offset + STREAM_ID_OFFSET)[0])
 
     @property
     def term_id(self) -> int:
+        """Term id of the frame's term."""
         return int(_I32.unpack_from(self.buffer, self.offset + TERM_ID_OFFSET)[0])
 
     @property
     def reserved_value(self) -> int:
+        """The 64-bit value the publisher passed to ``offer`` (e.g. a checksum or timestamp)."""
         return int(_I64.unpack_from(self.buffer, self.offset + RESERVED_VALUE_OFFSET)[0])
 
     @property

@@ -170,6 +170,7 @@ def _kill_namespace_processes(name: str, *, timeout: float = 5.0) -> None:
 
 class Namespace:
     """A network namespace: an isolated host with its own interfaces, routes, sockets and nftables.
+    Needs root and ``ip``/``nft`` (call :func:`require_netns` first for a clear reason if not).
 
     Only ``lo`` exists at first (brought up, so 127.0.0.1 works inside); add links with :func:`link`.
     Use as a context manager: exit kills every process still inside and deletes the namespace, so a
@@ -348,7 +349,7 @@ UdpDropRule = DropRule
 
 
 def drop_random_udp(ns: Namespace, dport: int, percent: int) -> DropRule:
-    """Drop a random ``percent`` % of UDP datagrams arriving for port ``dport`` in ``ns``.
+    """Drop a random ``percent`` % of UDP datagrams arriving for port ``dport`` in ``ns`` (root, nftables).
 
     The rule sits on the input hook, so it also hits traffic a namespace sends itself over its own
     loopback — one namespace is enough for a lossy sender/receiver pair. Loss is independent per
@@ -361,7 +362,7 @@ def drop_random_udp(ns: Namespace, dport: int, percent: int) -> DropRule:
 
 
 def drop_random(ns: Namespace, protocol: str, dport: int, percent: int) -> DropRule:
-    """Drop a random ``percent`` % of the ``protocol`` ("udp" or "tcp") packets arriving for port
+    """(Root, nftables.) Drop a random ``percent`` % of the ``protocol`` ("udp" or "tcp") packets arriving for port
     ``dport`` in ``ns`` (see :func:`drop_random_udp`). For TCP that is the data a sender sends to the
     listening port; its acknowledgements pass. Loopback carries TCP in segments of up to 64 KiB."""
     if protocol not in ("udp", "tcp"):
@@ -447,7 +448,7 @@ def _wait_until_up(ns: Namespace, ifname: str, timeout: float = 5.0) -> None:
 
 
 class NatTopology:
-    """Client behind a NAT router, server on the "public" side: the NAT traversal test bed.
+    """Client behind a NAT router, server on the "public" side: the NAT traversal test bed (root, ip, nft).
 
     ``client`` (private network, default route via the router) — ``router`` (forwards, masquerades
     on its public interface, drops unsolicited inbound traffic: only ``ct state

@@ -8,6 +8,7 @@ instead of deep inside the driver. Unknown keys are kept verbatim (newer Aeron v
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal, NamedTuple, TypeVar, cast
 
+from ..errors import SlipstreamError
 from .constants import FRAME_ALIGNMENT, IPC_TERM_DEFAULT_LENGTH, TERM_DEFAULT_LENGTH, TERM_MAX_LENGTH
 from .positions import check_mtu, check_term_length, wrap_i32
 
@@ -32,6 +34,8 @@ __all__ = [
     "Media",
     "ParamValue",
     "StartPosition",
+    "UnsupportedChannelError",
+    "check_supported",
     "parse_bool",
     "parse_duration_ns",
     "parse_endpoint",
@@ -66,7 +70,7 @@ _DURATION_MULTIPLIERS: Final = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_00
 _FC_STRATEGIES: Final = frozenset({"max", "min", "tagged"})
 
 
-class ChannelUriError(ValueError):
+class ChannelUriError(SlipstreamError, ValueError):
     """A channel URI (or one of its parameters) is malformed.
 
     ``parameter`` names the offending key, or is None for structural errors (prefix, media, separators),
@@ -552,6 +556,7 @@ class ChannelUri:
 
     @property
     def media(self) -> Media:
+        """``udp`` or ``ipc``."""
         return self._media
 
     @property
@@ -561,10 +566,12 @@ class ChannelUri:
 
     @property
     def is_udp(self) -> bool:
+        """True for ``aeron:udp``."""
         return self._media == MEDIA_UDP
 
     @property
     def is_ipc(self) -> bool:
+        """True for ``aeron:ipc`` (shared memory)."""
         return self._media == MEDIA_IPC
 
     @property
@@ -584,6 +591,7 @@ class ChannelUri:
 
     @property
     def endpoint(self) -> str | None:
+        """``endpoint`` as written (``host:port``); None when absent."""
         return self._params.get("endpoint")
 
     @property
@@ -593,6 +601,7 @@ class ChannelUri:
 
     @property
     def control(self) -> str | None:
+        """``control`` as written (``host:port``); None when absent."""
         return self._params.get("control")
 
     @property
@@ -602,42 +611,52 @@ class ChannelUri:
 
     @property
     def control_mode(self) -> ControlMode | None:
+        """``control-mode``, parsed and checked; None when absent."""
         return self._typed("control-mode", _control_mode)
 
     @property
     def interface(self) -> str | None:
+        """``interface`` as written; None when absent."""
         return self._params.get("interface")
 
     @property
     def ttl(self) -> int | None:
+        """``ttl``, parsed and checked; None when absent."""
         return self._typed("ttl", _ttl)
 
     @property
     def reliable(self) -> bool | None:
+        """``reliable``, parsed and checked; None when absent."""
         return self._typed("reliable", _bool)
 
     @property
     def session_id(self) -> int | None:
+        """``session-id``, parsed and checked; None when absent."""
         return self._typed("session-id", _i32)
 
     @property
     def mtu(self) -> int | None:
+        """``mtu``, parsed and checked; None when absent."""
         return self._typed("mtu", _mtu)
 
     @property
     def term_length(self) -> int | None:
+        """``term-length``, parsed and checked; None when absent."""
         return self._typed("term-length", _term_length)
 
     @property
     def init_term_id(self) -> int | None:
+        """``init-term-id``, parsed and checked; None when absent."""
         return self._typed("init-term-id", _i32)
 
     @property
     def term_id(self) -> int | None:
+        """``term-id``, parsed and checked; None when absent."""
         return self._typed("term-id", _i32)
 
     @property
     def term_offset(self) -> int | None:
+        """``term-offset``, parsed and checked; None when absent."""
         return self._typed("term-offset", _term_offset)
 
     @property
@@ -650,68 +669,133 @@ class ChannelUri:
 
     @property
     def linger_ns(self) -> int | None:
+        """``linger``, parsed and checked; None when absent."""
         return self._typed("linger", _duration)
 
     @property
     def eos(self) -> bool | None:
+        """``eos``, parsed and checked; None when absent."""
         return self._typed("eos", _bool)
 
     @property
     def fc(self) -> FlowControl | None:
+        """``fc``, parsed and checked; None when absent."""
         return self._typed("fc", _parse_flow_control)
 
     @property
     def gtag(self) -> int | None:
+        """``gtag``, parsed and checked; None when absent."""
         return self._typed("gtag", _i64)
 
     @property
     def cc(self) -> CongestionControl | None:
+        """``cc``, parsed and checked; None when absent."""
         return self._typed("cc", _congestion_control)
 
     @property
     def rcv_wnd(self) -> int | None:
+        """``rcv-wnd``, parsed and checked; None when absent."""
         return self._typed("rcv-wnd", _window)
 
     @property
     def pub_wnd(self) -> int | None:
+        """``pub-wnd``, parsed and checked; None when absent."""
         return self._typed("pub-wnd", _window)
 
     @property
     def so_rcvbuf(self) -> int | None:
+        """``so-rcvbuf``, parsed and checked; None when absent."""
         return self._typed("so-rcvbuf", _socket_buffer)
 
     @property
     def so_sndbuf(self) -> int | None:
+        """``so-sndbuf``, parsed and checked; None when absent."""
         return self._typed("so-sndbuf", _socket_buffer)
 
     @property
     def nak_delay_ns(self) -> int | None:
+        """``nak-delay``, parsed and checked; None when absent."""
         return self._typed("nak-delay", _duration)
 
     @property
     def max_resend(self) -> int | None:
+        """``max-resend``, parsed and checked; None when absent."""
         return self._typed("max-resend", _max_resend)
 
     @property
     def sparse(self) -> bool | None:
+        """``sparse``, parsed and checked; None when absent."""
         return self._typed("sparse", _bool)
 
     @property
     def tether(self) -> bool | None:
+        """``tether``, parsed and checked; None when absent."""
         return self._typed("tether", _bool)
 
     @property
     def rejoin(self) -> bool | None:
+        """``rejoin``, parsed and checked; None when absent."""
         return self._typed("rejoin", _bool)
 
     @property
     def group(self) -> bool | None:
+        """``group``, parsed and checked; None when absent."""
         return self._typed("group", _bool)
 
     @property
     def alias(self) -> str | None:
+        """``alias``: a label for humans, ignored by the driver; None when absent."""
         return self._params.get("alias")
 
     @property
     def tags(self) -> tuple[int, ...] | None:
+        """``tags``, parsed and checked; None when absent."""
         return self._typed("tags", _tags)
+
+
+class UnsupportedChannelError(ChannelUriError):
+    """A well-formed channel asks for something slipstream's media driver does not do (multicast,
+    ``cc=cubic``, ``fc=min``/``tagged``, or a key it does not know); ``parameter`` names it."""
+
+
+_SUPPORTED_FC: Final = frozenset({"max"})
+
+
+def _near_miss(key: str) -> str:
+    close = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else f" (known keys: {', '.join(sorted(KNOWN_KEYS))})"
+
+
+def _is_multicast(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_multicast
+    except ValueError:
+        return False  # a host name: resolved (to unicast) by the driver
+
+
+def check_supported(uri: ChannelUri) -> None:
+    """Refuse what parses but would silently do nothing in slipstream's driver, naming the parameter.
+
+    ``ChannelUri`` itself stays a faithful model of Aeron's URIs (it keeps unknown keys and accepts every
+    Aeron value); this check is what the client API applies before it asks the driver for a channel, so
+    a typo (``term-lenght``), a multicast group, or a strategy the driver does not implement fails at the
+    call instead of leaving a channel that never connects or ignores the setting.
+    """
+    for key in uri.params:
+        if key not in KNOWN_KEYS:
+            raise UnsupportedChannelError(f"unknown parameter{_near_miss(key)}", key)
+    for key in ("endpoint", "control"):
+        address = uri.endpoint_address if key == "endpoint" else uri.control_address
+        if address is not None and _is_multicast(address[0].strip("[]")):
+            raise UnsupportedChannelError(
+                f"multicast address {address[0]} is not supported (use a unicast address, or MDC with "
+                "control-mode=manual|dynamic)",
+                key,
+            )
+    if uri.cc not in (None, "static"):
+        raise UnsupportedChannelError(f"congestion control {uri.cc!r} is not supported (only static)", "cc")
+    fc = uri.fc
+    if fc is not None and fc.strategy not in _SUPPORTED_FC:
+        raise UnsupportedChannelError(
+            f"flow control strategy {fc.strategy!r} is not supported (only max, the default)", "fc"
+        )
