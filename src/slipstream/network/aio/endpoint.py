@@ -1,0 +1,227 @@
+"""What servers and clients share: listeners, dispatch, the poller task, the driver context."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ...client import Context
+from ..config import ClientConfig, ServerConfig
+from ..errors import MessageDispatchError
+from ..events import Closed
+from ..serialization import Serialization
+from ..store import SettingsStore
+from .connection import Connection, Listeners, is_coroutine_result
+from .transport import IdleBackoff, acquire_context, release_context
+
+__all__ = ["Endpoint"]
+
+log = logging.getLogger("slipstream.network")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Endpoint:
+    """Base of Server and Client: listener decorators and the machinery behind them."""
+
+    _role = "endpoint"
+
+    def __init__(self, config: ServerConfig | ClientConfig) -> None:
+        self.config = config
+        self.listeners = Listeners()
+        self.serialization = Serialization(config.messages)
+        self.store = SettingsStore(config.store_path(self._role))
+        self.private_key, self.public_key = self.store.identity()
+        self._context: Context | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._wake: asyncio.Event | None = None
+
+    # -- listener decorators ----------------------------------------------------------------------
+
+    def on_init(self, listener: F) -> F:
+        """Decorator: ``listener(connection)`` before ``on_connect``, for per-connection set-up."""
+        self.listeners.init.append(listener)
+        return listener
+
+    def on_connect(self, listener: F) -> F:
+        """Decorator: ``listener(connection)`` when a connection is up."""
+        self.listeners.connect.append(listener)
+        return listener
+
+    def on_disconnect(self, listener: F) -> F:
+        """Decorator: ``listener(connection)`` once per connection when it ends."""
+        self.listeners.disconnect.append(listener)
+        return listener
+
+    def on_error(self, listener: F) -> F:
+        """Decorator: ``listener(connection_or_None, exception)`` for listener failures, messages
+        nobody listens for, and messages that failed to decode."""
+        self.listeners.error.append(listener)
+        return listener
+
+    def on_message(self, kind: type) -> Callable[[F], F]:
+        """Decorator: ``listener(connection, message)`` for messages of ``kind`` (and subclasses)."""
+
+        def register(listener: F) -> F:
+            self.listeners.add_message(kind, listener)
+            return listener
+
+        return register
+
+    # -- running listeners ------------------------------------------------------------------------
+
+    def _call(
+        self, connection: Connection | None, listener: Callable[..., Any], *args: Any
+    ) -> asyncio.Task[Any] | None:
+        try:
+            result = listener(*args)
+        except Exception as exc:
+            self._report_error(connection, exc)
+            return None
+        if is_coroutine_result(result):
+            task = asyncio.ensure_future(self._guard(connection, result))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return task
+        return None
+
+    async def _guard(self, connection: Connection | None, awaitable: Any) -> None:
+        try:
+            await awaitable
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._report_error(connection, exc)
+
+    def _report_error(self, connection: Connection | None, error: BaseException) -> None:
+        if not self.listeners.error:
+            log.error("%s: %s (no on_error listener)", connection, error, exc_info=error)
+            return
+        for listener in list(self.listeners.error):
+            try:
+                result = listener(connection, error)
+            except Exception:
+                log.exception("on_error listener failed")
+                continue
+            if is_coroutine_result(result):
+                task = asyncio.ensure_future(self._quiet(result))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _quiet(awaitable: Any) -> None:
+        try:
+            await awaitable
+        except Exception:
+            log.exception("on_error listener failed")
+
+    def _fire(self, listeners: list[Any], connection: Connection) -> list[asyncio.Task[Any]]:
+        tasks = []
+        for listener in list(listeners):
+            task = self._call(connection, listener, connection)
+            if task is not None:
+                tasks.append(task)
+        return tasks
+
+    def _dispatch_message(self, connection: Connection, message: object, sync_id: int) -> None:
+        kind = type(message)
+        handlers = connection._listeners.for_type(kind) + self.listeners.for_type(kind)
+        if not handlers:
+            self._report_error(
+                connection, MessageDispatchError(f"no on_message listener for {kind.__module__}.{kind.__qualname__}")
+            )
+        tasks = [task for handler in handlers if (task := self._call(connection, handler, connection, message))]
+        if not sync_id:
+            return
+        if not tasks:
+            connection._machine.acknowledge_sync(sync_id)
+            connection._after_append()
+            return
+
+        async def acknowledge() -> None:
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if not connection._machine.closed:
+                connection._machine.acknowledge_sync(sync_id)
+                connection._after_append()
+
+        task = asyncio.ensure_future(acknowledge())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _connection_up(self, connection: Connection) -> None:
+        """Run ``on_init`` then ``on_connect``."""
+        self._fire(self.listeners.init, connection)
+        if not connection.is_closed:
+            self._fire(self.listeners.connect, connection)
+
+    def _connection_closed(self, connection: Connection, event: Closed) -> None:
+        """Called once per connection when its machine closed: subclasses release the transport."""
+        if connection._disconnected:
+            return
+        connection._disconnected = True
+        connection._fail_waiters()
+        self._release_connection(connection)
+        self._fire(connection._listeners.disconnect, connection)
+        self._fire(self.listeners.disconnect, connection)
+        connection._closed_event.set()
+
+    def _release_connection(self, connection: Connection) -> None:
+        raise NotImplementedError
+
+    # -- the poller -------------------------------------------------------------------------------
+
+    def _acquire_context(self) -> Context:
+        if self._context is None:
+            self._context = acquire_context(self.config.driver_directory, self.config.driver)
+        return self._context
+
+    def _release_context(self) -> None:
+        if self._context is not None:
+            context, self._context = self._context, None
+            release_context(context)
+
+    def _start_poller(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"slipstream-{self._role}")
+
+    def _kick(self) -> None:
+        """Make the poller run its next cycle now (new work arrived from the application)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        backoff = IdleBackoff()
+        while not self._closing:
+            now_ns = time.monotonic_ns()
+            try:
+                work = self._duty_cycle(now_ns)
+            except Exception as exc:  # a bug must not silently stop every connection
+                log.exception("network poller failed")
+                self._report_error(None, exc)
+                work = 0
+            if work:
+                backoff.reset()
+                await asyncio.sleep(0)
+            else:
+                await backoff.idle(now_ns / 1e9)
+
+    def _duty_cycle(self, now_ns: int) -> int:
+        raise NotImplementedError
+
+    async def _stop_poller(self) -> None:
+        self._closing = True
+        task, self._task = self._task, None
+        if task is not None:
+            try:
+                await asyncio.wait_for(task, 2.0)
+            except (TimeoutError, asyncio.CancelledError):
+                task.cancel()
+        for pending in list(self._tasks):
+            pending.cancel()
+        self._tasks.clear()
