@@ -18,7 +18,6 @@ import struct
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..client.allocation import AllocationError, IdAllocator
 from .errors import ConnectionClosedError, FrameError, MessageTooLarge, RecordRejected, SerializationError
 from .events import (
     Closed,
@@ -120,7 +119,7 @@ class ConnectionMachine:
         self._events: list[Event] = []
         self._last_received_ns = now_ns
         self._last_sent_ns = now_ns
-        self._ids = IdAllocator(1, 65535)
+        self._last_id = 0
         self._syncs: dict[int, int] = {}
         """Outstanding send_sync id -> timeout deadline."""
         self._pings: dict[int, tuple[int, int]] = {}
@@ -147,12 +146,10 @@ class ConnectionMachine:
         for sync_id, when in list(self._syncs.items()):
             if now_ns >= when:
                 del self._syncs[sync_id]
-                self._ids.free(sync_id)
                 self._events.append(SyncTimedOut(sync_id))
         for ping_id, (_, when) in list(self._pings.items()):
             if now_ns >= when:
                 del self._pings[ping_id]
-                self._ids.free(ping_id)
                 self._events.append(PingTimedOut(ping_id))
         if now_ns - self._last_received_ns >= self.expiry_ns:
             self._close(by_peer=False, expired=True, reason=f"no word from the peer for {self.expiry_ns / 1e9:g} s")
@@ -196,18 +193,20 @@ class ConnectionMachine:
         request id that :class:`SyncCompleted` or :class:`SyncTimedOut` will name."""
         self._check_open()
         payload = self.serialization.encode(message)
-        try:
-            sync_id = self._ids.allocate()
-        except AllocationError:
-            raise ConnectionClosedError("too many outstanding requests (65535)") from None
-        try:
-            self._append(FrameKind.SYNC_REQUEST, sync_id, payload)
-        except BaseException:
-            self._ids.free(sync_id)
-            raise
+        sync_id = self._next_id()
+        self._append(FrameKind.SYNC_REQUEST, sync_id, payload)
         self._syncs[sync_id] = now_ns + timeout_ns
         self.stats.messages_sent += 1
         return sync_id
+
+    def _next_id(self) -> int:
+        """A request id (1-65535) not outstanding: the pool is bounded, ids are reused."""
+        if len(self._syncs) + len(self._pings) >= 65535:
+            raise ConnectionClosedError("too many outstanding requests (65535)")
+        while True:
+            self._last_id = self._last_id % 65535 + 1
+            if self._last_id not in self._syncs and self._last_id not in self._pings:
+                return self._last_id
 
     def acknowledge_sync(self, sync_id: int) -> None:
         """The listeners handled the message of request ``sync_id``: tell the sender."""
@@ -217,10 +216,7 @@ class ConnectionMachine:
     def ping(self, now_ns: int, timeout_ns: int) -> int:
         """Send a ping; returns the id that PingAcknowledged or PingTimedOut will name."""
         self._check_open()
-        try:
-            ping_id = self._ids.allocate()
-        except AllocationError:
-            raise ConnectionClosedError("too many outstanding requests (65535)") from None
+        ping_id = self._next_id()
         self._pings[ping_id] = (now_ns, now_ns + timeout_ns)
         self._append(FrameKind.PING, ping_id, _PING.pack(now_ns + self.wall_offset_ns))
         return ping_id
@@ -235,10 +231,6 @@ class ConnectionMachine:
     def _close(self, *, by_peer: bool, expired: bool, reason: str) -> None:
         self.closed = True
         self._events.append(Closed(by_peer, expired, reason))
-        for sync_id in self._syncs:
-            self._ids.free(sync_id)
-        for ping_id in self._pings:
-            self._ids.free(ping_id)
         self._syncs.clear()
         self._pings.clear()
 
@@ -295,7 +287,6 @@ class ConnectionMachine:
                 events.append(MessageReceived(message, frame.request_id if kind == FrameKind.SYNC_REQUEST else 0))
             elif kind == FrameKind.SYNC_ACK:
                 if self._syncs.pop(frame.request_id, None) is not None:
-                    self._ids.free(frame.request_id)
                     events.append(SyncCompleted(frame.request_id))
             elif kind == FrameKind.PING:
                 if len(frame.payload) == _PING.size:
@@ -304,7 +295,6 @@ class ConnectionMachine:
             elif kind == FrameKind.PONG:
                 sent = self._pings.pop(frame.request_id, None)
                 if sent is not None and len(frame.payload) == _PONG.size:
-                    self._ids.free(frame.request_id)
                     ping_wall, pong_wall = _PONG.unpack(frame.payload)
                     finished_wall = now_ns + self.wall_offset_ns
                     events.append(

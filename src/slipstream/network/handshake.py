@@ -265,7 +265,7 @@ class ClientHandshake:
     def _on_hello_ack(self, body: memoryview, now_ns: int) -> None:
         try:
             payload = self._noise.read_message(bytes(body))
-        except NoiseError:
+        except (NoiseError, ValueError):
             # Cannot be ours: a corrupted or forged answer. The Noise state is unusable after a
             # failed read, so this attempt ends (the caller may retry with a fresh one).
             self.ignored += 1
@@ -533,12 +533,12 @@ class ServerHandshake:
         noise = HandshakeState(initiator=False, static_private=self._static_private, prologue=self._prologue)
         try:
             noise.read_message(first)
-        except NoiseError:
+            answer = _header(PacketType.HELLO_ACK, nonce) + noise.write_message(
+                _U32.pack(self._expiry_ms) + self._description
+            )
+        except (NoiseError, ValueError):  # e.g. a low-order ephemeral key: no shared secret
             self.stats.malformed += 1
             return
-        answer = _header(PacketType.HELLO_ACK, nonce) + noise.write_message(
-            _U32.pack(self._expiry_ms) + self._description
-        )
         while len(self._pending) >= self.max_pending:
             self._pending.popitem(last=False)
             self.stats.evicted += 1
@@ -569,7 +569,7 @@ class ServerHandshake:
             return
         try:
             client_description = pending.noise.read_message(bytes(body))
-        except NoiseError:
+        except (NoiseError, ValueError):
             self.stats.failed += 1
             return
         client_key = pending.noise.remote_static

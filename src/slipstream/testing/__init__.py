@@ -7,6 +7,7 @@ namespaces with nftables loss and NAT) for tests that must hit the kernel; it ne
 """
 
 from .clock import ManualClock
+from .connection import ConnectionPair, HandshakePair
 from .netns import (
     DropRule,
     Link,
@@ -34,9 +35,11 @@ from .network import (
 
 __all__ = [
     "Address",
+    "ConnectionPair",
     "Datagram",
     "DatagramHandler",
     "DropRule",
+    "HandshakePair",
     "InMemoryNetwork",
     "Link",
     "LinkConditions",
