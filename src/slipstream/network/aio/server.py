@@ -187,8 +187,11 @@ class Server(Endpoint):
         ) -> tuple[int, str] | None:
             if address is not None and not ipv4_allowed and "." in address:
                 return int(RejectReason.NOT_PERMITTED), "IPv4 connections are not permitted"
-            counted = len(self._owner) + len(self._starting)
-            per_address = sum(link.machine.addresses.count_for(address) for link in self._links) if address else 0
+            counted = len(self._connections) + len(self._starting)
+            per_address = 0
+            if address is not None:
+                per_address = sum(1 for c in self._connections.values() if c.remote_address == address)
+                per_address += sum(1 for s in self._starting if s.event.address == address)
             reason = self._policy.check(address, tag, public_key or b"", counted, per_address)
             if (
                 reason is None
