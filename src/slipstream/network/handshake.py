@@ -415,9 +415,13 @@ class ServerHandshake:
         handshakes_per_second: float = 2000.0,
         now_ns: int = 0,
         allow_plaintext: bool = False,
+        confirm_accept: bool = False,
     ) -> None:
         self.app_id = app_id
         self._allow_plaintext = allow_plaintext
+        self._confirm_accept = confirm_accept
+        self._unconfirmed: dict[int, tuple[tuple[int, int], int, bytes, bool, int]] = {}
+        """connection id -> (pending key, nonce, send key, plaintext, expiry) awaiting :meth:`accept`."""
         self._app = app_id.encode()
         self._static_private = static_private
         self._prologue = _prologue(app_id)
@@ -588,22 +592,10 @@ class ServerHandshake:
             self._reject(nonce, _reason("SERVER_FULL", 1), "no ids or ports left on the server", address)
             return
         send, receive = pending.noise.split()
-        plain = _WELCOME.pack(
-            allocation.server_session_id,
-            allocation.client_session_id,
-            allocation.server_stream_id,
-            allocation.client_stream_id,
-            allocation.control_port,
-            self._expiry_ms,
-            _PLAINTEXT if pending.plaintext else 0,
-        )
-        header = _header(PacketType.WELCOME, nonce)
-        welcome = header + ChaCha20Poly1305(_welcome_key(send.key)).encrypt(_WELCOME_NONCE, plain, header)
-        while len(self._accepted) >= self.max_pending:
-            self._accepted.popitem(last=False)
-        self._accepted[key] = _Accepted(welcome, now_ns + self._timeout_ns)
-        self._out.append(welcome)
         self.stats.accepted += 1
+        self._unconfirmed[allocation.server_session_id] = (key, nonce, send.key, pending.plaintext, now_ns)
+        if not self._confirm_accept:
+            self.accept(allocation.server_session_id, now_ns)
         self._events.append(
             ClientAccepted(
                 connection_id=allocation.server_session_id,
@@ -622,6 +614,45 @@ class ServerHandshake:
                 plaintext=pending.plaintext,
             )
         )
+
+    def accept(self, connection_id: int, now_ns: int) -> bool:
+        """Send the WELCOME of an accepted client (after the adapter opened its streams, when the
+        machine was made with ``confirm_accept``). False if unknown or already sent."""
+        entry = self._unconfirmed.pop(connection_id, None)
+        allocation = self.connections.get(connection_id)
+        if entry is None or allocation is None:
+            return False
+        key, nonce, send_key, plaintext, _ = entry
+        plain = _WELCOME.pack(
+            allocation.server_session_id,
+            allocation.client_session_id,
+            allocation.server_stream_id,
+            allocation.client_stream_id,
+            allocation.control_port,
+            self._expiry_ms,
+            _PLAINTEXT if plaintext else 0,
+        )
+        header = _header(PacketType.WELCOME, nonce)
+        welcome = header + ChaCha20Poly1305(_welcome_key(send_key)).encrypt(_WELCOME_NONCE, plain, header)
+        while len(self._accepted) >= self.max_pending:
+            self._accepted.popitem(last=False)
+        self._accepted[key] = _Accepted(welcome, now_ns + self._timeout_ns)
+        self._out.append(welcome)
+        return True
+
+    def reallocate_port(self, connection_id: int) -> int | None:
+        """A new control port for an accepted client whose port could not be bound (another program
+        holds it); the old one goes to the back of the pool. None when no port is left."""
+        allocation = self.connections.get(connection_id)
+        if allocation is None or self.ports is None or not allocation.control_port:
+            return None
+        try:
+            port = self.ports.allocate(1)[0]
+        except (AllocationError, ValueError):
+            return None
+        self.ports.free(allocation.control_port)
+        allocation.control_port = port
+        return port
 
     def _allocate(self, address: str | None) -> _Allocation | None:
         taken: list[tuple[IdAllocator | PortAllocator, int]] = []
@@ -650,6 +681,7 @@ class ServerHandshake:
     def release(self, connection_id: int) -> bool:
         """Give a closed connection's ids, port and address slot back (False if unknown)."""
         allocation = self.connections.pop(connection_id, None)
+        self._unconfirmed.pop(connection_id, None)
         if allocation is None:
             return False
         self.sessions.free(allocation.server_session_id)

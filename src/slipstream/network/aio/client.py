@@ -182,7 +182,7 @@ class Client(Endpoint):
         except BaseException:
             self._release_if_idle()
             raise
-        backoff = IdleBackoff(deep_after_s=3600.0)
+        backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
         try:
             wait_until = min(deadline, started + IPC_PROBE_S) if probe else deadline
             while not (hs_pub.is_connected and hs_sub.image_count > 0):
@@ -296,7 +296,7 @@ class Client(Endpoint):
             except BaseException:
                 subscription.close()
                 raise
-        backoff = IdleBackoff(deep_after_s=3600.0)
+        backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
         while not (subscription.image_count > 0 and publication.is_connected):
             if time.monotonic() >= deadline:
                 publication.close()

@@ -42,6 +42,8 @@ __all__ = ["Server"]
 log = logging.getLogger("slipstream.network.server")
 
 CONNECTION_LINGER = "500ms"
+PORT_ATTEMPTS = 5
+"""Control ports tried for one connection when the driver cannot bind one (another socket holds it)."""
 RELEASE_DELAY_S = 1.0
 """Ids and ports of a closed connection return to the pools after its publication lingered out."""
 
@@ -219,6 +221,7 @@ class Server(Endpoint):
             handshakes_per_second=config.handshakes_per_second,
             now_ns=time.monotonic_ns(),
             allow_plaintext=host is None and not config.encrypt_ipc,
+            confirm_accept=True,
         )
         link = _Link(machine, subscription, publication, host, port)
         link.assembler = FragmentAssembler(lambda payload, header: self._on_handshake(link, payload, header))
@@ -259,14 +262,17 @@ class Server(Endpoint):
                 log.info("rejected %s: %s", event.address or "IPC", event.message)
         return work
 
-    def _accept(self, link: _Link, event: ClientAccepted, now_ns: int) -> None:
+    def _open_publication(self, link: _Link, event: ClientAccepted) -> ExclusivePublication:
+        """The connection's dynamic-MDC publication, on another port if its port is taken."""
         config = self.config
         context = self._acquire_context()
-        try:
-            if link.host is not None:
-                publication = context.add_exclusive_publication(
+        assert link.host is not None
+        control_port = event.control_port
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return context.add_exclusive_publication(
                     udp_channel(
-                        control=host_port(link.host, event.control_port),
+                        control=host_port(link.host, control_port),
                         control_mode="dynamic",
                         session_id=event.server_session_id,
                         term_length=config.term_length,
@@ -275,6 +281,20 @@ class Server(Endpoint):
                     ),
                     event.server_stream_id,
                 )
+            except DriverError as exc:
+                port = link.machine.reallocate_port(event.connection_id)
+                if attempt == PORT_ATTEMPTS - 1 or port is None:
+                    raise
+                log.info("control port %d unavailable (%s): trying %d", control_port, exc, port)
+                control_port = port
+        raise AssertionError("unreachable")
+
+    def _accept(self, link: _Link, event: ClientAccepted, now_ns: int) -> None:
+        config = self.config
+        context = self._acquire_context()
+        try:
+            if link.host is not None:
+                publication = self._open_publication(link, event)
                 reliable = None if config.reliable else False
                 try:
                     subscription = context.add_subscription(
@@ -305,6 +325,7 @@ class Server(Endpoint):
             link.machine.release(event.connection_id)
             return
         self._owner[event.connection_id] = link
+        link.machine.accept(event.connection_id, now_ns)
         self._starting.append(
             _Starting(link, event, publication, subscription, now_ns + int(config.handshake_timeout * 1e9), event.port)
         )
