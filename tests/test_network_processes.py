@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 
 from slipstream.network import Connection, Server, ServerConfig
+from slipstream.testing import NatTopology, remove_stale_namespaces, require_netns
 
 from .test_network_aio import free_ports, run
 
@@ -61,7 +62,7 @@ def test_client_in_another_process(driver_dir: Path) -> None:
             server.on_message(Base)(lambda c, m: got.append(m.n))
             server.on_disconnect(lambda c: disconnected.set())
             await server.bind(port)
-            proc = start_peer(str(directory), "127.0.0.1", str(port), "4", "50", "close")
+            proc = start_peer("client", str(directory), "127.0.0.1", str(port), "4", "50", "close")
             try:
                 line = await read_line(proc)
                 assert line.startswith("connected ")
@@ -95,7 +96,7 @@ def test_sigkilled_client_is_seen_within_the_expiry(driver_dir: Path) -> None:
         async with Server(config) as server:
             server.on_disconnect(lambda c: gone.append((c, time.monotonic())))
             await server.bind(port)
-            proc = start_peer(str(directory), "127.0.0.1", str(port), str(expiry), "3", "hang")
+            proc = start_peer("client", str(directory), "127.0.0.1", str(port), str(expiry), "3", "hang")
             try:
                 assert (await read_line(proc)).startswith("connected ")
                 assert await read_line(proc) == "sent"
@@ -120,3 +121,42 @@ def test_sigkilled_client_is_seen_within_the_expiry(driver_dir: Path) -> None:
             assert server.allocated == 0
 
     run(main(), 90)
+
+
+def test_client_behind_a_masquerading_router(tmp_path: Path) -> None:
+    """The echo NAT experiment's topology: the client's address is rewritten by a router that drops
+    unsolicited traffic; the handshake and messages still get through (dynamic MDC, as echo take 2)."""
+    remove_stale_namespaces()
+    require_netns()
+    with NatTopology() as nat:
+        server_dir, client_dir = peer_dir(), peer_dir()
+        server_log = (tmp_path / "server.log").open("w+")
+        server = nat.server.popen(
+            [sys.executable, PEER, "server", str(server_dir), str(nat.server_address), "9000"],
+            stdout=server_log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while "listening" not in (tmp_path / "server.log").read_text():
+                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+                time.sleep(0.02)
+            result = nat.client.run(
+                [sys.executable, PEER, "client", str(client_dir), str(nat.server_address), "9000", "4", "3", "close"],
+                timeout=40,
+                check=False,
+            )
+            output = (tmp_path / "server.log").read_text()
+            assert result.returncode == 0, result.stdout + result.stderr + "\n--- server ---\n" + output
+            assert result.stdout.split() == ["connected", result.stdout.split()[1], "sent", "closed"]
+            assert f"connect {nat.router_public_address}" in output  # the server sees the router
+            assert [line for line in output.splitlines() if line.startswith("message")] == [
+                "message 0",
+                "message 1",
+                "message 2",
+            ]
+        finally:
+            server.kill()
+            server.wait(10)
+            shutil.rmtree(server_dir, ignore_errors=True)
+            shutil.rmtree(client_dir, ignore_errors=True)
