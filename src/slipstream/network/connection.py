@@ -43,9 +43,9 @@ _PONG = struct.Struct(">qq")
 class Records(Protocol):
     """The record layer as this machine uses it (``session.RecordLayer``, or plain for IPC)."""
 
-    def seal(self, plaintext: bytes | memoryview) -> bytes: ...
+    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes: ...
 
-    def open(self, record: bytes | memoryview) -> bytes: ...
+    def open(self, record: bytes | bytearray | memoryview) -> bytes: ...
 
 
 class PlainRecords:
@@ -57,10 +57,10 @@ class PlainRecords:
     rejected_tampered = 0
     rejected_replayed = 0
 
-    def seal(self, plaintext: bytes | memoryview) -> bytes:
+    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes:
         return bytes(plaintext)
 
-    def open(self, record: bytes | memoryview) -> bytes:
+    def open(self, record: bytes | bytearray | memoryview) -> bytes:
         return bytes(record)
 
 

@@ -102,7 +102,11 @@ class HandshakePair:
         )
         self.clients[source] = client
         self._addresses[source] = where
-        self.network.bind(where, lambda data, src, now, c=client: c.receive(data, now))
+
+        def deliver(data: bytes, source: Any, now_ns: int) -> None:
+            client.receive(data, now_ns)
+
+        self.network.bind(where, deliver)
         if start:
             client.start(self.clock.now_ns())
         return client
@@ -137,7 +141,8 @@ class HandshakePair:
             self._flush()
             self.network.deliver_due()
             now = self.clock.now_ns()
-            for machine in [*self.clients.values(), self.server]:
+            machines: list[ClientHandshake | ServerHandshake] = [*self.clients.values(), self.server]
+            for machine in machines:
                 deadline = machine.deadline_ns
                 if deadline is not None and now >= deadline:
                     machine.handle_timer(now)
@@ -145,7 +150,7 @@ class HandshakePair:
             if until is not None and until():
                 return steps
             times = [t for t in (self.network.next_delivery_ns(),) if t is not None]
-            times += [d for m in [*self.clients.values(), self.server] if (d := m.deadline_ns) is not None]
+            times += [d for m in machines if (d := m.deadline_ns) is not None]
             if not times:
                 return steps
             self.clock.advance_to(max(min(times), now + 1) if min(times) <= now else min(times))

@@ -355,10 +355,10 @@ class Connection:
     def _fail_waiters(self) -> None:
         error = ConnectionClosedError(f"connection {self.id} is closed")
         for futures in (self._syncs, self._pings):
-            for future in futures.values():  # type: ignore[attr-defined]
+            for future in futures.values():
                 if not future.done():
                     future.set_exception(error)
-            futures.clear()  # type: ignore[attr-defined]
+            futures.clear()
         self._room.set()
 
 

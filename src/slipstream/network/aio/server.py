@@ -185,7 +185,7 @@ class Server(Endpoint):
         ipv4_allowed = config.enable_ipv4
 
         def admission(
-            address: str | None, tag: str, public_key: bytes | None, total: int, for_address: int
+            address: str | None, tag: str, public_key: bytes | None, current_total: int, current_for_address: int
         ) -> tuple[int, str] | None:
             if address is not None and not ipv4_allowed and "." in address:
                 return int(RejectReason.NOT_PERMITTED), "IPv4 connections are not permitted"

@@ -86,13 +86,13 @@ def host_port(host: str, port: int) -> str:
 def udp_channel(**params: str | int | bool | None) -> str:
     """A validated ``aeron:udp`` URI (``control_mode`` is written ``control-mode`` and so on)."""
     clean = {name.replace("_", "-"): value for name, value in params.items() if value is not None}
-    return str(ChannelUri("udp", clean))  # type: ignore[arg-type]
+    return str(ChannelUri("udp", clean))
 
 
 def ipc_channel(**params: str | int | bool | None) -> str:
     """A validated ``aeron:ipc`` URI."""
     clean = {name.replace("_", "-"): value for name, value in params.items() if value is not None}
-    return str(ChannelUri("ipc", clean))  # type: ignore[arg-type]
+    return str(ChannelUri("ipc", clean))
 
 
 def parse_source(source_identity: str) -> tuple[str | None, int | None]:
