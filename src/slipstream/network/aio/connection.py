@@ -271,6 +271,7 @@ class Connection:
                 await asyncio.wait_for(self._room.wait(), remaining)
 
     def _after_append(self) -> None:
+        self._endpoint._kick()
         if self._machine.sealed_count >= _SEAL_FLUSH:
             self._flush()
         if not self._flush_scheduled:

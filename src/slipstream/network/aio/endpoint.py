@@ -39,7 +39,7 @@ class Endpoint:
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
-        self._wake: asyncio.Event | None = None
+        self._backoff = IdleBackoff()
 
     # -- listener decorators ----------------------------------------------------------------------
 
@@ -187,16 +187,14 @@ class Endpoint:
 
     def _start_poller(self) -> None:
         if self._task is None or self._task.done():
-            self._wake = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"slipstream-{self._role}")
 
     def _kick(self) -> None:
         """Make the poller run its next cycle now (new work arrived from the application)."""
-        if self._wake is not None:
-            self._wake.set()
+        self._backoff.kick()
 
     async def _run(self) -> None:
-        backoff = IdleBackoff()
+        backoff = self._backoff
         while not self._closing:
             now_ns = time.monotonic_ns()
             try:
