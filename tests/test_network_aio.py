@@ -479,3 +479,65 @@ def test_connect_timeout_names_address_and_seconds(driver_dir: Path) -> None:
                 await client.connect("127.0.0.1", port, timeout=1)
 
     run(main())
+
+
+def test_hello_flood_over_the_wire(driver_dir: Path) -> None:
+    """Forged HELLOs from many source ports (never completing the handshake) keep the server's
+    half-open table bounded, allocate nothing, and real clients connect during the flood."""
+    import os
+    import shutil
+    import time
+    import uuid
+
+    from slipstream import Context
+    from slipstream.network.aio.transport import HANDSHAKE_STREAM
+
+    async def main() -> None:
+        port = free_ports(50)
+        attacker_dir = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
+        config = server_config(driver_dir, max_pending_handshakes=16, handshake_timeout=2.0)
+        async with Server(config) as server:
+            await server.bind(port)
+            attacker = Context(attacker_dir)
+            try:
+                publications = [
+                    attacker.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", HANDSHAKE_STREAM)
+                    for _ in range(12)
+                ]
+                await wait_for(lambda: all(p.is_connected for p in publications))
+                flooding = True
+                peak = 0
+
+                async def flood() -> int:
+                    nonlocal peak
+                    sent = 0
+                    while flooding:
+                        for publication in publications:
+                            hello = bytes([1, 1]) + os.urandom(8) + b"\x04test\x00\x00" + os.urandom(32)
+                            if publication.offer(hello) > 0:
+                                sent += 1
+                        peak = max(peak, server.pending_handshakes)
+                        await asyncio.sleep(0.001)
+                    return sent
+
+                flooder = asyncio.ensure_future(flood())
+                await asyncio.sleep(0.3)
+                clients = [Client(client_config(driver_dir)) for _ in range(4)]
+                started = time.monotonic()
+                connections = await asyncio.gather(*(c.connect("127.0.0.1", port, timeout=20) for c in clients))
+                took = time.monotonic() - started
+                flooding = False
+                sent = await flooder
+                assert len({c.id for c in connections}) == 4 and took < 15
+                assert sent > 500 and peak <= 16
+                assert server.allocated == 4  # nothing for the forged HELLOs
+                stats = server.handshake_stats[0]
+                assert stats.hellos >= sent * 0.5 and stats.evicted + stats.rate_limited > 0
+                for client in clients:
+                    await client.close()
+                await wait_for(lambda: server.allocated == 0 and server.pending_handshakes == 0, 6)
+            finally:
+                attacker.close()
+                shutil.rmtree(attacker_dir, ignore_errors=True)
+
+    run(main(), 90)

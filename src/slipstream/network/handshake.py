@@ -72,6 +72,10 @@ _PLAINTEXT = 1
 _U8 = struct.Struct(">B")
 _U32 = struct.Struct(">I")
 _MAX_REJECT_TEXT = 240
+_SOURCE_BURST = 4.0
+"""HELLOs with fresh nonces one transport source may send at once (a client retries one)."""
+_MAX_SOURCES = 4096
+"""Per-source buckets remembered (bounded memory; the oldest are forgotten)."""
 _WELCOME_NONCE = bytes(12)
 
 
@@ -439,6 +443,9 @@ class ServerHandshake:
         self._bucket_size = max(8.0, handshakes_per_second / 4)
         self._tokens = self._bucket_size
         self._tokens_at_ns = now_ns
+        self._source_rate = max(1.0, handshakes_per_second / 100)
+        self._sources: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        """Per-source token buckets (least recently used dropped beyond ``_MAX_SOURCES``)."""
         self._pending: OrderedDict[tuple[int, int], _Pending] = OrderedDict()
         self._accepted: OrderedDict[tuple[int, int], _Accepted] = OrderedDict()
         self.connections: dict[int, _Allocation] = {}
@@ -531,7 +538,7 @@ class ServerHandshake:
         if verdict is not None:
             self._reject(nonce, verdict[0], verdict[1], address)
             return
-        if not self._take_token(now_ns):
+        if not self._take_token(key[0], now_ns):
             self.stats.rate_limited += 1
             return
         noise = HandshakeState(initiator=False, static_private=self._static_private, prologue=self._prologue)
@@ -543,21 +550,43 @@ class ServerHandshake:
         except (NoiseError, ValueError):  # e.g. a low-order ephemeral key: no shared secret
             self.stats.malformed += 1
             return
-        while len(self._pending) >= self.max_pending:
-            self._pending.popitem(last=False)
-            self.stats.evicted += 1
+        if len(self._pending) >= self.max_pending:
+            self._evict()
         plaintext = bool(flags & _PLAINTEXT) and self._allow_plaintext
         self._pending[key] = _Pending(noise, answer, now_ns + self._timeout_ns, address, port, tag, plaintext)
         self._out.append(answer)
 
-    def _take_token(self, now_ns: int) -> bool:
+    def _take_token(self, source: int, now_ns: int) -> bool:
+        """A new handshake needs a token from its source's bucket (so one source, however fast,
+        cannot crowd out the others) and one from the server's (so many sources together cannot
+        make it do more than ``handshakes_per_second`` Diffie-Hellman operations)."""
+        tokens, at_ns = self._sources.pop(source, (_SOURCE_BURST, now_ns))
+        tokens = min(_SOURCE_BURST, tokens + max(0, now_ns - at_ns) * self._source_rate / 1e9)
+        self._sources[source] = (tokens, now_ns)
+        while len(self._sources) > _MAX_SOURCES:
+            self._sources.popitem(last=False)
+        if tokens < 1.0:
+            return False
         elapsed = max(0, now_ns - self._tokens_at_ns)
         self._tokens_at_ns = now_ns
         self._tokens = min(self._bucket_size, self._tokens + elapsed * self._rate / 1e9)
         if self._tokens < 1.0:
             return False
         self._tokens -= 1.0
+        self._sources[source] = (tokens - 1.0, now_ns)
         return True
+
+    def _evict(self) -> None:
+        """Make room: drop the oldest half-open handshake of the source holding the most."""
+        counts: dict[int, int] = {}
+        for source, _ in self._pending:
+            counts[source] = counts.get(source, 0) + 1
+        greedy = max(counts, key=counts.__getitem__)
+        for key in self._pending:
+            if key[0] == greedy:
+                del self._pending[key]
+                break
+        self.stats.evicted += 1
 
     def _count_for(self, address: str | None) -> int:
         return 0 if address is None else self.addresses.count_for(address)
