@@ -541,3 +541,38 @@ def test_hello_flood_over_the_wire(driver_dir: Path) -> None:
                 shutil.rmtree(attacker_dir, ignore_errors=True)
 
     run(main(), 90)
+
+
+def test_auto_ipc_falls_back_to_udp_when_the_server_has_no_ipc(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        async with (
+            Server(server_config(driver_dir, enable_ipc=False)) as server,
+            Client(client_config(driver_dir, enable_ipc=True)) as client,
+        ):
+            await server.bind(port)
+            connection = await client.connect("localhost", port, timeout=10)
+            assert not connection.is_ipc and connection.remote_address == "127.0.0.1"
+
+    run(main())
+
+
+def test_server_close_reaches_the_client_at_once(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        gone: list[float] = []
+        server = Server(server_config(driver_dir, connection_expiry=30.0))
+        server_side: list[Connection] = []
+        server.on_disconnect(lambda c: server_side.append(c))
+        await server.bind(port)
+        async with Client(client_config(driver_dir, connection_expiry=30.0)) as client:
+            client.on_disconnect(lambda c: gone.append(asyncio.get_running_loop().time()))
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            closed_at = asyncio.get_running_loop().time()
+            await server.close()
+            assert await connection.wait_closed(5)
+            assert len(gone) == 1 and gone[0] - closed_at < 2.0  # not the 30 s expiry
+            assert len(server_side) == 1 and client.connection is None
+            assert server.allocated == 0
+
+    run(main())
