@@ -327,7 +327,6 @@ class Client(Endpoint):
             send_timeout=config.send_timeout,
         )
         self.connection = connection
-        self._closing = False
         self._start_poller()
         self._connection_up(connection)
         return connection
@@ -343,14 +342,10 @@ class Client(Endpoint):
     def _release_connection(self, connection: Connection) -> None:
         if self.connection is connection:
             self.connection = None
-        for item in (connection._publication, connection._subscription):
-            try:
-                item.close()
-            except DriverError as exc:
-                log.warning("closing %r: %s", item, exc)
+        self._close_streams_later(connection)
 
     def _release_if_idle(self) -> None:
-        if self.connection is None and self._task is None:
+        if self.connection is None and not self._polling:
             self._release_context()
 
     def remove_server_key(self, host: str) -> None:
@@ -364,6 +359,7 @@ class Client(Endpoint):
             connection._machine.close("client closing")
             connection._flush()
             connection._process_events()
+        await self._wait_closings()
         await self._stop_poller()
         self._release_context()
         self.store.close()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from ...client import Context
+from ...client import Context, DriverError
 from ..config import ClientConfig, ServerConfig
 from ..errors import MessageDispatchError
 from ..events import Closed
@@ -17,7 +18,10 @@ from ..store import SettingsStore
 from .connection import Connection, Listeners, is_coroutine_result
 from .transport import IdleBackoff, acquire_context, release_context
 
-__all__ = ["Endpoint"]
+__all__ = ["CLOSE_GRACE_S", "Endpoint", "PollGroup"]
+
+CLOSE_GRACE_S = 0.05
+"""After the CLOSE frame was handed to the transport, how long before its publication is closed."""
 
 log = logging.getLogger("slipstream.network")
 
@@ -36,10 +40,11 @@ class Endpoint:
         self.store = SettingsStore(config.store_path(self._role))
         self.private_key, self.public_key = self.store.identity()
         self._context: Context | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._polling = False
+        self._closings: set[asyncio.Task[None]] = set()
+        self._group: PollGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
-        self._backoff = IdleBackoff()
 
     # -- listener decorators ----------------------------------------------------------------------
 
@@ -173,6 +178,34 @@ class Endpoint:
     def _release_connection(self, connection: Connection) -> None:
         raise NotImplementedError
 
+    def _close_streams_later(self, connection: Connection, then: Callable[[], None] | None = None) -> None:
+        """Close a finished connection's streams once its last records (the CLOSE frame) were
+        handed to the transport, plus a moment for the driver to send them; ``then`` runs after."""
+
+        async def close() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.config.close_timeout
+            while connection._backlog and loop.time() < deadline:
+                connection._flush()
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(CLOSE_GRACE_S)
+            for item in (connection._publication, connection._subscription):
+                try:
+                    item.close()
+                except DriverError as exc:
+                    log.warning("closing %r: %s", item, exc)
+            if then is not None:
+                then()
+
+        task = asyncio.ensure_future(close())
+        self._closings.add(task)
+        task.add_done_callback(self._closings.discard)
+
+    async def _wait_closings(self) -> None:
+        """Let every connection that is closing finish (bounded by the close timeout)."""
+        if self._closings:
+            await asyncio.wait(list(self._closings), timeout=self.config.close_timeout + 1.0)
+
     # -- the poller -------------------------------------------------------------------------------
 
     def _acquire_context(self) -> Context:
@@ -186,40 +219,76 @@ class Endpoint:
             release_context(context)
 
     def _start_poller(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"slipstream-{self._role}")
+        if not self._polling:
+            self._polling = True
+            self._closing = False
+            self._group = PollGroup.for_loop(asyncio.get_running_loop())
+            self._group.add(self)
 
     def _kick(self) -> None:
         """Make the poller run its next cycle now (new work arrived from the application)."""
-        self._backoff.kick()
-
-    async def _run(self) -> None:
-        backoff = self._backoff
-        while not self._closing:
-            now_ns = time.monotonic_ns()
-            try:
-                work = self._duty_cycle(now_ns)
-            except Exception as exc:  # a bug must not silently stop every connection
-                log.exception("network poller failed")
-                self._report_error(None, exc)
-                work = 0
-            if work:
-                backoff.reset()
-                await asyncio.sleep(0)
-            else:
-                await backoff.idle(now_ns / 1e9)
+        if self._group is not None:
+            self._group.backoff.kick()
 
     def _duty_cycle(self, now_ns: int) -> int:
         raise NotImplementedError
 
     async def _stop_poller(self) -> None:
         self._closing = True
-        task, self._task = self._task, None
-        if task is not None:
-            try:
-                await asyncio.wait_for(task, 2.0)
-            except (TimeoutError, asyncio.CancelledError):
-                task.cancel()
+        if self._polling:
+            self._polling = False
+            if self._group is not None:
+                self._group.remove(self)
         for pending in list(self._tasks):
             pending.cancel()
         self._tasks.clear()
+
+
+class PollGroup:
+    """One poller task per event loop for every server and client on it: a hundred clients in one
+    process wake once per back-off step, not a hundred times."""
+
+    _groups: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PollGroup]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.endpoints: list[Endpoint] = []
+        self.backoff = IdleBackoff()
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> PollGroup:
+        group = cls._groups.get(loop)
+        if group is None:
+            group = cls._groups[loop] = PollGroup(loop)
+        return group
+
+    def add(self, endpoint: Endpoint) -> None:
+        self.endpoints.append(endpoint)
+        self.backoff.kick()
+        if self.task is None or self.task.done():
+            self.task = self.loop.create_task(self._run(), name="slipstream-network-poller")
+
+    def remove(self, endpoint: Endpoint) -> None:
+        if endpoint in self.endpoints:
+            self.endpoints.remove(endpoint)
+
+    async def _run(self) -> None:
+        backoff = self.backoff
+        try:
+            while self.endpoints:
+                now_ns = time.monotonic_ns()
+                work = 0
+                for endpoint in list(self.endpoints):
+                    try:
+                        work += endpoint._duty_cycle(now_ns)
+                    except Exception as exc:  # a bug must not silently stop every connection
+                        log.exception("network poller failed")
+                        endpoint._report_error(None, exc)
+                if work:
+                    backoff.reset()
+                    await asyncio.sleep(0)
+                else:
+                    await backoff.idle(now_ns / 1e9)
+        finally:
+            self.task = None

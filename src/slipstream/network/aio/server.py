@@ -380,10 +380,10 @@ class Server(Endpoint):
 
     def _release_connection(self, connection: Connection) -> None:
         self._connections.pop(connection.id, None)
-        self._close_streams(connection._publication, connection._subscription)
         link = self._owner.get(connection.id)
-        if link is not None:
-            self._release_later(link, connection.id)
+        self._close_streams_later(
+            connection, None if link is None else (lambda: self._release_later(link, connection.id))
+        )
 
     def _close_streams(self, publication: ExclusivePublication, subscription: Subscription) -> None:
         for item in (publication, subscription):
@@ -416,11 +416,14 @@ class Server(Endpoint):
 
     async def close(self) -> None:
         """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
+        if self._starting:
+            self._check_starting(time.monotonic_ns())  # a client that is up must hear CLOSE too
         for connection in list(self._connections.values()):
             if not connection.is_closed:
                 connection._machine.close("server closing")
                 connection._flush()
                 connection._process_events()
+        await self._wait_closings()
         await self._stop_poller()
         for starting in self._starting:
             self._close_streams(starting.publication, starting.subscription)
