@@ -46,6 +46,8 @@ class Params:
     samples: int = 5_000
     idle_s: float = 3.0
     handshakes: int = 30
+    driver: str = "invoker"
+    """Each process runs its embedded driver in its asyncio loop (no driver thread on the GIL)."""
 
 
 def _dir() -> str:
@@ -64,6 +66,7 @@ def slip_server(pipe: Pipe, p: Params) -> None:
             messages=[Quote],
             settings_store=":memory:",
             driver_directory=p.directory,
+            driver=p.driver,
             enable_ipc=p.transport == "ipc",
             enable_ipv6=False,
             term_length=4 << 20,
@@ -107,7 +110,9 @@ def slip_client(pipe: Pipe, p: Params) -> None:
             app_id="bench",
             messages=[Quote],
             settings_store=":memory:",
-            driver_directory=p.directory,
+            # over UDP each side has its own driver, as on two hosts; over IPC the client uses the server's
+            driver_directory=p.directory + "-client" if p.transport == "udp" else p.directory,
+            driver=p.driver if p.transport == "udp" else "external",
             enable_ipc=p.transport == "ipc",
             enable_ipv6=False,
             term_length=4 << 20,
@@ -200,6 +205,7 @@ def run_slipstream(transport: str, quick: bool) -> dict[str, Any]:
             server.finish()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(directory + "-client", ignore_errors=True)
     idle_s = params.idle_s
     result["idle_cpu_percent_of_core"] = 100 * (result.pop("client_idle_cpu_s") + server_cpu) / idle_s
     return result

@@ -576,3 +576,23 @@ def test_server_close_reaches_the_client_at_once(driver_dir: Path) -> None:
             assert server.allocated == 0
 
     run(main())
+
+
+def test_invoker_mode_runs_the_driver_in_the_event_loop(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        async with (
+            Server(server_config(driver_dir, driver="invoker")) as server,
+            Client(client_config(driver_dir, driver="invoker")) as client,
+        ):
+            got: list[int] = []
+            server.on_message(Base)(lambda c, m: got.append(m.n))
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            assert client._context is not None and client._context.is_invoker
+            for n in range(20):
+                await connection.send_sync(Base(n), timeout=5)
+            assert got == list(range(20))
+            assert (await connection.ping(timeout=5)).round_trip < 0.5
+
+    run(main())

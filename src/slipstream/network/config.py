@@ -44,7 +44,7 @@ class ConfigTypeError(NetworkError, TypeError):
     """A setting has the wrong type; the message names the field."""
 
 
-DriverMode = Literal["auto", "embedded", "external"]
+DriverMode = Literal["auto", "embedded", "external", "invoker"]
 FilterCallback = Callable[[str | None, str], bool]
 """``(address, tag) -> bool``: address is None for IPC connections."""
 
@@ -102,7 +102,9 @@ class _EndpointConfig:
     driver_directory: str | os.PathLike[str] | None = None
     """The media driver's directory (None: the default, shared by the host's processes)."""
     driver: DriverMode = "auto"
-    """``auto`` attaches to a running driver or embeds one; ``embedded``; ``external``."""
+    """``auto`` attaches to a running driver or embeds one; ``embedded``; ``external``; ``invoker``:
+    an embedded driver run by the endpoint's own asyncio loop (no driver thread competing for the
+    GIL: the lowest UDP latency)."""
 
     def __post_init__(self) -> None:
         _check_type("app_id", self.app_id, str)
@@ -129,8 +131,8 @@ class _EndpointConfig:
             _positive(name, getattr(self, name))
         if self.driver_directory is not None:
             _check_type("driver_directory", self.driver_directory, (str, os.PathLike))
-        if self.driver not in ("auto", "embedded", "external"):
-            raise ConfigError(f"driver must be 'auto', 'embedded' or 'external': {self.driver!r}")
+        if self.driver not in ("auto", "embedded", "external", "invoker"):
+            raise ConfigError(f"driver must be 'auto', 'embedded', 'external' or 'invoker': {self.driver!r}")
 
     def store_path(self, role: str) -> str:
         """The settings store to open: the configured one, or the per-user default for ``role``."""

@@ -186,6 +186,7 @@ class Client(Endpoint):
         try:
             wait_until = min(deadline, started + IPC_PROBE_S) if probe else deadline
             while not (hs_pub.is_connected and hs_sub.image_count > 0):
+                context.invoke()
                 if time.monotonic() >= wait_until:
                     if probe:
                         return None
@@ -217,7 +218,8 @@ class Client(Endpoint):
             while result is None:
                 for packet in machine.messages_to_send():
                     hs_pub.offer(packet)
-                work = hs_sub.poll(assembler, 16)
+                work = context.invoke()
+                work += hs_sub.poll(assembler, 16)
                 now_ns = time.monotonic_ns()
                 deadline_ns = machine.deadline_ns
                 if deadline_ns is not None and now_ns >= deadline_ns:
@@ -298,6 +300,7 @@ class Client(Endpoint):
                 raise
         backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
         while not (subscription.image_count > 0 and publication.is_connected):
+            context.invoke()
             if time.monotonic() >= deadline:
                 publication.close()
                 subscription.close()

@@ -279,6 +279,12 @@ class PollGroup:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
                 work = 0
+                invoked: set[int] = set()
+                for endpoint in self.endpoints:
+                    context = endpoint._context
+                    if context is not None and id(context) not in invoked:
+                        invoked.add(id(context))
+                        work += context.invoke()  # an invoker-mode driver runs here (else 0)
                 for endpoint in list(self.endpoints):
                     try:
                         work += endpoint._duty_cycle(now_ns)

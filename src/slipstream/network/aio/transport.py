@@ -54,10 +54,15 @@ def acquire_context(directory: str | os.PathLike[str] | None, driver: str) -> Co
             _contexts[key] = (entry[0], entry[1] + 1)
             return entry[0]
         # The server allocates session ids 1..65535: keep a driver we start away from them.
-        config = DriverConfig(reserved_session_id_low=-1, reserved_session_id_high=65535)
+        invoker = driver == "invoker"
+        config = DriverConfig(
+            reserved_session_id_low=-1,
+            reserved_session_id_high=65535,
+            threading_mode="invoker" if invoker else DriverConfig().threading_mode,
+        )
         context = Context(
             Path(directory) if directory is not None else None,
-            driver=driver,  # type: ignore[arg-type]
+            driver="embedded" if invoker else driver,  # type: ignore[arg-type]
             driver_config=config,
         )
         _contexts[key] = (context, 1)
