@@ -596,3 +596,48 @@ def test_invoker_mode_runs_the_driver_in_the_event_loop(driver_dir: Path) -> Non
             assert (await connection.ping(timeout=5)).round_trip < 0.5
 
     run(main())
+
+
+def test_key_allowlist_and_tag_limit(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        async with (
+            Client(client_config(driver_dir, tag="ok")) as known,
+            Client(client_config(driver_dir)) as stranger,
+            Client(client_config(driver_dir, tag="far too long")) as chatty,
+        ):
+            config = server_config(driver_dir, allowed_keys=[known.public_key, chatty.public_key], max_tag_length=5)
+            async with Server(config) as server:
+                await server.bind(port)
+                connection = await known.connect("127.0.0.1", port, timeout=10)
+                assert connection.remote_public_key == server.public_key
+                assert server.connections[0].remote_public_key == known.public_key
+                with pytest.raises(ConnectionNotPermitted):
+                    await stranger.connect("127.0.0.1", port, timeout=10)
+                with pytest.raises(ConnectionNotPermitted):
+                    await chatty.connect("127.0.0.1", port, timeout=10)
+                assert len(server.connections) == 1
+
+    run(main())
+
+
+def test_plaintext_ipc_when_both_sides_turn_encryption_off(driver_dir: Path) -> None:
+    async def main() -> None:
+        flags = {"enable_ipc": True, "encrypt_ipc": False}
+        async with (
+            Server(server_config(driver_dir, **flags)) as server,
+            Client(client_config(driver_dir, **flags)) as client,
+            Client(client_config(driver_dir, enable_ipc=True)) as careful,
+        ):
+            got: list[int] = []
+            server.on_message(Base)(lambda c, m: got.append(m.n))
+            await server.bind_ipc()
+            plain = await client.connect_ipc(timeout=10)
+            await plain.send_sync(Base(1), timeout=5)
+            sealed = await careful.connect_ipc(timeout=10)  # wants encryption: gets it
+            await sealed.send_sync(Base(2), timeout=5)
+            assert got == [1, 2]
+            assert type(plain._machine.records).__name__ == "PlainRecords"
+            assert type(sealed._machine.records).__name__ == "RecordLayer"
+
+    run(main())
