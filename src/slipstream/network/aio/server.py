@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
-from ...client import DriverError, ExclusivePublication, FragmentAssembler, Header, Subscription
+from ...client import ADMIN_ACTION, DriverError, ExclusivePublication, FragmentAssembler, Header, Subscription
 from ...client.allocation import IdAllocator, PortAllocator
 from ..admission import AdmissionPolicy, IpFilterRule, RejectReason
 from ..config import ServerConfig
@@ -42,6 +43,9 @@ __all__ = ["Server"]
 log = logging.getLogger("slipstream.network.server")
 
 CONNECTION_LINGER = "500ms"
+OUTBOX_LIMIT = 4096
+"""Handshake answers held while the handshake publication is back-pressured (the oldest go first;
+a client whose answer is lost retries)."""
 PORT_ATTEMPTS = 5
 """Control ports tried for one connection when the driver cannot bind one (another socket holds it)."""
 RELEASE_DELAY_S = 1.0
@@ -58,6 +62,8 @@ class _Link:
     host: str | None
     port: int
     assembler: FragmentAssembler | None = None
+    outbox: deque[bytes] = field(default_factory=lambda: deque(maxlen=OUTBOX_LIMIT))
+    """Answers the handshake publication refused for now (back-pressure): offered again next cycle."""
 
 
 @dataclass(slots=True)
@@ -250,9 +256,15 @@ class Server(Endpoint):
         deadline = machine.deadline_ns
         if deadline is not None and now_ns >= deadline:
             machine.handle_timer(now_ns)
-        for packet in machine.messages_to_send():
-            link.publication.offer(packet)  # a lost answer is repeated when the client retries
-            work += 1
+        outbox = link.outbox
+        outbox.extend(machine.messages_to_send())
+        while outbox:
+            result = link.publication.offer(outbox[0])
+            if result < 0 and result != ADMIN_ACTION:
+                break  # back-pressured (or no client listening): try again next cycle
+            if result >= 0:
+                outbox.popleft()
+                work += 1
         for event in machine.take_events():
             if isinstance(event, ClientAccepted):
                 self._accept(link, event, now_ns)
