@@ -641,3 +641,27 @@ def test_plaintext_ipc_when_both_sides_turn_encryption_off(driver_dir: Path) -> 
             assert type(sealed._machine.records).__name__ == "RecordLayer"
 
     run(main())
+
+
+def test_unreliable_streams_and_a_fixed_client_port(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        client_port = free_ports(1)
+        async with (
+            Server(server_config(driver_dir, reliable=False)) as server,
+            Client(client_config(driver_dir, reliable=False, port=client_port)) as client,
+        ):
+            got: list[int] = []
+            server.on_message(Base)(lambda c, m: got.append(m.n))
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            for n in range(50):
+                await connection.send(Base(n))
+            await connection.send_sync(Base(50), timeout=5)
+            assert got == list(range(51))  # loopback loses nothing; the records are in order
+            bound = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            with pytest.raises(OSError):
+                bound.bind(("0.0.0.0", client_port))  # the connection's subscription holds it
+            bound.close()
+
+    run(main())
