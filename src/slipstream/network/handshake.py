@@ -723,6 +723,21 @@ class ServerHandshake:
             self.addresses.decrement(allocation.address)
         return True
 
+    def ids_in_use(self) -> frozenset[int]:
+        """Session ids, stream ids and ports this machine holds for connections (its own books,
+        kept in step with the allocators)."""
+        held: set[int] = set()
+        for allocation in self.connections.values():
+            held.update(
+                (
+                    allocation.server_session_id,
+                    allocation.client_session_id,
+                    allocation.server_stream_id,
+                    allocation.client_stream_id,
+                )
+            )
+        return frozenset(held)
+
     def forget(self, key: tuple[int, int]) -> None:
         """Drop the cached WELCOME for ``key`` (its connection is up; no repeat is needed)."""
         self._accepted.pop(key, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -37,7 +38,10 @@ class Endpoint:
         self.config = config
         self.listeners = Listeners()
         self.serialization = Serialization(config.messages)
-        self.store = SettingsStore(config.store_path(self._role))
+        path = config.store_path(self._role)
+        if path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.store = SettingsStore(path)
         self.private_key, self.public_key = self.store.identity()
         self._context: Context | None = None
         self._polling = False

@@ -200,7 +200,7 @@ class Server(Endpoint):
             if address is not None:
                 per_address = sum(1 for c in self._connections.values() if c.remote_address == address)
                 per_address += sum(1 for s in self._starting if s.event.address == address)
-            reason = self._policy.check(address, tag, public_key or b"", counted, per_address)
+            reason = self._policy.check(address, tag, public_key or bytes(32), counted, per_address)
             if (
                 reason is None
                 and public_key is not None
