@@ -617,6 +617,7 @@ def test_key_allowlist_and_tag_limit(driver_dir: Path) -> None:
                 await server.bind(port)
                 connection = await known.connect("127.0.0.1", port, timeout=10)
                 assert connection.remote_public_key == server.public_key
+                await wait_for(lambda: len(server.connections) == 1)  # the server's side comes up a moment later
                 assert server.connections[0].remote_public_key == known.public_key
                 with pytest.raises(ConnectionNotPermitted):
                     await stranger.connect("127.0.0.1", port, timeout=10)
