@@ -71,7 +71,7 @@ def slip_server(pipe: Pipe, p: Params) -> None:
             enable_ipv6=False,
             term_length=4 << 20,
             ipc_term_length=8 << 20,
-            max_clients=64,
+            max_clients=256,
         )
         async with Server(config) as server:
             received = 0
@@ -211,6 +211,71 @@ def run_slipstream(transport: str, quick: bool) -> dict[str, Any]:
     return result
 
 
+@dataclass(frozen=True, slots=True)
+class ManyParams:
+    port: int
+    directory: str
+    clients: int
+
+
+def many_clients(pipe: Pipe, p: ManyParams) -> None:
+    """``clients`` clients of one process connecting at once; reports when all are connected."""
+    from slipstream.network import Client, ClientConfig
+
+    async def main() -> None:
+        config = ClientConfig(
+            app_id="bench",
+            messages=[Quote],
+            settings_store=":memory:",
+            driver_directory=p.directory,
+            driver="invoker",
+            enable_ipc=False,
+            enable_ipv6=False,
+            term_length=65536,
+        )
+        clients = [Client(config) for _ in range(p.clients)]
+        pipe.send(("ready", None))
+        expect(pipe, "go", 60)
+        start = time.perf_counter()
+        await asyncio.gather(*(c.connect("127.0.0.1", p.port, timeout=60) for c in clients))
+        pipe.send(("connected", time.perf_counter() - start))
+        expect(pipe, "close", 120)
+        for client in clients:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def run_many(total: int, processes: int) -> dict[str, Any]:
+    """``total`` clients in ``processes`` processes connect to one server at once."""
+    directory = _dir()
+    port = 46000 + os.getpid() % 1000
+    server_params = Params("udp", port, directory)
+    try:
+        with Children() as children:
+            server = children.start("net-server", slip_server, server_params)
+            server.expect("ready", 30)
+            workers = [
+                children.start(f"clients-{i}", many_clients, ManyParams(port, f"{directory}-c{i}", total // processes))
+                for i in range(processes)
+            ]
+            for worker in workers:
+                worker.expect("ready", 60)
+            start = time.perf_counter()
+            for worker in workers:
+                worker.send("go")
+            for worker in workers:
+                worker.expect("connected", 120)
+            elapsed = time.perf_counter() - start
+            for worker in workers:
+                worker.send("close")
+            server.send("stop")
+    finally:
+        for path in Path("/dev/shm").glob(Path(directory).name + "*"):
+            shutil.rmtree(path, ignore_errors=True)
+    return {"clients": total, "processes": processes, "all_connected_s": elapsed}
+
+
 # -- pyzmq + CURVE + msgspec --------------------------------------------------------------------------
 
 
@@ -319,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     for transport in ("udp", "ipc"):
         results[f"slipstream-{transport}"] = run_slipstream(transport, args.quick)
         print(transport, json.dumps(results[f"slipstream-{transport}"], indent=None), flush=True)
+    results["connect-200"] = run_many(200 if not args.quick else 100, 4)
+    print("many", json.dumps(results["connect-200"]), flush=True)
     for kind in ("tcp", "ipc"):
         results[f"zmq-curve-{kind}"] = run_zmq(kind, args.quick)
         print("zmq", kind, json.dumps(results[f"zmq-curve-{kind}"]), flush=True)

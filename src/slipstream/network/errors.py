@@ -62,3 +62,87 @@ class UnregisteredTypeError(SerializationError, TypeError):
 
 class MessageDecodeError(SerializationError):
     """A message payload that does not decode to a registered type (unknown id or bad body)."""
+
+
+# -- client-facing errors (the "app" helper's part) ------------------------------------------------
+
+
+class ClientError(NetworkError):
+    """Something a client cannot do (not connected, bad target, closed while connecting)."""
+
+
+class ClientRejected(ClientError):
+    """The server refused this client; the message carries the server's reason."""
+
+
+class ServerFull(ClientRejected):
+    """The server has ``max_clients`` connections already."""
+
+
+class TooManyConnectionsForAddress(ClientRejected):
+    """The server's per-address limit is reached for this client's IP address."""
+
+
+class ConnectionNotPermitted(ClientRejected):
+    """An IP filter, the filter callback, the key allowlist or the tag rules refused this client."""
+
+
+class RegistrationMismatch(ClientRejected):
+    """The two sides registered different message types (the message names the first difference),
+    or a different application id."""
+
+
+class ServerKeyChanged(ClientRejected):
+    """The server's public key differs from the one pinned for its address: a man in the middle,
+    or a reinstalled server (then remove the pin, or set ``allow_key_change``)."""
+
+
+class ConnectTimeout(ClientError, TimeoutError):
+    """No connection within the timeout; the message names the address and the seconds waited."""
+
+
+class ConnectionClosedError(NetworkError):
+    """The connection is closed: nothing can be sent on it."""
+
+
+class MessageTooLarge(NetworkError, ValueError):
+    """A message larger than the largest record (streaming of large messages comes later)."""
+
+
+class SendTimeout(NetworkError, TimeoutError):
+    """The transport took nothing for ``send_timeout`` seconds (back-pressure that did not clear)."""
+
+
+class PingTimeout(NetworkError, TimeoutError):
+    """No pong within the ping's timeout."""
+
+
+class SendSyncTimeout(NetworkError, TimeoutError):
+    """The remote did not acknowledge a ``send_sync`` message within its timeout."""
+
+
+class MessageDispatchError(NetworkError):
+    """A message arrived that no ``on_message`` listener takes (reported to ``on_error``)."""
+
+
+class ServerError(NetworkError):
+    """A server cannot do what was asked (bound twice, IPC disabled...)."""
+
+
+__all__ += [
+    "ClientError",
+    "ClientRejected",
+    "ConnectTimeout",
+    "ConnectionClosedError",
+    "ConnectionNotPermitted",
+    "MessageDispatchError",
+    "MessageTooLarge",
+    "PingTimeout",
+    "RegistrationMismatch",
+    "SendSyncTimeout",
+    "SendTimeout",
+    "ServerError",
+    "ServerFull",
+    "ServerKeyChanged",
+    "TooManyConnectionsForAddress",
+]
