@@ -1,0 +1,186 @@
+"""Typed messages as msgpack (msgspec) over a registry of message types; never pickle.
+
+A message on the wire is a type id then its msgpack body. Id 0 is the builtins (None, bool, int,
+float, str, bytes, list, dict, tuple: always allowed, decoded untyped, so tuples come back as lists);
+ids 1.. are the registered types (msgspec Structs and dataclasses) in registration order, each
+decoded by its own cached, typed msgspec Decoder: a body that does not match the type's fields is a
+:class:`MessageDecodeError`, never a half-built object. Both sides must register the same types in
+the same order; :meth:`Serialization.description` is what the handshake compares.
+
+Ids below 128 take one byte, others two (``0x80 | high``, ``low``): up to 32767 registered types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from typing import Any, Final, cast
+
+import msgspec
+
+from .errors import MessageDecodeError, UnregisteredTypeError
+
+__all__ = ["BUILTIN_TYPES", "MAX_TYPES", "Serialization"]
+
+BUILTIN_TYPES: Final[frozenset[type]] = frozenset(
+    {type(None), bool, int, float, str, bytes, bytearray, list, dict, tuple}
+)
+"""Types sent without registration (as type id 0)."""
+MAX_TYPES: Final = 0x7FFF
+_DESCRIPTION_VERSION: Final = 1
+_ONE_BYTE: Final = tuple(bytes((i,)) for i in range(128))
+
+
+def _type_name(tp: type) -> str:
+    """The name both sides compare: the qualified class name (module paths differ between a script's
+    ``__main__`` and an imported module, so they are left out)."""
+    return tp.__qualname__
+
+
+def _fields(tp: type) -> list[list[str]]:
+    """[field name, annotation text] pairs, in declaration order."""
+    if issubclass(tp, msgspec.Struct):
+        info = msgspec.structs.fields(tp)
+        return [[f.encode_name, _annotation(f.type)] for f in info]
+    return [[f.name, _annotation(f.type)] for f in dataclasses.fields(cast(Any, tp))]
+
+
+def _annotation(annotation: object) -> str:
+    if isinstance(annotation, type):
+        return annotation.__qualname__
+    return str(annotation).replace("typing.", "")
+
+
+def _id_prefix(type_id: int) -> bytes:
+    return _ONE_BYTE[type_id] if type_id < 128 else bytes((0x80 | (type_id >> 8), type_id & 0xFF))
+
+
+class Serialization:
+    """A registry of message types with a cached encoder and per-type decoders.
+
+    Registration order is part of the contract: both peers must list the same types in the same order
+    (the seed's rule, checked during the handshake through :meth:`fingerprint`/:meth:`first_difference`).
+    """
+
+    def __init__(self, types: Sequence[type] = ()) -> None:
+        registered: list[type] = []
+        seen: set[type] = set()
+        for tp in types:
+            if not isinstance(tp, type) or not (issubclass(tp, msgspec.Struct) or dataclasses.is_dataclass(tp)):
+                raise TypeError(f"message types must be msgspec Structs or dataclasses, not {tp!r}")
+            if tp in seen:
+                raise TypeError(f"message type {_type_name(tp)} is registered twice")
+            seen.add(tp)
+            registered.append(tp)
+        if len(registered) > MAX_TYPES:
+            raise TypeError(f"at most {MAX_TYPES} message types can be registered, not {len(registered)}")
+        self.types: tuple[type, ...] = tuple(registered)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._prefix: dict[type, bytes] = {tp: _id_prefix(i + 1) for i, tp in enumerate(registered)}
+        for tp in BUILTIN_TYPES:
+            self._prefix[tp] = _ONE_BYTE[0]
+        decoders: list[msgspec.msgpack.Decoder[Any]] = [msgspec.msgpack.Decoder()]
+        decoders.extend(msgspec.msgpack.Decoder(tp) for tp in registered)
+        self._decode_fns = [decoder.decode for decoder in decoders]
+        self._description = msgspec.msgpack.encode(
+            [_DESCRIPTION_VERSION, [[_type_name(tp), _fields(tp)] for tp in registered]]
+        )
+        self._fingerprint = hashlib.sha256(self._description).digest()
+
+    def type_id(self, tp: type) -> int:
+        """The wire id of ``tp`` (0 for builtins); raises UnregisteredTypeError."""
+        prefix = self._prefix.get(tp)
+        if prefix is None:
+            raise UnregisteredTypeError(_unregistered(tp))
+        return prefix[0] if len(prefix) == 1 else ((prefix[0] & 0x7F) << 8) | prefix[1]
+
+    def encode(self, obj: object) -> bytes:
+        """Type id + msgpack body; raises UnregisteredTypeError naming the type (or the nested value's)."""
+        prefix = self._prefix.get(type(obj))
+        if prefix is None:
+            raise UnregisteredTypeError(_unregistered(type(obj)))
+        try:
+            return prefix + self._encoder.encode(obj)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise UnregisteredTypeError(f"cannot encode a {_type_name(type(obj))}: {exc}") from exc
+
+    def encode_into(self, obj: object, buf: bytearray) -> None:
+        """Append type id + msgpack body to ``buf`` (no intermediate bytes); ``buf`` is unchanged on error."""
+        prefix = self._prefix.get(type(obj))
+        if prefix is None:
+            raise UnregisteredTypeError(_unregistered(type(obj)))
+        start = len(buf)
+        buf += prefix
+        try:
+            self._encoder.encode_into(obj, buf, -1)
+        except (TypeError, ValueError, OverflowError) as exc:
+            del buf[start:]
+            raise UnregisteredTypeError(f"cannot encode a {_type_name(type(obj))}: {exc}") from exc
+
+    def decode(self, data: bytes | bytearray | memoryview) -> object:
+        """The message ``data`` holds; raises MessageDecodeError for an unknown id or a bad body."""
+        try:
+            first = data[0]
+            if first < 128:
+                return self._decode_fns[first](data[1:])
+            return self._decode_fns[((first & 0x7F) << 8) | data[1]](data[2:])
+        except Exception as exc:  # hostile bodies: msgspec errors, RecursionError, errors of __post_init__
+            raise MessageDecodeError(self._why(data, exc)) from exc
+
+    def _why(self, data: bytes | bytearray | memoryview, exc: Exception) -> str:
+        """The text of a decode failure (the slow path, kept out of :meth:`decode`)."""
+        if len(data) == 0:
+            return "empty message"
+        first = data[0]
+        if first >= 128 and len(data) < 2:
+            return "truncated type id"
+        type_id = first if first < 128 else ((first & 0x7F) << 8) | data[1]
+        if type_id > len(self.types):
+            return f"unknown message type id {type_id} (this side registers {len(self.types)})"
+        name = "builtin value" if type_id == 0 else _type_name(self.types[type_id - 1])
+        return f"a {name} message failed to decode: {exc}"
+
+    def description(self) -> bytes:
+        """Canonical msgpack of the registrations: names and (field, type) pairs, in registration order."""
+        return self._description
+
+    def fingerprint(self) -> bytes:
+        """SHA-256 of :meth:`description`: equal fingerprints mean compatible registrations."""
+        return self._fingerprint
+
+    def first_difference(self, remote_description: bytes) -> str | None:
+        """None if the remote registers the same types; otherwise text naming the first difference."""
+        if remote_description == self._description:
+            return None
+        try:
+            version, remote = msgspec.msgpack.decode(
+                remote_description, type=tuple[int, list[tuple[str, list[tuple[str, str]]]]]
+            )
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return "the remote's registration list is malformed"
+        if version != _DESCRIPTION_VERSION:
+            return f"the remote describes its registrations in version {version}, this side in {_DESCRIPTION_VERSION}"
+        local = [(_type_name(tp), [(name, kind) for name, kind in _fields(tp)]) for tp in self.types]
+        for index, (mine, theirs) in enumerate(zip(local, remote, strict=False), start=1):
+            if mine[0] != theirs[0]:
+                return f"type #{index} is {mine[0]} here but {theirs[0][:100]} on the remote"
+            if list(mine[1]) != list(theirs[1]):
+                return f"type #{index} {mine[0]} has fields {_show(mine[1])} here but {_show(theirs[1])} on the remote"
+        if len(local) > len(remote):
+            return f"type #{len(remote) + 1} {local[len(remote)][0]} is registered here but not on the remote"
+        if len(remote) > len(local):
+            return f"type #{len(local) + 1} {remote[len(local)][0][:100]} is registered on the remote but not here"
+        return "the registrations differ"
+
+
+def _show(fields: Sequence[tuple[str, str]]) -> str:
+    text = ", ".join(f"{name}: {kind}" for name, kind in fields)
+    return f"({text[:200]})"
+
+
+def _unregistered(tp: type) -> str:
+    return (
+        f"message type {tp.__module__}.{tp.__qualname__} is not registered; "
+        "add it to the config's messages (both sides, same order)"
+    )
