@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 
 import pytest
@@ -83,10 +84,8 @@ def test_random_bytes_only_raise_frame_error(data: bytes) -> None:
 def test_flipped_bytes_only_raise_frame_error(frames: list[Frame], where: int, value: int) -> None:
     data = bytearray(encode_frames(frames))
     data[where % len(data)] = value
-    try:
+    with contextlib.suppress(FrameError):
         decode_frames(bytes(data))
-    except FrameError:
-        pass
 
 
 def test_hostile_length_is_checked_before_allocating() -> None:
