@@ -237,8 +237,11 @@ def many_clients(pipe: Pipe, p: ManyParams) -> None:
         pipe.send(("ready", None))
         expect(pipe, "go", 60)
         start = time.perf_counter()
-        await asyncio.gather(*(c.connect("127.0.0.1", p.port, timeout=60) for c in clients))
-        pipe.send(("connected", time.perf_counter() - start))
+        results = await asyncio.gather(
+            *(c.connect("127.0.0.1", p.port, timeout=60) for c in clients), return_exceptions=True
+        )
+        failures = [repr(r) for r in results if isinstance(r, BaseException)]
+        pipe.send(("connected", (time.perf_counter() - start, len(failures), failures[:3])))
         expect(pipe, "close", 120)
         for client in clients:
             await client.close()
@@ -264,16 +267,17 @@ def run_many(total: int, processes: int) -> dict[str, Any]:
             start = time.perf_counter()
             for worker in workers:
                 worker.send("go")
-            for worker in workers:
-                worker.expect("connected", 120)
+            outcomes = [worker.expect("connected", 120) for worker in workers]
             elapsed = time.perf_counter() - start
+            failed = sum(outcome[1] for outcome in outcomes)
+            errors = [error for outcome in outcomes for error in outcome[2]][:3]
             for worker in workers:
                 worker.send("close")
             server.send("stop")
     finally:
         for path in Path("/dev/shm").glob(Path(directory).name + "*"):
             shutil.rmtree(path, ignore_errors=True)
-    return {"clients": total, "processes": processes, "all_connected_s": elapsed}
+    return {"clients": total, "processes": processes, "all_connected_s": elapsed, "failed": failed, "errors": errors}
 
 
 # -- pyzmq + CURVE + msgspec --------------------------------------------------------------------------
