@@ -8,7 +8,8 @@ from slipstream.network.errors import NoiseError
 from slipstream.network.noise import CipherState, HandshakeState, generate_keypair, public_key
 
 # From the cacophony test vectors (vectors/cacophony.txt of haskell-cryptography/cacophony): messages 1-3 are
-# the handshake, 4-6 transport messages (responder, initiator, responder: turns keep alternating) under the split cipher states.
+# the handshake, 4-6 transport messages (responder, initiator, responder: turns keep alternating) under
+# the split cipher states.
 PROLOGUE = "4a6f686e2047616c74"
 INIT_STATIC = "e61ef9919cde45dd5f82166404bd08e38bceb5dfdfded0a34c8df7ed542214d1"
 INIT_EPHEMERAL = "893e28b9dc6ca8d611ab664754b8ceb7bac5117349a4439a6b0569da977c464a"
