@@ -22,7 +22,6 @@ __all__ = [
     "PingTimedOut",
     "Rejected",
     "SyncCompleted",
-    "SyncRequested",
     "SyncTimedOut",
 ]
 
@@ -100,13 +99,6 @@ class MessageDecodeFailed:
 
 
 @dataclass(frozen=True, slots=True)
-class SyncRequested:
-    """Not used as an event today; kept so adapters can match on the frame kind by name."""
-
-    sync_id: int
-
-
-@dataclass(frozen=True, slots=True)
 class SyncCompleted:
     """The remote's listeners handled the message sent with ``send_sync``."""
 
@@ -162,7 +154,6 @@ Event = (
     | HandshakeTimedOut
     | MessageReceived
     | MessageDecodeFailed
-    | SyncRequested
     | SyncCompleted
     | SyncTimedOut
     | PingAcknowledged
