@@ -20,6 +20,7 @@ __all__ = [
     "RecordReplayed",
     "RecordTampered",
     "SerializationError",
+    "SettingsStoreError",
     "UnregisteredTypeError",
 ]
 
@@ -62,6 +63,10 @@ class UnregisteredTypeError(SerializationError, TypeError):
 
 class MessageDecodeError(SerializationError):
     """A message payload that does not decode to a registered type (unknown id or bad body)."""
+
+
+class SettingsStoreError(NetworkError):
+    """The settings store cannot be opened or holds invalid data (the message names the file)."""
 
 
 # -- client-facing errors (the "app" helper's part) ------------------------------------------------
