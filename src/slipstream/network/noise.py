@@ -80,7 +80,8 @@ class CipherState:
     __slots__ = ("_aead", "key", "nonce")
 
     def __init__(self, key: bytes | None = None) -> None:
-        self.key: bytes | None = None
+        self.key = b""
+        """The 32-byte key (empty before one is set)."""
         self._aead: ChaCha20Poly1305 | None = None
         self.nonce = 0
         if key is not None:
