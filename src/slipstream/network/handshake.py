@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from ..client.allocation import AddressCounter, AllocationError, IdAllocator, PortAllocator
 from .errors import NoiseError
 from .events import ClientAccepted, HandshakeCompleted, HandshakeTimedOut, Rejected
-from .noise import HandshakeState
+from .noise import CipherState, HandshakeState
 
 __all__ = [
     "KEY_CHANGED",
@@ -98,6 +98,14 @@ def packet_nonce(data: bytes) -> int | None:
 
 def _header(kind: PacketType, nonce: int) -> bytes:
     return _HEADER.pack(VERSION, kind, nonce)
+
+
+def _key_of(cipher: CipherState) -> bytes:
+    """The key of a cipher state from a completed handshake's split (always set there)."""
+    key = cipher.key
+    if key is None:
+        raise NoiseError("split() gave a cipher state without a key")
+    return key
 
 
 def _welcome_key(send_key: bytes) -> bytes:
@@ -295,7 +303,7 @@ class ClientHandshake:
             return
         done = _header(PacketType.DONE, self.nonce) + self._noise.write_message(self._description)
         send, receive = self._noise.split()
-        self._keys = (send.key, receive.key)
+        self._keys = (_key_of(send), _key_of(receive))
         self._handshake_hash = self._noise.handshake_hash
         self.state = ClientState.DONE_SENT
         self._send(done, now_ns)
@@ -622,7 +630,7 @@ class ServerHandshake:
             return
         send, receive = pending.noise.split()
         self.stats.accepted += 1
-        self._unconfirmed[allocation.server_session_id] = (key, nonce, send.key, pending.plaintext, now_ns)
+        self._unconfirmed[allocation.server_session_id] = (key, nonce, _key_of(send), pending.plaintext, now_ns)
         if not self._confirm_accept:
             self.accept(allocation.server_session_id, now_ns)
         self._events.append(
@@ -638,8 +646,8 @@ class ServerHandshake:
                 client_stream_id=allocation.client_stream_id,
                 control_port=allocation.control_port,
                 remote_public_key=client_key,
-                send_key=send.key,
-                receive_key=receive.key,
+                send_key=_key_of(send),
+                receive_key=_key_of(receive),
                 plaintext=pending.plaintext,
             )
         )
