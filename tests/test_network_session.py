@@ -119,3 +119,23 @@ def test_bad_arguments() -> None:
         RecordLayer(b"short", bytes(32))
     with pytest.raises(ValueError, match="replay_window"):
         RecordLayer(bytes(32), bytes(32), replay_window=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.lists(st.integers(0, 119), max_size=300))
+def test_window_matches_a_model(window: int, arrivals: list[int]) -> None:
+    """Any arrival order (duplicates included) is accepted exactly as a set-and-highest model says."""
+    a, b = pair(window)
+    records = [a.seal(i.to_bytes(1, "big")) for i in range(120)]
+    seen: set[int] = set()
+    highest = -1
+    for i in arrivals:
+        fresh = i not in seen and i > highest - window
+        if fresh:
+            assert b.open(records[i]) == i.to_bytes(1, "big")
+            seen.add(i)
+            highest = max(highest, i)
+        else:
+            with pytest.raises(RecordReplayed):
+                b.open(records[i])
+    assert b.records_opened == len(seen) and b.rejected_replayed == len(arrivals) - len(seen)
