@@ -10,6 +10,7 @@ ids. Ids and ports go back to the allocators when the connection's publication h
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -358,6 +359,11 @@ class Server(Endpoint):
         return work
 
     def _activate(self, starting: _Starting, now_ns: int) -> None:
+        connection = self._make_connection(starting, now_ns)
+        self._connections[connection.id] = connection
+        self._connection_up(connection)
+
+    def _make_connection(self, starting: _Starting, now_ns: int) -> Connection:
         config = self.config
         event = starting.event
         starting.link.machine.forget(event.pending_key)
@@ -387,8 +393,7 @@ class Server(Endpoint):
             remote_public_key=event.remote_public_key,
             send_timeout=config.send_timeout,
         )
-        self._connections[connection.id] = connection
-        self._connection_up(connection)
+        return connection
 
     def _release_connection(self, connection: Connection) -> None:
         self._connections.pop(connection.id, None)
@@ -430,6 +435,16 @@ class Server(Endpoint):
         """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
         if self._starting:
             self._check_starting(time.monotonic_ns())  # a client that is up must hear CLOSE too
+        for starting in list(self._starting):
+            if starting.publication.is_connected:
+                # The client may be up though our side has not seen its image yet: tell it too.
+                self._starting.remove(starting)
+                connection = self._make_connection(starting, time.monotonic_ns())
+                connection._machine.close("server closing")
+                connection._flush()
+                connection._disconnected = True
+                link = starting.link
+                self._close_streams_later(connection, functools.partial(self._release_later, link, connection.id))
         for connection in list(self._connections.values()):
             if not connection.is_closed:
                 connection._machine.close("server closing")
