@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slipstream.network.errors import NoiseError
 from slipstream.network.noise import CipherState, HandshakeState, generate_keypair, public_key
@@ -214,3 +216,23 @@ def test_cipher_state_refuses_forgery_and_keeps_the_nonce() -> None:
     assert receive.decrypt_with_ad(b"", first) == b"one"
     assert receive.nonce == 1
     assert CipherState().encrypt_with_ad(b"", b"clear") == b"clear"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2), st.binary(max_size=200))
+def test_random_messages_only_raise_noise_error(step: int, junk: bytes) -> None:
+    """Whatever arrives at any step of the handshake, the reader raises NoiseError or reads it."""
+    client_private = bytes.fromhex(INIT_STATIC)
+    server_private = bytes.fromhex(RESP_STATIC)
+    client = HandshakeState(initiator=True, static_private=client_private)
+    server = HandshakeState(initiator=False, static_private=server_private)
+    if step >= 1:
+        server.read_message(client.write_message())
+    if step >= 2:
+        client.read_message(server.write_message())
+    reader = client if step == 1 else server
+    try:
+        reader.read_message(junk)
+    except NoiseError:
+        return
+    assert step == 0 and len(junk) >= 32  # only message 1 (a bare ephemeral key) has nothing to authenticate

@@ -81,7 +81,11 @@ class Serialization:
         for tp in BUILTIN_TYPES:
             self._prefix[tp] = _ONE_BYTE[0]
         decoders: list[msgspec.msgpack.Decoder[Any]] = [msgspec.msgpack.Decoder()]
-        decoders.extend(msgspec.msgpack.Decoder(tp) for tp in registered)
+        for tp in registered:
+            try:
+                decoders.append(msgspec.msgpack.Decoder(tp))
+            except TypeError as exc:
+                raise TypeError(f"message type {_type_name(tp)} cannot be serialized: {exc}") from None
         self._decode_fns = [decoder.decode for decoder in decoders]
         self._description = msgspec.msgpack.encode(
             [_DESCRIPTION_VERSION, [[_type_name(tp), _fields(tp)] for tp in registered]]
