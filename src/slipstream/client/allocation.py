@@ -65,10 +65,12 @@ class PortAllocator:
 
     @property
     def available(self) -> int:
+        """How many ports can still be allocated."""
         return len(self._free) - self._head
 
     @property
     def in_use(self) -> frozenset[int]:
+        """The ports allocated and not yet freed."""
         return frozenset(self._used)
 
 
@@ -92,6 +94,7 @@ class SessionAllocator:
         self._used: set[int] = set()
 
     def allocate(self) -> int:
+        """A random free id; raises AllocationError when none is left."""
         if len(self._used) >= self._size:
             raise AllocationError(f"no session ids left in [{self.low}, {self.high}]")
         for _ in range(self._PROBES):
@@ -116,6 +119,7 @@ class SessionAllocator:
 
     @property
     def in_use(self) -> frozenset[int]:
+        """The session ids allocated and not yet freed."""
         return frozenset(self._used)
 
 
@@ -126,9 +130,11 @@ class AddressCounter:
         self._counts: dict[str, int] = {}
 
     def count_for(self, address: str) -> int:
+        """How many ``address`` owns now."""
         return self._counts.get(address, 0)
 
     def increment(self, address: str) -> int:
+        """One more for ``address``; returns its new count."""
         count = self._counts[address] = self._counts.get(address, 0) + 1
         return count
 
