@@ -1216,10 +1216,13 @@ class RmiEndpoint:
             if optional:
                 return None
             raise InterfaceError(f"{where}: None is not a {spec.name}")
-        if isinstance(value, ProxyBase):
-            ref: RemoteRef = object.__getattribute__(value, "_rmi_ref")
-            if object.__getattribute__(value, "_rmi_endpoint") is not self:
-                raise InterfaceError(f"{where}: a proxy can only be sent back over the connection it came from")
+        if isinstance(value, (ProxyBase, RemoteRef)):
+            if isinstance(value, RemoteRef):  # the pure-data proxy of the default proxy factory
+                ref = value
+            else:
+                ref = object.__getattribute__(value, "_rmi_ref")
+                if object.__getattribute__(value, "_rmi_endpoint") is not self:
+                    raise InterfaceError(f"{where}: a proxy can only be sent back over the connection it came from")
             if ref.interface_id != interface_id:
                 raise InterfaceError(
                     f"{where}: a proxy of {self.registry.interfaces[ref.interface_id].name} is not a {spec.name}"
