@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import hashlib
 import pickle
+import typing
 
 import msgspec
 import pytest
@@ -175,3 +176,22 @@ def test_first_difference_names_the_type() -> None:
     assert "Point" in text and "z" in text
     assert local.first_difference(b"\xc1garbage") == "the remote's registration list is malformed"
     assert local.first_difference(msgspec.msgpack.encode([99, []])) is not None
+
+
+def test_equivalent_annotations_describe_alike() -> None:
+    """Optional[X] and X | None, typing.List and list, string and real annotations: one description."""
+
+    @dataclasses.dataclass
+    class Old:
+        items: typing.List[Point]  # noqa: UP006
+        maybe: typing.Optional[int]  # noqa: UP045
+        pair: typing.Tuple[int, ...]  # noqa: UP006
+
+    @dataclasses.dataclass
+    class New:
+        items: list[Point]
+        maybe: int | None
+        pair: tuple[int, ...]
+
+    Old.__qualname__ = New.__qualname__ = "Same"
+    assert Serialization([Old]).description() == Serialization([New]).description()

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
+import types
+import typing
 from collections.abc import Sequence
 from typing import Any, Final, cast
 
@@ -39,17 +42,38 @@ def _type_name(tp: type) -> str:
 
 
 def _fields(tp: type) -> list[list[str]]:
-    """[field name, annotation text] pairs, in declaration order."""
+    """[field name, annotation text] pairs, in declaration order (annotations resolved where possible, so
+    ``from __future__ import annotations`` on one side only does not make a difference)."""
     if issubclass(tp, msgspec.Struct):
-        info = msgspec.structs.fields(tp)
-        return [[f.encode_name, _annotation(f.type)] for f in info]
-    return [[f.name, _annotation(f.type)] for f in dataclasses.fields(cast(Any, tp))]
+        return [[f.encode_name, _annotation(f.type)] for f in msgspec.structs.fields(tp)]
+    try:
+        hints = typing.get_type_hints(tp)
+    except Exception:  # an annotation that does not resolve here: compare its text
+        hints = {}
+    return [[f.name, _annotation(hints.get(f.name, f.type))] for f in dataclasses.fields(cast(Any, tp))]
+
+
+_DOTTED: Final = re.compile(r"\b(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)")
 
 
 def _annotation(annotation: object) -> str:
+    """Canonical annotation text without module paths: ``Optional[app.Point]`` and ``Point | None``
+    both read ``Point | None``, so equivalent spellings compare equal on the two sides."""
+    if annotation is None or annotation is type(None):
+        return "None"
+    if annotation is Ellipsis:
+        return "..."
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        return " | ".join(_annotation(arg) for arg in args)
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(repr(arg) for arg in args)}]"
+    if origin is not None and args:
+        return f"{_annotation(origin)}[{', '.join(_annotation(arg) for arg in args)}]"
     if isinstance(annotation, type):
         return annotation.__qualname__
-    return str(annotation).replace("typing.", "")
+    return _DOTTED.sub(r"\1", str(annotation).replace("typing.", ""))
 
 
 def _id_prefix(type_id: int) -> bytes:
