@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slipstream.network.errors import MessageDecodeError, SerializationError, UnregisteredTypeError
+from slipstream.network.errors import FrameError, MessageDecodeError, SerializationError, UnregisteredTypeError
+from slipstream.network.frames import FRAME_OVERHEAD, FrameKind, decode_frames, encode_frame_into
 from slipstream.network.serialization import Serialization
 
 
@@ -195,3 +196,31 @@ def test_equivalent_annotations_describe_alike() -> None:
 
     Old.__qualname__ = New.__qualname__ = "Same"
     assert Serialization([Old]).description() == Serialization([New]).description()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(smalls, json_like), max_size=10), st.integers(0, 2**32 - 1))
+def test_fused_frame_encoding_matches_the_two_step_path(messages: list[object], request_id: int) -> None:
+    s = registry()
+    fused, two_step = bytearray(b"head"), bytearray(b"head")
+    for message in messages:
+        size = s.encode_frame_into(fused, FrameKind.SYNC_REQUEST, request_id, message)
+        encode_frame_into(two_step, FrameKind.SYNC_REQUEST, request_id, s.encode(message))
+        assert size == FRAME_OVERHEAD + len(s.encode(message))
+    assert fused == two_step
+    frames = decode_frames(bytes(fused[4:]))
+    assert [s.decode(frame.payload) for frame in frames] == [s.decode(s.encode(m)) for m in messages]
+
+
+def test_fused_frame_encoding_errors_leave_the_buffer() -> None:
+    s = registry()
+    buf = bytearray(b"keep")
+    with pytest.raises(UnregisteredTypeError, match="Plain"):
+        s.encode_frame_into(buf, FrameKind.MESSAGE, 0, Plain())
+    with pytest.raises(UnregisteredTypeError):
+        s.encode_frame_into(buf, FrameKind.MESSAGE, 0, [Plain()])
+    with pytest.raises(FrameError):
+        s.encode_frame_into(buf, FrameKind.MESSAGE, 2**32, Small(1, 1.0, "x"))
+    with pytest.raises(FrameError, match="unknown frame kind 9"):
+        s.encode_frame_into(buf, 9, 0, Small(1, 1.0, "x"))
+    assert buf == b"keep"
