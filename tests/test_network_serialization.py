@@ -224,3 +224,74 @@ def test_fused_frame_encoding_errors_leave_the_buffer() -> None:
     with pytest.raises(FrameError, match="unknown frame kind 9"):
         s.encode_frame_into(buf, 9, 0, Small(1, 1.0, "x"))
     assert buf == b"keep"
+
+
+def _expected(s: Serialization, data: bytes) -> list[tuple[FrameKind, int, object]]:
+    out: list[tuple[FrameKind, int, object]] = []
+    for frame in decode_frames(data):
+        if frame.kind in (FrameKind.MESSAGE, FrameKind.SYNC_REQUEST):
+            try:
+                out.append((frame.kind, frame.request_id, s.decode(frame.payload)))
+            except MessageDecodeError as exc:
+                out.append((frame.kind, frame.request_id, str(exc)))
+        else:
+            out.append((frame.kind, frame.request_id, frame.payload))
+    return out
+
+
+def _comparable(items: list[tuple[FrameKind, int, object]]) -> list[tuple[FrameKind, int, object]]:
+    return [(k, r, str(v) if isinstance(v, MessageDecodeError) else v) for k, r, v in items]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(list(FrameKind)),
+            st.integers(0, 2**32 - 1),
+            st.one_of(smalls, json_like, st.binary(max_size=20)),
+        ),
+        max_size=10,
+    )
+)
+def test_decode_record_matches_frames_then_decode(items: list[tuple[FrameKind, int, object]]) -> None:
+    s = registry()
+    buf = bytearray()
+    for kind, request_id, value in items:
+        if isinstance(value, bytes):
+            encode_frame_into(buf, kind, request_id, value)  # raw payloads: hostile ones for message kinds
+        else:
+            s.encode_frame_into(buf, kind, request_id, value)
+    data = bytes(buf)
+    assert _comparable(s.decode_record(data)) == _expected(s, data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=120))
+def test_decode_record_on_random_bytes(data: bytes) -> None:
+    s = registry()
+    try:
+        expected = _expected(s, data)
+    except FrameError:
+        with pytest.raises(FrameError):
+            s.decode_record(data)
+        return
+    assert _comparable(s.decode_record(data)) == expected
+
+
+def test_one_bad_message_does_not_cost_the_others() -> None:
+    s = registry()
+    buf = bytearray()
+    s.encode_frame_into(buf, FrameKind.MESSAGE, 0, Small(1, 1.0, "a"))
+    encode_frame_into(buf, FrameKind.MESSAGE, 0, b"\x01\x93garbage")
+    encode_frame_into(buf, FrameKind.SYNC_REQUEST, 5, b"")
+    encode_frame_into(buf, FrameKind.PING, 9, b"ping")
+    s.encode_frame_into(buf, FrameKind.SYNC_REQUEST, 6, Point(1, 2))
+    got = s.decode_record(bytes(buf))
+    assert got[0] == (FrameKind.MESSAGE, 0, Small(1, 1.0, "a"))
+    assert isinstance(got[1][2], MessageDecodeError) and "Small" in str(got[1][2])
+    assert isinstance(got[2][2], MessageDecodeError) and got[2][1] == 5
+    assert got[3] == (FrameKind.PING, 9, b"ping")
+    assert got[4] == (FrameKind.SYNC_REQUEST, 6, Point(1, 2))
+    with pytest.raises(FrameError, match="more than 4"):
+        s.decode_record(bytes(buf), max_frames=4)
