@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slipstream.network.errors import RecordMalformed, RecordRejected, RecordReplayed, RecordTampered
+from slipstream.network.errors import NetworkError, RecordMalformed, RecordRejected, RecordReplayed, RecordTampered
 from slipstream.network.session import RECORD_OVERHEAD, RecordLayer
 
 
@@ -139,3 +139,13 @@ def test_window_matches_a_model(window: int, arrivals: list[int]) -> None:
             with pytest.raises(RecordReplayed):
                 b.open(records[i])
     assert b.records_opened == len(seen) and b.rejected_replayed == len(arrivals) - len(seen)
+
+
+def test_counter_never_wraps() -> None:
+    a, b = pair()
+    a._send_counter = 2**64 - 2  # as if 2**64 - 2 records had been sealed
+    last = a.seal(b"last")
+    assert b.open(last) == b"last"
+    with pytest.raises(NetworkError, match="exhausted"):
+        a.seal(b"one too many")
+    assert a.records_sealed == 1 and a.send_counter == 2**64 - 1
