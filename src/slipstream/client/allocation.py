@@ -154,32 +154,43 @@ class AddressCounter:
 class IdAllocator:
     """The seed's id allocator: ids of ``[low, high]`` (inclusive) in random order, freed ids reused FIFO.
 
-    The whole range is queued, shuffled, at construction (ranges are small: the seed's are 1..65534), so
-    ``allocate`` and ``free`` are O(1). A freed id goes to the back of the queue: the id a peer just gave
-    up is the last to be handed out again, so stale packets of the old owner are unlikely to meet a new
-    one. Freeing an id that is not allocated (twice, or foreign) is a bookkeeping bug and raises.
+    Never-used ids come first, in random order: a Fisher-Yates shuffle done lazily, one step per
+    allocation, with only the swapped positions stored, so construction is O(1) whatever the range
+    (a 65534-id range shuffled up front with a system RNG costs a quarter of a second) and memory grows
+    with use. Once they run out, freed ids are reused first-in first-out, as the seed's queue does: the
+    id a peer just gave up is the last to be handed out again, so stale packets of the old owner are
+    unlikely to meet a new one. Freeing an id that is not allocated (twice, or foreign) raises.
     """
-
-    MAX_RANGE: Final = 1 << 20
-    """Largest range accepted: the queue holds every free id."""
 
     def __init__(self, low: int, high: int, rng: random.Random | None = None) -> None:
         if low > high:
             raise ValueError(f"IdAllocator needs low <= high: [{low}, {high}]")
-        if high - low + 1 > self.MAX_RANGE:
-            raise ValueError(f"IdAllocator range [{low}, {high}] holds more than {self.MAX_RANGE} ids")
         self.low = low
         self.high = high
-        ids = list(range(low, high + 1))
-        (rng or random.SystemRandom()).shuffle(ids)
-        self._free: deque[int] = deque(ids)
+        self._size = high - low + 1
+        self._rng = rng or random.SystemRandom()
+        self._next = 0
+        """Positions below this were drawn; [_next, _size) is the unshuffled rest."""
+        self._swapped: dict[int, int] = {}
+        """Position -> id offset, where the lazy shuffle moved one."""
+        self._freed: deque[int] = deque()
         self._used: set[int] = set()
 
     def allocate(self) -> int:
         """The next free id; raises AllocationError when none is left."""
-        if not self._free:
+        if self._next < self._size:
+            position = self._next
+            pick = position + self._rng.randrange(self._size - position)
+            swapped = self._swapped
+            value = swapped.pop(pick, pick)
+            if pick != position:
+                swapped[pick] = swapped.pop(position, position)
+            self._next = position + 1
+            value += self.low
+        elif self._freed:
+            value = self._freed.popleft()
+        else:
             raise AllocationError(f"no ids left in [{self.low}, {self.high}] ({len(self._used)} in use)")
-        value = self._free.popleft()
         self._used.add(value)
         return value
 
@@ -191,12 +202,12 @@ class IdAllocator:
             raise AllocationError(
                 f"id {value} is not allocated in [{self.low}, {self.high}] (freed twice or never allocated)"
             ) from None
-        self._free.append(value)
+        self._freed.append(value)
 
     @property
     def available(self) -> int:
         """How many ids can still be allocated."""
-        return len(self._free)
+        return self._size - len(self._used)
 
     @property
     def in_use(self) -> frozenset[int]:
