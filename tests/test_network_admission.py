@@ -159,3 +159,12 @@ def test_allocator_invariants(operations: list[tuple[bool, int]]) -> None:
             allocator.free(held.pop(pick % len(held)))
         assert allocator.in_use == frozenset(held)
         assert allocator.available + len(held) == 20
+
+
+def test_a_freed_id_waits_behind_the_never_used_ones() -> None:
+    allocator = IdAllocator(1, 10)
+    first = allocator.allocate()
+    allocator.free(first)
+    fresh = [allocator.allocate() for _ in range(9)]
+    assert first not in fresh and sorted([first, *fresh]) == list(range(1, 11))
+    assert allocator.allocate() == first
