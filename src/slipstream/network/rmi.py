@@ -947,7 +947,11 @@ class RmiEndpoint:
             raise ValueError(f"timeout must not be negative: {timeout_ns} ns")
         if timeout_ns:
             pending.deadline_ns = now_ns + timeout_ns
-            heapq.heappush(self._timeouts, (pending.deadline_ns, token))
+            heap = self._timeouts
+            if len(heap) > 2 * len(self._pending) + 64:  # completed calls leave entries behind: compact
+                heap[:] = [(p.deadline_ns, t) for t, p in self._pending.items() if p.deadline_ns]
+                heapq.heapify(heap)
+            heapq.heappush(heap, (pending.deadline_ns, token))
         self._pending[token] = pending
 
     def call(
@@ -969,18 +973,20 @@ class RmiEndpoint:
         if timeout_ns < 0:
             raise ValueError(f"timeout must not be negative: {timeout_ns} ns")
         spec = self.registry.interfaces[ref.interface_id]
-        m = spec.by_name.get(method) if isinstance(method, str) else method
+        m = method if type(method) is MethodSpec else spec.by_name.get(method)  # type: ignore[arg-type]
         if m is None or m.interface_id != ref.interface_id:
             raise InterfaceError(f"{spec.name} has no method {method!r}")
         if self.closed:
             raise RmiConnectionClosed(f"cannot call {spec.name}.{m.name}: {self.close_reason}")
         if len(args) != len(m.param_names):
             raise InterfaceError(f"{spec.name}.{m.name} takes {len(m.param_names)} arguments, not {len(args)}")
-        values: list[object] = list(args)
-        for position, interface_id, optional in m.ref_params:
-            values[position] = self._ref_out(
-                values[position], interface_id, optional, f"{m.name}() argument {position}"
-            )
+        values: Sequence[object] = args
+        if m.ref_params:
+            values = list(args)
+            for position, interface_id, optional in m.ref_params:
+                values[position] = self._ref_out(
+                    values[position], interface_id, optional, f"{m.name}() argument {position}"
+                )
         try:
             body = self._encoder.encode(values)
         except (TypeError, ValueError, OverflowError) as exc:
@@ -1153,7 +1159,7 @@ class RmiEndpoint:
         except Exception as exc:
             self.fail(invocation, exc)
             return None
-        if inspect.isawaitable(result):
+        if result is not None and hasattr(type(result), "__await__"):
             return result
         self.complete(invocation, result)
         return None
