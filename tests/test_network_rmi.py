@@ -770,3 +770,76 @@ def test_refused_is_distinct_from_missing() -> None:
     event = RmiCallFailed(5, RmiFailure.REFUSED, "ICalc.add", message="bad")
     client, _ = registries()
     assert isinstance(exception_from(event, client), RmiRequestRefused)
+
+
+def test_a_side_without_global_objects_answers_missing_and_clients_cannot_host_globals() -> None:
+    pair = Pair()
+    counter_id = pair.client_registry.interface(ICounter).interface_id
+    pair.client.objects.save(Counter(1), 5)
+    # the server calls the client's object 5 as a *global*: the client hosts no global table
+    pair.server.call(RemoteRef(counter_id, 5, is_global=True), "value", [], 0)
+    pair.flush()
+    (failed,) = pair.server_events
+    assert isinstance(failed, RmiCallFailed) and failed.failure == RmiFailure.MISSING and failed.is_global
+    # the same id in connection scope works
+    call_id = pair.server.call(RemoteRef(counter_id, 5), "value", [], 0)
+    pair.flush()
+    (done,) = pair.server_events[1:]
+    assert isinstance(done, RmiCallCompleted) and done.call_id == call_id and done.value == 1
+
+
+def test_timeouts_stay_exact_after_many_completed_calls() -> None:
+    pair = Pair()
+    ref = calc_ref(pair)
+    for i in range(5000):  # each leaves a stale heap entry behind; the heap is compacted as it grows
+        pair.result(pair.client.call(ref, "add", [i, 0], i, timeout_ns=10_000))
+    assert len(pair.client._timeouts) < 200
+    late = pair.client.call(ref, "add", [1, 1], 10_000, timeout_ns=50)
+    assert pair.client.deadline_ns == 10_050
+    pair.client.take_frames()
+    pair.client.handle_timer(10_050)
+    (event,) = pair.client.take_events()
+    assert isinstance(event, RmiCallFailed) and event.call_id == late and event.failure == RmiFailure.TIMED_OUT
+
+
+class IEcho(Protocol):
+    def echo(self, value: list[int] | str | dict[str, float] | None) -> list[int] | str | dict[str, float] | None: ...
+
+    def points(self, points: list[Point]) -> list[Point]: ...
+
+
+class Echo:
+    def echo(self, value: list[int] | str | dict[str, float] | None) -> list[int] | str | dict[str, float] | None:
+        return value
+
+    def points(self, points: list[Point]) -> list[Point]:
+        return points[::-1]
+
+
+@functools.cache
+def echo_registries() -> tuple[RmiRegistry, RmiRegistry]:
+    return RmiRegistry([IEcho], messages=MESSAGES), RmiRegistry([(IEcho, Echo)], messages=MESSAGES)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(
+        st.none(),
+        st.text(max_size=50),
+        st.lists(st.integers(-(2**63), 2**64 - 1), max_size=20),
+        st.dictionaries(st.text(max_size=5), st.floats(allow_nan=False), max_size=5),
+    ),
+    st.lists(st.tuples(st.integers(-1000, 1000), st.integers(-1000, 1000)), max_size=10),
+)
+def test_values_round_trip_through_typed_calls(value: Any, coords: list[tuple[int, int]]) -> None:
+    client_registry, server_registry = echo_registries()
+    client, server = RmiEndpoint(client_registry), RmiEndpoint(server_registry)
+    ref = RemoteRef(0, server.objects.save(Echo()))
+    first = client.call(ref, "echo", [value], 0)
+    second = client.call(ref, "points", [[Point(x, y) for x, y in coords]], 0)
+    for kind, request_id, payload in client.take_frames():
+        deliver(server, kind, request_id, payload)
+    for kind, request_id, payload in server.take_frames():
+        deliver(client, kind, request_id, payload)
+    results = {e.call_id: e.value for e in client.take_events() if isinstance(e, RmiCallCompleted)}
+    assert results == {first: value, second: [Point(x, y) for x, y in coords][::-1]}
