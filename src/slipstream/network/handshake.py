@@ -72,6 +72,9 @@ _PLAINTEXT = 1
 _U8 = struct.Struct(">B")
 _U32 = struct.Struct(">I")
 _MAX_REJECT_TEXT = 240
+REPEAT_GAP_NS = 200_000_000
+"""A repeated HELLO or DONE gets the cached answer again at most this often (answers are broadcast
+to every handshaking client, so storms of repeats cost everyone)."""
 _SOURCE_BURST = 4.0
 """HELLOs with fresh nonces one transport source may send at once (a client retries one)."""
 _MAX_SOURCES = 4096
@@ -164,7 +167,7 @@ class ClientHandshake:
         timeout_ns: int,
         nonce: int | None = None,
         ephemeral_private: bytes | None = None,
-        retry_initial_ns: int = 200_000_000,
+        retry_initial_ns: int = 300_000_000,
         retry_max_ns: int = 2_000_000_000,
         plaintext_ipc: bool = False,
     ) -> None:
@@ -371,12 +374,14 @@ class _Pending:
     port: int | None
     tag: str
     plaintext: bool
+    answered_ns: int = 0
 
 
 @dataclass(slots=True)
 class _Accepted:
     welcome: bytes
     expires_ns: int
+    answered_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -516,7 +521,13 @@ class ServerHandshake:
         self.stats.hellos += 1
         pending = self._pending.get(key)
         if pending is not None:
-            self._out.append(pending.answer)  # our answer was lost: repeat it, do no new work
+            # Our answer was lost (or is on its way): repeat it, do no new work, and keep the
+            # handshake alive while the client is. Repeats are spaced: every answer is broadcast.
+            pending.expires_ns = now_ns + self._timeout_ns
+            self._pending.move_to_end(key)
+            if now_ns - pending.answered_ns >= REPEAT_GAP_NS:
+                pending.answered_ns = now_ns
+                self._out.append(pending.answer)
             return
         if key in self._accepted:
             return  # the client will repeat DONE
@@ -561,7 +572,7 @@ class ServerHandshake:
         if len(self._pending) >= self.max_pending:
             self._evict()
         plaintext = bool(flags & _PLAINTEXT) and self._allow_plaintext
-        self._pending[key] = _Pending(noise, answer, now_ns + self._timeout_ns, address, port, tag, plaintext)
+        self._pending[key] = _Pending(noise, answer, now_ns + self._timeout_ns, address, port, tag, plaintext, now_ns)
         self._out.append(answer)
 
     def _take_token(self, source: int, now_ns: int) -> bool:
@@ -603,10 +614,11 @@ class ServerHandshake:
         pending = self._pending.pop(key, None)
         if pending is None:
             accepted = self._accepted.get(key)
-            if accepted is not None:
-                self._out.append(accepted.welcome)  # our WELCOME was lost
-            else:
+            if accepted is None:
                 self.stats.unknown += 1
+            elif now_ns - accepted.answered_ns >= REPEAT_GAP_NS:
+                accepted.answered_ns = now_ns
+                self._out.append(accepted.welcome)  # our WELCOME was lost
             return
         try:
             client_description = pending.noise.read_message(bytes(body))
@@ -673,7 +685,7 @@ class ServerHandshake:
         welcome = header + ChaCha20Poly1305(_welcome_key(send_key)).encrypt(_WELCOME_NONCE, plain, header)
         while len(self._accepted) >= self.max_pending:
             self._accepted.popitem(last=False)
-        self._accepted[key] = _Accepted(welcome, now_ns + self._timeout_ns)
+        self._accepted[key] = _Accepted(welcome, now_ns + self._timeout_ns, now_ns)
         self._out.append(welcome)
         return True
 

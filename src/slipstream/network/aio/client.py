@@ -219,7 +219,7 @@ class Client(Endpoint):
                 for packet in machine.messages_to_send():
                     hs_pub.offer(packet)
                 work = context.invoke()
-                work += hs_sub.poll(assembler, 16)
+                work += hs_sub.poll(assembler, 256)
                 now_ns = time.monotonic_ns()
                 deadline_ns = machine.deadline_ns
                 if deadline_ns is not None and now_ns >= deadline_ns:

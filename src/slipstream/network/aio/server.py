@@ -44,6 +44,9 @@ __all__ = ["Server"]
 log = logging.getLogger("slipstream.network.server")
 
 CONNECTION_LINGER = "500ms"
+HANDSHAKE_TERM_LENGTH = 4 * 1024 * 1024
+"""The all-clients handshake channel is broadcast (MDC, max flow control): a generous term keeps a
+client that is slow to poll from being lapped while many others handshake."""
 OUTBOX_LIMIT = 4096
 """Handshake answers held while the handshake publication is back-pressured (the oldest go first;
 a client whose answer is lost retries)."""
@@ -152,7 +155,12 @@ class Server(Endpoint):
             subscription = context.add_subscription(udp_channel(endpoint=host_port(host, port)), HANDSHAKE_STREAM)
             try:
                 publication = context.add_exclusive_publication(
-                    udp_channel(control=host_port(host, control_port), control_mode="dynamic"), HANDSHAKE_STREAM
+                    udp_channel(
+                        control=host_port(host, control_port),
+                        control_mode="dynamic",
+                        term_length=HANDSHAKE_TERM_LENGTH,
+                    ),
+                    HANDSHAKE_STREAM,
                 )
             except BaseException:
                 subscription.close()
