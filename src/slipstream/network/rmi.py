@@ -22,6 +22,12 @@ dropped and counted instead of completing another call.
 Everything here takes ``now_ns`` and returns frames (``take_frames``) and pure-data events
 (``take_events``); executing a host method is the one thing handed to the adapter
 (:meth:`RmiEndpoint.execute` calls it and hands back an awaitable when the method is a coroutine).
+
+How a connection composes it: one :class:`RmiEndpoint` per connection (the server passes its global
+:class:`ObjectTable`); RMI_REQUEST frames go to :meth:`RmiEndpoint.receive_request` (then ``execute``),
+RMI_RESPONSE frames to :meth:`RmiEndpoint.receive_response`; ``take_frames`` after each input or user
+call, appended to the batch (streamed when larger than a message); ``deadline_ns`` joins the
+connection's; :meth:`RmiEndpoint.close` when it closes. ``aio/rmi.py`` is that loop for asyncio.
 """
 
 from __future__ import annotations

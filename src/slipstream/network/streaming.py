@@ -18,6 +18,13 @@ application releases it. Events report starts, progress, completions and failure
 
 The only I/O is in :class:`SpillFile` (writes) and :class:`FileSource` (reads of a file being sent);
 everything else is frames in, frames and events out, with ``now_ns`` for the idle timeout.
+
+How a connection composes it: a frame payload with :meth:`Streams.needs_streaming` goes to
+:meth:`Streams.send` (a ``pathlib.Path`` message to :meth:`Streams.send_file`) instead of the batch;
+STREAM_* frames that arrive go to :meth:`Streams.receive`; :meth:`Streams.take_frames` as the transport
+drains (it bounds how much is read and queued at once); a :class:`StreamCompleted` is handled as the
+frame it carries (a file as a message whose value is the path), then :meth:`Streams.release`;
+``deadline_ns``/``handle_timer`` join the connection's; :meth:`Streams.close` when it closes.
 """
 
 from __future__ import annotations
