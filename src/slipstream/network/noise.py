@@ -68,6 +68,23 @@ def public_key(private: bytes) -> bytes:
     return _private(private).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
+_STATIC_KEYS: dict[bytes, tuple[X25519PrivateKey, bytes]] = {}
+"""Parsed static keys: a server builds a HandshakeState per HELLO with the same key, and parsing it
+(a scalar multiplication for the public half) costs as much as a DH. Bounded: cleared when full."""
+_STATIC_KEYS_MAX: Final = 16
+
+
+def _static_key(raw: bytes) -> tuple[X25519PrivateKey, bytes]:
+    cached = _STATIC_KEYS.get(raw)
+    if cached is None:
+        private = _private(raw)
+        cached = (private, private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+        if len(_STATIC_KEYS) >= _STATIC_KEYS_MAX:
+            _STATIC_KEYS.clear()
+        _STATIC_KEYS[raw] = cached
+    return cached
+
+
 def _private(raw: bytes) -> X25519PrivateKey:
     if len(raw) != DHLEN:
         raise ValueError(f"an X25519 private key is {DHLEN} bytes, not {len(raw)}")
@@ -204,8 +221,7 @@ class HandshakeState:
         self.protocol_name = f"Noise_XX_25519_ChaChaPoly_{hash_name}"
         self._symmetric = _SymmetricState(self.protocol_name.encode("ascii"), factory)
         self._symmetric.mix_hash(bytes(prologue))
-        self._s = _private(static_private)
-        self._s_public = self._s.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self._s, self._s_public = _static_key(bytes(static_private))
         self._e_given = _private(ephemeral_private) if ephemeral_private is not None else None
         self._e: X25519PrivateKey | None = None
         self._re: X25519PublicKey | None = None
