@@ -44,7 +44,7 @@ __all__ = ["Server"]
 log = logging.getLogger("slipstream.network.server")
 
 CONNECTION_LINGER = "500ms"
-HANDSHAKE_TERM_LENGTH = 4 * 1024 * 1024
+HANDSHAKE_TERM_LENGTH = 1024 * 1024
 """The all-clients handshake channel is broadcast (MDC, max flow control): a generous term keeps a
 client that is slow to poll from being lapped while many others handshake."""
 OUTBOX_LIMIT = 4096
