@@ -5,16 +5,22 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import signal
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.network.frames import FrameKind
 from slipstream.network.rmi import RemoteRef, RmiCallCompleted, RmiEndpoint, RmiRegistry
+from slipstream.network.serialization import Serialization
 from slipstream.network.streaming import (
     SpillFile,
     StreamCompleted,
@@ -411,4 +417,87 @@ def test_32_mib_rmi_argument_and_result_are_streamed_transparently(tmp_path: Pat
     results = {e.call_id: e.value for e in client_rmi.take_events() if isinstance(e, RmiCallCompleted)}
     assert results[put] == hashlib.sha256(data).hexdigest()
     assert results[get] == random.Random(7).randbytes(32 * MiB)
+    assert os.listdir(tmp_path) == []
+
+
+# -- the seed's battery items that need no network -----------------------------------------------------
+
+
+class Big(msgspec.Struct):
+    seq: int
+    text: str
+    blob: bytes
+
+
+def test_a_message_bigger_than_the_mtu_is_echoed_1002_times(tmp_path: Path) -> None:
+    serialization = Serialization([Big])
+    chunk = 1376 - 9  # one frame in a seed-sized message
+    a = Streams(chunk_payload=chunk, temp_dir=str(tmp_path))
+    b = Streams(chunk_payload=chunk, temp_dir=str(tmp_path))
+    message = Big(0, "x" * 3000, os.urandom(4000))
+    echoed = 0
+    payload = serialization.encode(message)
+    assert a.needs_streaming(len(payload))
+    a.send(FrameKind.MESSAGE, 0, payload)
+    sides = [(a, b), (b, a)]
+    turn = 0
+    while echoed < 1002:
+        source, target = sides[turn % 2]
+        frames = source.take_frames()
+        assert frames
+        for frame in frames:
+            target.receive(*frame, 0)
+        (done,) = [e for e in target.take_events() if isinstance(e, StreamCompleted)]
+        assert done.payload is not None
+        received = serialization.decode(done.payload)
+        assert isinstance(received, Big) and received.seq == echoed and received.blob == message.blob
+        echoed += 1
+        target.send(FrameKind.MESSAGE, 0, serialization.encode(Big(echoed, received.text, received.blob)))
+        source.take_events()
+        turn += 1
+    assert echoed == 1002 and os.listdir(tmp_path) == []
+
+
+SENDER = """
+import os, struct, sys, time
+from slipstream.network.frames import FrameKind
+from slipstream.network.streaming import Streams
+streams = Streams(chunk_payload=64 * 1024)
+streams.send(FrameKind.MESSAGE, 0, os.urandom(64 * 1024 * 1024))
+out = sys.stdout.buffer
+while streams.sending:
+    for kind, stream_id, payload in streams.take_frames(256 * 1024):
+        out.write(struct.pack(">BII", kind, stream_id, len(payload)) + payload)
+    out.flush()
+    time.sleep(0.01)
+"""
+
+
+def test_a_stream_cut_off_by_sigkill_of_the_sender_leaves_no_temporary_file(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    child = subprocess.Popen([sys.executable, "-c", SENDER], stdout=subprocess.PIPE, env=env)
+    receiver = Streams(chunk_payload=64 * 1024, spill_threshold=MiB, temp_dir=str(tmp_path))
+    header = struct.Struct(">BII")
+    assert child.stdout is not None
+    try:
+        received = 0
+        deadline = time.monotonic() + 30
+        while True:
+            assert time.monotonic() < deadline, "the sender never got going"
+            head = child.stdout.read(header.size)
+            if len(head) < header.size:
+                break  # EOF: the transport says the peer is gone
+            kind, stream_id, length = header.unpack(head)
+            receiver.receive(kind, stream_id, child.stdout.read(length), 0)
+            received += length
+            if received > 4 * MiB and child.poll() is None:
+                assert len(os.listdir(tmp_path)) == 1  # spilled mid-stream
+                child.send_signal(signal.SIGKILL)
+        receiver.connection_lost("the sender vanished")
+    finally:
+        child.kill()
+        child.wait(10)
+    assert child.returncode == -signal.SIGKILL
+    failures = [e for e in receiver.take_events() if isinstance(e, StreamFailed)]
+    assert [f.failure for f in failures] == [StreamFailure.CONNECTION_LOST]
     assert os.listdir(tmp_path) == []
