@@ -843,3 +843,19 @@ def test_values_round_trip_through_typed_calls(value: Any, coords: list[tuple[in
         deliver(client, kind, request_id, payload)
     results = {e.call_id: e.value for e in client.take_events() if isinstance(e, RmiCallCompleted)}
     assert results == {first: value, second: [Point(x, y) for x, y in coords][::-1]}
+
+
+def test_a_subclass_the_host_cannot_dispatch_is_refused_not_crashing() -> None:
+    class Odd(Counter):
+        def increment(self, a: int, b: int, c: int) -> int:  # type: ignore[override]
+            return a
+
+    pair = Pair()
+    object_id = pair.server.objects.save(Odd())
+    with pytest.raises(RmiRequestRefused, match="cannot be dispatched"):
+        pair.result(
+            pair.client.call(
+                RemoteRef(pair.client_registry.interface(ICounter).interface_id, object_id), "increment", [1], 0
+            )
+        )
+    assert pair.result(pair.client.call(calc_ref(pair), "add", [1, 2], 0)) == 3

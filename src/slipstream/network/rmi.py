@@ -197,6 +197,8 @@ class MethodSpec:
 
     index: int
     name: str
+    qualname: str
+    """``Interface.method``, for messages."""
     interface_id: int
     signature: inspect.Signature
     param_names: tuple[str, ...]
@@ -402,6 +404,7 @@ class RmiRegistry:
         return MethodSpec(
             index=index,
             name=name,
+            qualname=where,
             interface_id=interface_id,
             signature=signature,
             param_names=tuple(p.name for p in params[1:]),
@@ -1003,7 +1006,7 @@ class RmiEndpoint:
             self.stats.oneway_sent += 1
             return 0
         token = self._token()
-        self._track(token, _Pending(f"{spec.name}.{m.name}", m, 0, ref.interface_id), now_ns, timeout_ns)
+        self._track(token, _Pending(m.qualname, m, 0, ref.interface_id), now_ns, timeout_ns)
         self._frames.append((FrameKind.RMI_REQUEST, token, payload))
         self.stats.calls_sent += 1
         return token
@@ -1111,7 +1114,7 @@ class RmiEndpoint:
             if method_index >= len(spec.methods):
                 raise _Refused(f"{spec.name} has no method index {method_index}")
             m = spec.methods[method_index]
-            method_name = f"{spec.name}.{m.name}"
+            method_name = m.qualname
             is_global = bool(flags & _FLAG_GLOBAL)
             table = self.global_objects if is_global else self.objects
             target = table.get(object_id) if table is not None else None
@@ -1125,7 +1128,10 @@ class RmiEndpoint:
                 raise _Refused(f"bad arguments for {method_name}: {str(exc)[:200]}") from None
             for position, ref_interface, _ in m.ref_params:
                 args[position] = self._ref_in(args[position], ref_interface)
-            function, takes_connection = self.registry.functions(type(target), interface_id)[m.index]
+            try:
+                function, takes_connection = self.registry.functions(type(target), interface_id)[m.index]
+            except Exception as exc:  # e.g. a subclass of the implementation with another signature
+                raise _Refused(f"{method_name} cannot be dispatched on this side: {str(exc)[:200]}") from None
             call_args = (target, caller, *args) if takes_connection else (target, *args)
             return Invocation(request_id, oneway, object_id, method_name, m, function, call_args)
         except _Missing as missing:
