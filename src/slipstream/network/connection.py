@@ -43,9 +43,13 @@ _PONG = struct.Struct(">qq")
 class Records(Protocol):
     """The record layer as this machine uses it (``session.RecordLayer``, or plain for IPC)."""
 
-    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes: ...
+    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes:
+        """One record carrying ``plaintext``."""
+        ...
 
-    def open(self, record: bytes | bytearray | memoryview) -> bytes: ...
+    def open(self, record: bytes | bytearray | memoryview) -> bytes:
+        """The plaintext of ``record``; raises a RecordRejected subclass."""
+        ...
 
 
 class PlainRecords:
@@ -58,16 +62,22 @@ class PlainRecords:
     rejected_replayed = 0
 
     def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes:
+        """The plaintext itself."""
         return bytes(plaintext)
 
     def open(self, record: bytes | bytearray | memoryview) -> bytes:
+        """The record itself."""
         return bytes(record)
 
 
 class _Encoder(Protocol):
-    def encode(self, obj: object) -> bytes: ...
+    def encode(self, obj: object) -> bytes:
+        """A message's bytes."""
+        ...
 
-    def decode(self, data: bytes | memoryview) -> object: ...
+    def decode(self, data: bytes | memoryview) -> object:
+        """A message from its bytes; raises SerializationError."""
+        ...
 
 
 @dataclass(slots=True)
@@ -308,5 +318,6 @@ class ConnectionMachine:
             # KEEPALIVE and the kinds reserved for RMI/streaming only prove liveness here.
 
     def take_events(self) -> list[Event]:
+        """Events since the last call, in order."""
         events, self._events = self._events, []
         return events

@@ -349,6 +349,7 @@ class ClientHandshake:
         return out
 
     def take_events(self) -> list[HandshakeCompleted | Rejected | HandshakeTimedOut]:
+        """What happened since the last call (at most one event: the outcome)."""
         events, self._events = self._events, []
         return events
 
@@ -768,6 +769,7 @@ class ServerHandshake:
         return out
 
     def take_events(self) -> list[ClientAccepted | Rejected]:
+        """Accepted clients (open their streams, then :meth:`accept`) and rejections since the last call."""
         events, self._events = self._events, []
         return events
 

@@ -86,12 +86,14 @@ class Listeners:
         self._cache: dict[type, tuple[MessageListener, ...]] = {}
 
     def add_message(self, kind: type, listener: MessageListener) -> None:
+        """Call ``listener`` for messages of ``kind`` and its subclasses."""
         if not isinstance(kind, type):
             raise TypeError(f"on_message needs a type: {kind!r}")
         self._messages.setdefault(kind, []).append(listener)
         self._cache.clear()
 
     def for_type(self, kind: type) -> tuple[MessageListener, ...]:
+        """The listeners for a message of type ``kind``, most specific type first."""
         found = self._cache.get(kind)
         if found is None:
             found = tuple(listener for base in kind.__mro__ for listener in self._messages.get(base, ()))
@@ -99,6 +101,7 @@ class Listeners:
         return found
 
     def clear(self) -> None:
+        """Forget every listener."""
         for items in (self.init, self.connect, self.disconnect, self.error):
             items.clear()
         self._messages.clear()
@@ -162,6 +165,7 @@ class Connection:
 
     @property
     def is_closed(self) -> bool:
+        """True once the connection ended (closed here, by the peer, or expired)."""
         return self._machine.closed
 
     @property

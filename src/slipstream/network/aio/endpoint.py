@@ -262,18 +262,21 @@ class PollGroup:
 
     @classmethod
     def for_loop(cls, loop: asyncio.AbstractEventLoop) -> PollGroup:
+        """The group of ``loop`` (made on first use)."""
         group = cls._groups.get(loop)
         if group is None:
             group = cls._groups[loop] = PollGroup(loop)
         return group
 
     def add(self, endpoint: Endpoint) -> None:
+        """Poll ``endpoint`` from now on (starting the task if needed)."""
         self.endpoints.append(endpoint)
         self.backoff.kick()
         if self.task is None or self.task.done():
             self.task = self.loop.create_task(self._run(), name="slipstream-network-poller")
 
     def remove(self, endpoint: Endpoint) -> None:
+        """Stop polling ``endpoint`` (the task ends with the last one)."""
         if endpoint in self.endpoints:
             self.endpoints.remove(endpoint)
 

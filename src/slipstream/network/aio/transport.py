@@ -164,6 +164,7 @@ class IdleBackoff:
         self._waiter: asyncio.Future[None] | None = None
 
     def reset(self) -> None:
+        """Work was done: start over with the short waits."""
         self._count = 0
         self._sleep_s = self.min_sleep_s
         self._idle_since = None
@@ -177,6 +178,7 @@ class IdleBackoff:
             waiter.set_result(None)
 
     async def idle(self, now_s: float) -> None:
+        """Wait one step of the back-off (``now_s`` is the caller's monotonic time)."""
         # asyncio cannot sleep less than about a millisecond (its selector waits in milliseconds),
         # so right after work (or a kick) the poller only yields, for ``spin_s``: an answer that
         # follows closely is polled within microseconds, not a millisecond later.
