@@ -32,11 +32,11 @@ connection's; :meth:`RmiEndpoint.close` when it closes. ``aio/rmi.py`` is that l
 
 from __future__ import annotations
 
-import collections
 import collections.abc
 import hashlib
 import heapq
 import inspect
+import random
 import struct
 import traceback
 import types
@@ -48,7 +48,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from ..client.allocation import AllocationError
+from ..client.allocation import AllocationError, IdAllocator
 from .errors import ConnectionClosedError, NetworkError
 from .frames import FrameKind
 
@@ -66,7 +66,6 @@ __all__ = [
     "RemoteError",
     "RemoteObjectMissing",
     "RemoteRef",
-    "ResponseIdPool",
     "RmiCallCompleted",
     "RmiCallFailed",
     "RmiCallTimeout",
@@ -742,56 +741,6 @@ class _IdPool(Protocol):
     def free(self, value: int) -> None: ...
 
 
-class ResponseIdPool:
-    """Response ids of ``[low, high]`` with :class:`~slipstream.client.allocation.IdAllocator`'s contract
-    (``allocate``/``free``, freed ids reused first-in first-out, AllocationError when none is left or on
-    an over-free), built lazily: a connection gets one at once instead of shuffling 65,534 ids (about
-    0.3 s with SystemRandom). Response ids need no unpredictability: the records are authenticated and
-    each call token carries a generation as well.
-    """
-
-    __slots__ = ("_freed", "_next", "_used", "high", "low")
-
-    def __init__(self, low: int = MIN_RESPONSE_ID, high: int = MAX_RESPONSE_ID) -> None:
-        if low > high:
-            raise ValueError(f"ResponseIdPool needs low <= high: [{low}, {high}]")
-        self.low = low
-        self.high = high
-        self._next = low
-        self._freed: collections.deque[int] = collections.deque()
-        self._used: set[int] = set()
-
-    def allocate(self) -> int:
-        """The next id: a never-used one first, then the longest-freed."""
-        if self._next <= self.high:
-            value = self._next
-            self._next += 1
-        elif self._freed:
-            value = self._freed.popleft()
-        else:
-            raise AllocationError(f"no ids left in [{self.low}, {self.high}] ({len(self._used)} in use)")
-        self._used.add(value)
-        return value
-
-    def free(self, value: int) -> None:
-        """Give ``value`` back; AllocationError if it is not allocated."""
-        try:
-            self._used.remove(value)
-        except KeyError:
-            raise AllocationError(f"id {value} is not allocated in [{self.low}, {self.high}]") from None
-        self._freed.append(value)
-
-    @property
-    def available(self) -> int:
-        """How many ids can still be allocated."""
-        return self.high - self._next + 1 + len(self._freed)
-
-    @property
-    def in_use(self) -> frozenset[int]:
-        """The ids allocated and not yet freed."""
-        return frozenset(self._used)
-
-
 @dataclass(slots=True)
 class _Pending:
     method: str
@@ -856,7 +805,8 @@ class RmiEndpoint:
     ``global_objects`` is the server's table shared by all connections (a client passes None: it
     hosts no global objects); ``objects`` is this connection's table. ``response_ids`` may be the
     connection's shared pool (2-65535, anything with IdAllocator's allocate/free); by default the
-    endpoint has its own :class:`ResponseIdPool`. ``proxy_factory`` turns
+    endpoint has its own ``IdAllocator(2, 65535)`` on a fast non-cryptographic RNG (response ids need
+    no secrecy: records are authenticated and every call token carries a generation too). ``proxy_factory`` turns
     a :class:`RemoteRef` that arrives (an argument or a result naming an object the peer hosts) into
     what the application sees; by default the RemoteRef itself.
     """
@@ -876,7 +826,9 @@ class RmiEndpoint:
         self.stats = RmiStats()
         self.closed = False
         self.close_reason = ""
-        self._ids: _IdPool = response_ids if response_ids is not None else ResponseIdPool()
+        self._ids: _IdPool = (
+            response_ids if response_ids is not None else IdAllocator(MIN_RESPONSE_ID, MAX_RESPONSE_ID, random.Random())
+        )
         self._generation = 0
         self._pending: dict[int, _Pending] = {}
         self._timeouts: list[tuple[int, int]] = []
