@@ -16,9 +16,9 @@ import dataclasses
 import hashlib
 import re
 import struct
-import types
 import typing
 from collections.abc import Sequence
+from types import UnionType
 from typing import Any, Final, cast
 
 import msgspec
@@ -71,7 +71,7 @@ def _annotation(annotation: object) -> str:
         return "..."
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
-    if origin is typing.Union or origin is types.UnionType:
+    if origin is typing.Union or origin is UnionType:
         return " | ".join(_annotation(arg) for arg in args)
     if origin is typing.Literal:
         return f"Literal[{', '.join(repr(arg) for arg in args)}]"
