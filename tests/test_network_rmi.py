@@ -31,6 +31,7 @@ from slipstream.network.rmi import (
     RmiConnectionClosed,
     RmiEndpoint,
     RmiFailure,
+    RmiObjectReceived,
     RmiOnewayFailed,
     RmiRegistry,
     RmiRequestRefused,
@@ -859,3 +860,47 @@ def test_a_subclass_the_host_cannot_dispatch_is_refused_not_crashing() -> None:
             )
         )
     assert pair.result(pair.client.call(calc_ref(pair), "add", [1, 2], 0)) == 3
+
+
+def test_objects_sent_as_messages_arrive_as_proxies_or_as_themselves() -> None:
+    pair = Pair()
+    mine = Counter(3)
+    assert pair.client.is_remote_object(mine) and not pair.client.is_remote_object(Point(1, 2))
+    pair.client.send_object(mine)  # an implementation by value: the server gets a proxy (RemoteRef here)
+    pair.flush()
+    (received,) = pair.server_events
+    assert isinstance(received, RmiObjectReceived) and isinstance(received.value, RemoteRef)
+    assert received.value.object_id == pair.client.objects.id_of(mine)
+    pair.server.send_object(received.value)  # the proxy goes home: the client gets its real object
+    pair.flush()
+    (back,) = pair.client_events
+    assert isinstance(back, RmiObjectReceived) and back.value is mine
+    with pytest.raises(InterfaceError, match="not a registered implementation"):
+        pair.client.send_object(Point(1, 2))
+    # forged object messages are refused and counted: unknown ids, bad bodies, wanting a response
+    counter_id = pair.client_registry.interface(ICounter).interface_id
+    forged = [
+        (1, REQUEST.pack(4, 0, counter_id, 0) + msgspec.msgpack.encode([0, 999, counter_id, 1])),
+        (1, REQUEST.pack(4, 0, counter_id, 0) + b"\xc1"),
+        (1, REQUEST.pack(4, 0, counter_id, 0) + msgspec.msgpack.encode([0, 1, counter_id + 1, 0])),
+        (2 | 1 << 16, REQUEST.pack(4, 0, counter_id, 0) + msgspec.msgpack.encode([0, 1, counter_id, 0])),
+    ]
+    for request_id, payload in forged:
+        assert pair.client.receive_request(request_id, payload) is None
+    assert not any(isinstance(e, RmiObjectReceived) for e in pair.client.take_events())
+
+
+@aio
+async def test_proxies_sent_as_messages_over_the_loop() -> None:
+    received: list[object] = []
+    pair = AioPair()
+    pair.server.on_object = received.append
+    pair.client.on_object = received.append
+    counter = Counter(5)
+    pair.client.send_object(counter)
+    await asyncio.sleep(0.01)
+    (proxy,) = received
+    assert isinstance(proxy, Proxy) and await proxy.increment(1) == 6  # the server calls the client's object
+    pair.server.send_object(proxy)
+    await asyncio.sleep(0.01)
+    assert received[1] is counter

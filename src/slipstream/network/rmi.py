@@ -74,6 +74,7 @@ __all__ = [
     "RmiError",
     "RmiEvent",
     "RmiFailure",
+    "RmiObjectReceived",
     "RmiOnewayFailed",
     "RmiRegistry",
     "RmiRequestRefused",
@@ -94,6 +95,7 @@ _REQUEST: Final = struct.Struct(">BHHH")
 """flags, object id, interface index, method index."""
 _FLAG_GLOBAL: Final = 0x01
 _FLAG_CREATE: Final = 0x02
+_FLAG_OBJECT: Final = 0x04
 _OWNER_SENDER: Final = 0
 _OWNER_RECEIVER: Final = 1
 _MAX_TEXT: Final = 4096
@@ -683,7 +685,15 @@ class RmiOnewayFailed:
     traceback_text: str
 
 
-RmiEvent = RmiCallCompleted | RmiCallFailed | RmiOnewayFailed
+@dataclass(frozen=True, slots=True)
+class RmiObjectReceived:
+    """The peer sent a remote object as a message (:meth:`RmiEndpoint.send_object`): ``value`` is our own
+    object when it names one we host, else a proxy (or RemoteRef) of the peer's. Dispatch it as a message."""
+
+    value: object
+
+
+RmiEvent = RmiCallCompleted | RmiCallFailed | RmiOnewayFailed | RmiObjectReceived
 
 
 def exception_from(event: RmiCallFailed, registry: RmiRegistry) -> BaseException:
@@ -792,6 +802,7 @@ class _Missing(Exception):
 
 
 _ARGS_AS_BYTES: Final = msgspec.msgpack.Decoder(list[bytes])
+_REF_BODY: Final = msgspec.msgpack.Decoder(_Ref)
 _EXCEPTION_BODY: Final = msgspec.msgpack.Decoder(tuple[str, str, str, list[Any] | None])
 _MISSING_BODY: Final = msgspec.msgpack.Decoder(tuple[int, bool])
 _TEXT_BODY: Final = msgspec.msgpack.Decoder(str)
@@ -984,6 +995,32 @@ class RmiEndpoint:
         self.stats.calls_sent += 1
         return token
 
+    def is_remote_object(self, value: object) -> bool:
+        """Whether ``value`` travels as a remote object when sent as a message (a proxy of this
+        connection, or an instance of a registered implementation)."""
+        return isinstance(value, (ProxyBase, RemoteRef)) or bool(self.registry.served(value))
+
+    def send_object(self, value: object) -> None:
+        """Send a proxy or a registered implementation as a *message*: the peer gets
+        :class:`RmiObjectReceived` with its own object (for a proxy it hosts) or a proxy (for an
+        implementation this side now hosts, saved in the connection's table if it was not yet)."""
+        if self.closed:
+            raise RmiConnectionClosed(f"cannot send an object: {self.close_reason}")
+        if isinstance(value, ProxyBase):
+            interface_id = object.__getattribute__(value, "_rmi_ref").interface_id
+        elif isinstance(value, RemoteRef):
+            interface_id = value.interface_id
+        else:
+            served = self.registry.served(value)
+            if not served:
+                raise InterfaceError(
+                    f"{type(value).__qualname__} is not a registered implementation of any RMI interface"
+                )
+            interface_id = served[0]
+        wire_ref = self._ref_out(value, interface_id, False, "send_object()")
+        payload = _REQUEST.pack(_FLAG_OBJECT, 0, interface_id, 0) + self._encoder.encode(wire_ref)
+        self._frames.append((FrameKind.RMI_REQUEST, ONEWAY_REQUEST_ID, payload))
+
     def receive_response(self, request_id: int, payload: bytes) -> None:
         """An RMI_RESPONSE frame: completes (or fails) the pending call it names; others are counted."""
         pending = self._pending.get(request_id)
@@ -1058,6 +1095,15 @@ class RmiEndpoint:
             if interface_id >= len(self.registry.interfaces):
                 raise _Refused(f"unknown interface index {interface_id}")
             spec = self.registry.interfaces[interface_id]
+            if flags == _FLAG_OBJECT:
+                if not oneway:
+                    raise _Refused("an object message expects no response")
+                try:
+                    wire_ref = _REF_BODY.decode(payload[_REQUEST.size :])
+                except Exception as exc:
+                    raise _Refused(f"bad object reference: {str(exc)[:200]}") from None
+                self._events.append(RmiObjectReceived(self._ref_in(wire_ref, interface_id)))
+                return None
             if flags & _FLAG_CREATE:
                 method_name = f"create({spec.name})"
                 return self._create_invocation(request_id, oneway, spec, payload[_REQUEST.size :])

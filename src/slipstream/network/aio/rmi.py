@@ -26,6 +26,7 @@ from ..rmi import (
     RmiCallFailed,
     RmiEndpoint,
     RmiError,
+    RmiObjectReceived,
     RmiOnewayFailed,
     exception_from,
 )
@@ -153,7 +154,8 @@ class RmiSession:
     ``transmit(frames)`` hands ``(kind, request id, payload)`` frames to the connection; the connection
     feeds RMI frames back with :meth:`receive` and calls :meth:`close` when it closes. ``caller`` is
     what implementation methods that declare the calling connection receive. Exceptions of
-    fire-and-forget calls this side hosts go to ``on_error``.
+    fire-and-forget calls this side hosts go to ``on_error``; remote objects the peer sends as messages
+    go to ``on_object`` (the connection dispatches them to its message listeners).
     """
 
     def __init__(
@@ -163,6 +165,7 @@ class RmiSession:
         *,
         caller: object = None,
         on_error: Callable[[BaseException], None] | None = None,
+        on_object: Callable[[object], None] | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         default_timeout: float = DEFAULT_TIMEOUT_NS / 1e9,
     ) -> None:
@@ -173,6 +176,7 @@ class RmiSession:
         self._transmit = transmit
         self.caller = caller
         self.on_error = on_error
+        self.on_object = on_object
         self._clock = clock
         self.default_timeout_ns = int(default_timeout * 1e9)
         self._futures: dict[int, asyncio.Future[Any]] = {}
@@ -208,6 +212,12 @@ class RmiSession:
     def delete(self, obj_or_id: object) -> bool:
         """Stop hosting an object (by id or itself) for this connection."""
         return self.endpoint.objects.delete(obj_or_id)
+
+    def send_object(self, value: object) -> None:
+        """Send a proxy or a registered implementation as a message (the peer's ``on_object`` gets its
+        own object back, or a proxy)."""
+        self.endpoint.send_object(value)
+        self._pump()
 
     # -- calls ----------------------------------------------------------------------------------------
 
@@ -292,6 +302,9 @@ class RmiSession:
                 future = self._futures.pop(event.call_id, None)
                 if future is not None and not future.done():
                     future.set_exception(exception_from(event, endpoint.registry))
+            elif isinstance(event, RmiObjectReceived):
+                if self.on_object is not None:
+                    self.on_object(event.value)
             elif isinstance(event, RmiOnewayFailed) and self.on_error is not None:
                 self.on_error(RemoteError(event.type_name, f"{event.method}: {event.message}", event.traceback_text))
         deadline = endpoint.deadline_ns
