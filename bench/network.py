@@ -199,9 +199,9 @@ def run_slipstream(transport: str, quick: bool) -> dict[str, Any]:
             result = client.expect("result", 60)
             server.send("cpu-stop")
             server_cpu = server.expect("cpu", 10)
-            server.send("stop")
-            client.send("close")
+            client.send("close")  # the client first: over IPC it uses the server's driver
             client.finish()
+            server.send("stop")
             server.finish()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
