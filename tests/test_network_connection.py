@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from slipstream.network.errors import ConnectionClosedError, MessageTooLarge, UnregisteredTypeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from slipstream.network.errors import ConnectionClosedError, MessageTooLarge, UnregisteredTypeError
 from slipstream.network.events import (
     Closed,
     KeepaliveSent,
@@ -179,3 +181,15 @@ def test_a_message_that_does_not_decode_is_reported_and_the_connection_goes_on()
         MessageReceived,
     ]
     assert pair.b.stats.decode_errors == 1 and not pair.b.closed
+
+
+_FUZZ = ConnectionPair(types=[Quote])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_hostile_records_never_raise(data: bytes) -> None:
+    before = _FUZZ.b.stats.records_dropped + _FUZZ.b.stats.frame_errors
+    _FUZZ.b.receive(data, _FUZZ.clock.now_ns())
+    assert _FUZZ.b.stats.records_dropped + _FUZZ.b.stats.frame_errors == before + 1
+    assert not _FUZZ.b.take_events()

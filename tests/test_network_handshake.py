@@ -7,6 +7,8 @@ import dataclasses
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slipstream.network.events import ClientAccepted, HandshakeCompleted, HandshakeTimedOut, Rejected
 from slipstream.network.handshake import KEY_CHANGED, REGISTRATION_MISMATCH_LOCAL, ClientState, PacketType
@@ -186,3 +188,22 @@ def test_malformed_packets_are_counted_and_dropped() -> None:
         pair.server.receive(data, source=1, address="10.0.0.2", port=1, now_ns=pair.clock.now_ns())
     assert pair.server.stats.malformed == 5 and pair.server.pending_count == 0
     assert pair.server.messages_to_send() == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 5))
+def test_hostile_bytes_never_raise_and_allocate_nothing(data: bytes, kind: int) -> None:
+    pair = _FUZZ_PAIR
+    client = _FUZZ_CLIENT
+    framed = bytes([1, kind]) + data  # also reach past the version check
+    for packet in (data, framed, framed[:2] + client.nonce.to_bytes(8, "big") + data):
+        pair.server.receive(packet, source=9, address="10.9.9.9", port=9, now_ns=pair.clock.now_ns())
+        client.receive(packet, pair.clock.now_ns())
+    assert pair.server.pending_count <= pair.server.max_pending
+    assert not pair.server.connections
+    pair.server.messages_to_send()
+    pair.server.take_events()
+
+
+_FUZZ_PAIR = HandshakePair(max_pending=8)
+_FUZZ_CLIENT = _FUZZ_PAIR.add_client(1)
