@@ -214,6 +214,8 @@ class MethodSpec:
 
     def bind(self, args: Sequence[object], kwargs: dict[str, object] | None = None) -> tuple[object, ...]:
         """The call's arguments as one positional tuple (defaults applied); InterfaceError if they do not fit."""
+        if not kwargs and len(args) == len(self.param_names):
+            return tuple(args)  # the common case, without inspect's general binding
         try:
             bound = self.signature.bind(None, *args, **(kwargs or {}))
         except TypeError as exc:
@@ -858,6 +860,11 @@ class RmiEndpoint:
         """Events since the last call."""
         events, self._events = self._events, []
         return events
+
+    @property
+    def has_output(self) -> bool:
+        """Frames or events are waiting to be taken."""
+        return bool(self._frames or self._events)
 
     @property
     def in_flight(self) -> int:

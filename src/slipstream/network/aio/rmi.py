@@ -290,6 +290,8 @@ class RmiSession:
 
     def _pump(self) -> None:
         endpoint = self.endpoint
+        if not endpoint.has_output and self._timer_at == endpoint.deadline_ns:
+            return
         frames = endpoint.take_frames()
         if frames:
             self._transmit(frames)
