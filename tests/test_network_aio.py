@@ -672,3 +672,55 @@ def test_unreliable_streams_and_a_fixed_client_port(driver_dir: Path) -> None:
             bound.close()
 
     run(main())
+
+
+def test_packet_capture_shows_no_plaintext(driver_dir: Path) -> None:
+    """Sniff loopback (a raw packet socket; root) during a session: the messages' text never
+    appears on the wire, though the capture saw the session's datagrams."""
+    import threading
+    import time
+
+    marker = b"PLAINTEXT-MARKER-7f3a"
+    sniffer = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+    sniffer.bind(("lo", 0))
+    sniffer.settimeout(0.05)
+    frames: list[bytes] = []
+    stop = threading.Event()
+
+    def capture() -> None:
+        while not stop.is_set():
+            try:
+                frames.append(sniffer.recv(65535))
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=capture, daemon=True)
+    thread.start()
+
+    async def main() -> None:
+        port = free_ports(50)
+        got: list[str] = []
+        async with Server(server_config(driver_dir)) as server, Client(client_config(driver_dir)) as client:
+            server.on_message(Quote)(lambda c, m: got.append(m.symbol))
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            for i in range(20):
+                await connection.send(Quote(i, 1.5, marker.decode()))
+            await connection.send_sync(Quote(99, 0.0, marker.decode()), timeout=5)
+            assert got == [marker.decode()] * 21
+
+    control = b"CONTROL-" + marker  # the sniffer does see payloads: a plain datagram shows up
+    try:
+        run(main())
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as plain:
+            plain.sendto(control, ("127.0.0.1", free_ports(1)))
+        deadline = time.monotonic() + 5
+        while not any(control in frame for frame in frames) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join(5)
+        sniffer.close()
+    assert any(control in frame for frame in frames)
+    assert len(frames) > 20
+    assert not any(marker in frame.replace(control, b"") for frame in frames)
