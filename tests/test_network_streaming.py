@@ -501,3 +501,18 @@ def test_a_stream_cut_off_by_sigkill_of_the_sender_leaves_no_temporary_file(tmp_
     failures = [e for e in receiver.take_events() if isinstance(e, StreamFailed)]
     assert [f.failure for f in failures] == [StreamFailure.CONNECTION_LOST]
     assert os.listdir(tmp_path) == []
+
+
+def test_bad_arguments_and_a_closed_machine_are_refused(tmp_path: Path) -> None:
+    streams = Streams(chunk_payload=100, temp_dir=str(tmp_path))
+    with pytest.raises(StreamingError, match="request_id"):
+        streams.send(FrameKind.MESSAGE, 2**32, b"x")
+    with pytest.raises(StreamingError, match="kind"):
+        streams.send(256, 0, b"x")
+    with pytest.raises(ValueError, match="chunk_payload"):
+        Streams(chunk_payload=8)
+    streams.close()
+    with pytest.raises(StreamingError, match="closed"):
+        streams.send(FrameKind.MESSAGE, 0, b"x")
+    streams.receive(FrameKind.STREAM_START, 1, struct.pack(">BBIQ", 0, 1, 0, 10), 0)
+    assert streams.take_events() == []

@@ -359,6 +359,10 @@ class Streams:
         """Whether a frame payload of ``size`` bytes is too big for one chunk-sized frame."""
         return size > self.chunk_payload
 
+    def _check_target(self, kind: int, request_id: int) -> None:
+        if not 0 <= kind <= 0xFF or not 0 <= request_id <= 0xFFFF_FFFF:
+            raise StreamingError(f"frame kind {kind} must be 0..255 and request_id {request_id} 0..{0xFFFF_FFFF}")
+
     def _new_id(self) -> int:
         while True:
             self._next_id = self._next_id % 0xFFFF_FFFF + 1
@@ -369,6 +373,7 @@ class Streams:
         """Stream ``payload`` as a frame of ``kind``/``request_id``; returns the stream id."""
         if self.closed:
             raise StreamingError("cannot stream on a closed connection")
+        self._check_target(kind, request_id)
         data = memoryview(bytes(payload) if isinstance(payload, bytearray) else payload).cast("B")
         stream_id = self._new_id()
         self._outgoing[stream_id] = _Outgoing(
@@ -381,6 +386,7 @@ class Streams:
         Raises StreamingError when the file cannot be opened."""
         if self.closed:
             raise StreamingError("cannot stream on a closed connection")
+        self._check_target(kind, request_id)
         try:
             source = FileSource(path)
         except OSError as exc:
