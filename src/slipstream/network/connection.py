@@ -30,12 +30,13 @@ from .events import (
     SyncCompleted,
     SyncTimedOut,
 )
-from .frames import FrameKind, decode_frames, encode_frame_into
+from .frames import FrameKind, encode_frame_into
 
 __all__ = ["RECORD_OVERHEAD", "ConnectionMachine", "ConnectionStats", "PlainRecords", "Records"]
 
 RECORD_OVERHEAD = 8 + 16
 """A sealed record's counter and AEAD tag."""
+_MESSAGE = FrameKind.MESSAGE
 _PING = struct.Struct(">q")
 _PONG = struct.Struct(">qq")
 
@@ -71,12 +72,14 @@ class PlainRecords:
 
 
 class _Encoder(Protocol):
-    def encode(self, obj: object) -> bytes:
-        """A message's bytes."""
+    def encode_frame_into(self, buf: bytearray, kind: int, request_id: int, obj: object) -> int:
+        """Append a whole frame carrying ``obj``; the bytes appended."""
         ...
 
-    def decode(self, data: bytes | memoryview) -> object:
-        """A message from its bytes; raises SerializationError."""
+    def decode_record(
+        self, data: bytes | bytearray | memoryview, *, max_frames: int = 65536
+    ) -> list[tuple[FrameKind, int, object]]:
+        """A record's frames as (kind, request id, message or payload or MessageDecodeError)."""
         ...
 
 
@@ -186,6 +189,24 @@ class ConnectionMachine:
             batch = self._batch
         encode_frame_into(batch, kind, request_id, payload)
 
+    def _append_message(self, kind: int, request_id: int, message: object) -> None:
+        """Encode ``message`` as a frame straight into the batch (the serializer's fast path); a
+        frame that overflows the batch starts the next one."""
+        batch = self._batch
+        start = len(batch)
+        size = self.serialization.encode_frame_into(batch, kind, request_id, message)
+        if size > self.max_payload:
+            del batch[start:]
+            raise MessageTooLarge(
+                f"a message of {size - self.frame_overhead} bytes exceeds the largest record "
+                f"({self.max_payload} bytes of frames)"
+            )
+        if start and start + size > self.batch_limit:
+            frame = bytes(batch[start:])
+            del batch[start:]
+            self._seal_batch()
+            self._batch += frame
+
     def _seal_batch(self) -> None:
         if self._batch:
             self._sealed.append(self.records.seal(self._batch))
@@ -195,16 +216,15 @@ class ConnectionMachine:
         """Serialize ``message`` into the batch (raises UnregisteredTypeError, ConnectionClosedError,
         MessageTooLarge)."""
         self._check_open()
-        self._append(FrameKind.MESSAGE, 0, self.serialization.encode(message))
+        self._append_message(FrameKind.MESSAGE, 0, message)
         self.stats.messages_sent += 1
 
     def send_sync(self, message: object, now_ns: int, timeout_ns: int) -> int:
         """Send ``message`` and expect a SYNC_ACK once the remote's listeners handled it; returns the
         request id that :class:`SyncCompleted` or :class:`SyncTimedOut` will name."""
         self._check_open()
-        payload = self.serialization.encode(message)
         sync_id = self._next_id()
-        self._append(FrameKind.SYNC_REQUEST, sync_id, payload)
+        self._append_message(FrameKind.SYNC_REQUEST, sync_id, message)
         self._syncs[sync_id] = now_ns + timeout_ns
         self.stats.messages_sent += 1
         return sync_id
@@ -275,45 +295,48 @@ class ConnectionMachine:
             self.stats.records_dropped += 1
             return
         try:
-            frames = decode_frames(plaintext)
+            frames = self.serialization.decode_record(plaintext)
         except FrameError:
             self.stats.frame_errors += 1
             return
         self.stats.records_received += 1
         self._last_received_ns = now_ns
         events = self._events
-        for frame in frames:
-            kind = frame.kind
-            if kind == FrameKind.MESSAGE or kind == FrameKind.SYNC_REQUEST:
-                try:
-                    message = self.serialization.decode(frame.payload)
-                except SerializationError as exc:
-                    self.stats.decode_errors += 1
-                    events.append(MessageDecodeFailed(str(exc)))
-                    if kind == FrameKind.SYNC_REQUEST:
-                        self.acknowledge_sync(frame.request_id)
+        stats = self.stats
+        for kind, request_id, value in frames:
+            if kind == _MESSAGE:
+                if isinstance(value, SerializationError):
+                    stats.decode_errors += 1
+                    events.append(MessageDecodeFailed(str(value)))
                     continue
-                self.stats.messages_received += 1
-                events.append(MessageReceived(message, frame.request_id if kind == FrameKind.SYNC_REQUEST else 0))
+                stats.messages_received += 1
+                events.append(MessageReceived(value, 0))
+            elif kind == FrameKind.SYNC_REQUEST:
+                if isinstance(value, SerializationError):
+                    stats.decode_errors += 1
+                    events.append(MessageDecodeFailed(str(value)))
+                    self.acknowledge_sync(request_id)  # nothing to handle: do not keep the sender waiting
+                    continue
+                stats.messages_received += 1
+                events.append(MessageReceived(value, request_id))
             elif kind == FrameKind.SYNC_ACK:
-                if self._syncs.pop(frame.request_id, None) is not None:
-                    events.append(SyncCompleted(frame.request_id))
+                if self._syncs.pop(request_id, None) is not None:
+                    events.append(SyncCompleted(request_id))
             elif kind == FrameKind.PING:
-                if len(frame.payload) == _PING.size:
-                    (ping_wall,) = _PING.unpack(frame.payload)
-                    self._append(FrameKind.PONG, frame.request_id, _PONG.pack(ping_wall, now_ns + self.wall_offset_ns))
+                if isinstance(value, bytes) and len(value) == _PING.size:
+                    (ping_wall,) = _PING.unpack(value)
+                    self._append(FrameKind.PONG, request_id, _PONG.pack(ping_wall, now_ns + self.wall_offset_ns))
             elif kind == FrameKind.PONG:
-                sent = self._pings.pop(frame.request_id, None)
-                if sent is not None and len(frame.payload) == _PONG.size:
-                    ping_wall, pong_wall = _PONG.unpack(frame.payload)
+                sent = self._pings.pop(request_id, None)
+                if sent is not None and isinstance(value, bytes) and len(value) == _PONG.size:
+                    ping_wall, pong_wall = _PONG.unpack(value)
                     finished_wall = now_ns + self.wall_offset_ns
                     events.append(
-                        PingAcknowledged(
-                            frame.request_id, now_ns - sent[0], pong_wall - ping_wall, finished_wall - pong_wall
-                        )
+                        PingAcknowledged(request_id, now_ns - sent[0], pong_wall - ping_wall, finished_wall - pong_wall)
                     )
             elif kind == FrameKind.CLOSE:
-                self._close(by_peer=True, expired=False, reason=bytes(frame.payload).decode("utf-8", "replace"))
+                reason = bytes(value).decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else ""
+                self._close(by_peer=True, expired=False, reason=reason)
                 return
             # KEEPALIVE and the kinds reserved for RMI/streaming only prove liveness here.
 
