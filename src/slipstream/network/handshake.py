@@ -106,7 +106,7 @@ def _header(kind: PacketType, nonce: int) -> bytes:
 def _key_of(cipher: CipherState) -> bytes:
     """The key of a cipher state from a completed handshake's split (always set there)."""
     key = cipher.key
-    if key is None:
+    if not key:
         raise NoiseError("split() gave a cipher state without a key")
     return key
 
