@@ -54,6 +54,17 @@ def _dir() -> str:
     return str(Path("/dev/shm") / f"slipstream-bench-net-{uuid.uuid4().hex[:10]}")
 
 
+async def expect_async(pipe: Pipe, kind: str, timeout_s: float) -> Any:
+    """``expect`` without blocking the event loop: the endpoints (and an invoker-mode driver) keep
+    running while a worker waits for the parent."""
+    deadline = time.monotonic() + timeout_s
+    while not pipe.poll(0):
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)  # 20 looks a second: little next to what is measured
+    return expect(pipe, kind, 0)
+
+
 # -- slipstream ---------------------------------------------------------------------------------------
 
 
@@ -95,9 +106,9 @@ def slip_server(pipe: Pipe, p: Params) -> None:
             if kind == "cpu":
                 start_cpu = time.process_time()
                 pipe.send(("cpu-start", None))
-                expect(pipe, "cpu-stop", 60)
+                await expect_async(pipe, "cpu-stop", 60)
                 pipe.send(("cpu", time.process_time() - start_cpu))
-                expect(pipe, "stop", 60)
+                await expect_async(pipe, "stop", 60)
 
     asyncio.run(main())
 
@@ -166,12 +177,12 @@ def slip_client(pipe: Pipe, p: Params) -> None:
             results["rtt_p99_us"] = rtts[int(len(rtts) * 0.99)] * 1e6
             # idle CPU of the connected pair
             pipe.send(("idle", None))
-            expect(pipe, "cpu-go", 30)
+            await expect_async(pipe, "cpu-go", 30)
             start_cpu = time.process_time()
             await asyncio.sleep(p.idle_s)
             results["client_idle_cpu_s"] = time.process_time() - start_cpu
             pipe.send(("result", results))
-            expect(pipe, "close", 30)
+            await expect_async(pipe, "close", 30)
 
     asyncio.run(main())
 
@@ -235,14 +246,14 @@ def many_clients(pipe: Pipe, p: ManyParams) -> None:
         )
         clients = [Client(config) for _ in range(p.clients)]
         pipe.send(("ready", None))
-        expect(pipe, "go", 60)
+        await expect_async(pipe, "go", 60)
         start = time.perf_counter()
         results = await asyncio.gather(
             *(c.connect("127.0.0.1", p.port, timeout=60) for c in clients), return_exceptions=True
         )
         failures = [repr(r) for r in results if isinstance(r, BaseException)]
         pipe.send(("connected", (time.perf_counter() - start, len(failures), failures[:3])))
-        expect(pipe, "close", 120)
+        await expect_async(pipe, "close", 120)
         for client in clients:
             await client.close()
 

@@ -291,7 +291,9 @@ class PollGroup:
                     context = endpoint._context
                     if context is not None and id(context) not in invoked:
                         invoked.add(id(context))
-                        work += context.invoke()  # an invoker-mode driver runs here (else 0)
+                        # An invoker-mode driver runs here (else 0). Its own chores (heartbeats,
+                        # status messages) do not count as work, or an idle endpoint would never park.
+                        context.invoke()
                 for endpoint in list(self.endpoints):
                     try:
                         work += endpoint._duty_cycle(now_ns)
