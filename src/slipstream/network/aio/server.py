@@ -434,7 +434,8 @@ class Server(Endpoint):
         for link in self._links:
             work += self._handshake_cycle(link, now_ns)
         if self._starting:
-            work += self._check_starting(now_ns)
+            # Streams coming up: stay awake (an invoker-mode driver is doing their set-up now).
+            work += self._check_starting(now_ns) + 1
         for connection in list(self._connections.values()):
             work += connection._poll(now_ns)
         return work
