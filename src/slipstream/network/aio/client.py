@@ -36,6 +36,7 @@ from .transport import (
     HANDSHAKE_STREAM,
     IdleBackoff,
     host_port,
+    invoke,
     ipc_channel,
     is_local_host,
     udp_channel,
@@ -186,7 +187,7 @@ class Client(Endpoint):
         try:
             wait_until = min(deadline, started + IPC_PROBE_S) if probe else deadline
             while not (hs_pub.is_connected and hs_sub.image_count > 0):
-                context.invoke()
+                invoke(context)
                 if time.monotonic() >= wait_until:
                     if probe:
                         return None
@@ -218,7 +219,7 @@ class Client(Endpoint):
             while result is None:
                 for packet in machine.messages_to_send():
                     hs_pub.offer(packet)
-                work = context.invoke()
+                work = invoke(context)
                 work += hs_sub.poll(assembler, 256)
                 now_ns = time.monotonic_ns()
                 deadline_ns = machine.deadline_ns
@@ -300,7 +301,7 @@ class Client(Endpoint):
                 raise
         backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
         while not (subscription.image_count > 0 and publication.is_connected):
-            context.invoke()
+            invoke(context)
             if time.monotonic() >= deadline:
                 publication.close()
                 subscription.close()

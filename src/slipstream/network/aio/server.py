@@ -47,6 +47,9 @@ CONNECTION_LINGER = "500ms"
 HANDSHAKE_TERM_LENGTH = 1024 * 1024
 """The all-clients handshake channel is broadcast (MDC, max flow control): a generous term keeps a
 client that is slow to poll from being lapped while many others handshake."""
+STARTING_FACTOR = 3
+"""An accepted client's streams may take this many handshake timeouts to come up (setting up a
+publication and a subscription per client is the slow part when hundreds connect at once)."""
 OUTBOX_LIMIT = 4096
 """Handshake answers held while the handshake publication is back-pressured (the oldest go first;
 a client whose answer is lost retries)."""
@@ -348,7 +351,14 @@ class Server(Endpoint):
         self._owner[event.connection_id] = link
         link.machine.accept(event.connection_id, now_ns)
         self._starting.append(
-            _Starting(link, event, publication, subscription, now_ns + int(config.handshake_timeout * 1e9), event.port)
+            _Starting(
+                link,
+                event,
+                publication,
+                subscription,
+                now_ns + int(STARTING_FACTOR * config.handshake_timeout * 1e9),
+                event.port,
+            )
         )
 
     def _check_starting(self, now_ns: int) -> int:

@@ -23,6 +23,7 @@ __all__ = [
     "HANDSHAKE_STREAM",
     "IdleBackoff",
     "acquire_context",
+    "invoke",
     "ipc_channel",
     "parse_source",
     "release_context",
@@ -78,10 +79,29 @@ def release_context(context: Context) -> None:
                     _contexts[key] = (held, count - 1)
                     return
                 del _contexts[key]
+                _last_invoke.pop(id(context), None)
                 break
         else:
             return
     context.close()
+
+
+_last_invoke: dict[int, float] = {}
+INVOKE_GAP_S = 2e-4
+"""Coroutines waiting on one invoker-mode context share its duty cycles: at most one per this gap."""
+
+
+def invoke(context: Context) -> int:
+    """Run an invoker-mode driver's duty cycle unless one ran within ``INVOKE_GAP_S`` (many clients
+    connecting at once in one process would otherwise each run the same driver, over and over)."""
+    if not context.is_invoker:
+        return 0
+    now = time.monotonic()
+    key = id(context)
+    if now - _last_invoke.get(key, 0.0) < INVOKE_GAP_S:
+        return 0
+    _last_invoke[key] = now
+    return context.invoke()
 
 
 def host_port(host: str, port: int) -> str:
