@@ -1,19 +1,20 @@
-"""The echo protocol's lines, one-time pad and allocators, without any I/O.
+"""The echo protocol's lines, and one-time pad, without any I/O.
 
 Everything a peer sends is parsed here, strictly, before a server or client acts on it: a line
 either matches the guide's grammar exactly or raises :class:`MessageError`, so a malformed or
-hostile message is answered (or ignored) by the caller and can never crash it. The allocators are
-the guide's ``EchoServerPortAllocator``, ``EchoServerSessionAllocator`` and address counter, kept
-pure so their invariants can be property-tested.
+hostile message is answered (or ignored) by the caller and can never crash it. The allocators (the
+guide's ``EchoServerPortAllocator``, ``EchoServerSessionAllocator`` and address counter) live in
+:mod:`slipstream.client.allocation`, shared with the network layer, and are re-exported here.
 """
 
 from __future__ import annotations
 
-import random
 import re
 import secrets
 from dataclasses import dataclass
 from typing import Final
+
+from ..client.allocation import AddressCounter, AllocationError, PortAllocator, SessionAllocator
 
 __all__ = [
     "ECHO_STREAM_ID",
@@ -84,10 +85,6 @@ _ECHO_RE: Final = re.compile(r"ECHO (.*)", re.DOTALL)
 
 class MessageError(ValueError):
     """A line that does not follow the echo protocol's grammar."""
-
-
-class AllocationError(RuntimeError):
-    """No port or session id is left to allocate."""
 
 
 def to_i32(value: int) -> int:
@@ -294,128 +291,3 @@ def admission_error(duologues: int, max_clients: int, owned_by_address: int, max
     if owned_by_address >= max_per_address:
         return ERROR_TOO_MANY_CONNECTIONS
     return None
-
-
-class PortAllocator:
-    """Ports from ``[base, base + count)`` in random order, none handed out twice until freed.
-
-    The whole range is kept in memory (it is small: two ports per client): O(1) allocation and
-    freeing. Freed ports go to the back of the queue, so a port just released (whose socket may still
-    be closing) is the last to be reused.
-    """
-
-    def __init__(self, base: int, count: int, rng: random.Random | None = None) -> None:
-        if count < 1:
-            raise ValueError(f"count must be at least 1: {count}")
-        if not base > 0 or base + count - 1 > 65535:
-            raise ValueError(f"ports [{base}, {base + count}) must lie within 1..65535")
-        self.base = base
-        self.count = count
-        free = list(range(base, base + count))
-        (rng or random.SystemRandom()).shuffle(free)
-        self._free = free
-        self._head = 0
-        self._used: set[int] = set()
-
-    def allocate(self, n: int) -> tuple[int, ...]:
-        """``n`` distinct ports; raises AllocationError (allocating none) if fewer are free."""
-        if n < 0:
-            raise ValueError(f"n must not be negative: {n}")
-        if self.available < n:
-            raise AllocationError(f"too few ports available to allocate {n} (free: {self.available})")
-        ports = tuple(self._free[self._head : self._head + n])
-        self._head += n
-        if self._head > self.count:  # compact now and then, so the queue stays O(count)
-            del self._free[: self._head]
-            self._head = 0
-        self._used.update(ports)
-        return ports
-
-    def free(self, port: int) -> bool:
-        """Return ``port`` to the pool; False (and no effect) if it is not currently allocated."""
-        if port not in self._used:
-            return False
-        self._used.remove(port)
-        self._free.append(port)
-        return True
-
-    @property
-    def available(self) -> int:
-        return len(self._free) - self._head
-
-    @property
-    def in_use(self) -> frozenset[int]:
-        return frozenset(self._used)
-
-
-class SessionAllocator:
-    """Random session ids from ``[low, high]`` (inclusive), none handed out twice until freed.
-
-    The range is huge (2^31 values by default), so only allocated values are stored. Random ids make
-    a duologue's session hard to guess; when random probing keeps hitting used ids (a nearly full,
-    small range) a scan from a random start finds a free one in at most ``in_use + 1`` steps.
-    """
-
-    _PROBES: Final = 16
-
-    def __init__(self, low: int, high: int, rng: random.Random | None = None) -> None:
-        if not _I32_MIN <= low <= high <= _I32_MAX:
-            raise ValueError(f"need {_I32_MIN} <= low <= high <= {_I32_MAX}: [{low}, {high}]")
-        self.low = low
-        self.high = high
-        self._size = high - low + 1
-        self._rng = rng or random.SystemRandom()
-        self._used: set[int] = set()
-
-    def allocate(self) -> int:
-        if len(self._used) >= self._size:
-            raise AllocationError(f"no session ids left in [{self.low}, {self.high}]")
-        for _ in range(self._PROBES):
-            candidate = self.low + self._rng.randrange(self._size)
-            if candidate not in self._used:
-                self._used.add(candidate)
-                return candidate
-        offset = self._rng.randrange(self._size)
-        for step in range(len(self._used) + 1):  # pigeonhole: one of these is free
-            candidate = self.low + (offset + step) % self._size
-            if candidate not in self._used:
-                self._used.add(candidate)
-                return candidate
-        raise AssertionError("unreachable: a free session id must exist")
-
-    def free(self, session_id: int) -> bool:
-        """Make ``session_id`` available again; False if it was not allocated."""
-        if session_id not in self._used:
-            return False
-        self._used.remove(session_id)
-        return True
-
-    @property
-    def in_use(self) -> frozenset[int]:
-        return frozenset(self._used)
-
-
-class AddressCounter:
-    """How many duologues each client IP address owns (the per-address limit's bookkeeping)."""
-
-    def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
-
-    def count_for(self, address: str) -> int:
-        return self._counts.get(address, 0)
-
-    def increment(self, address: str) -> int:
-        count = self._counts[address] = self._counts.get(address, 0) + 1
-        return count
-
-    def decrement(self, address: str) -> int:
-        """One fewer; the address is forgotten at zero, so the table never outgrows live duologues."""
-        count = self._counts.get(address, 0) - 1
-        if count <= 0:
-            self._counts.pop(address, None)
-            return 0
-        self._counts[address] = count
-        return count
-
-    def __len__(self) -> int:
-        return len(self._counts)

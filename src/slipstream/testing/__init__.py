@@ -11,6 +11,7 @@ This package may use any floor below ``cli``; no floor imports it.
 
 from ..wire.address import Address
 from .clock import ManualClock
+from .connection import ConnectionPair, HandshakePair
 from .netns import (
     DropRule,
     Link,
@@ -49,9 +50,11 @@ __all__ = [
     "PUBLICATION_ADDRESS",
     "SUBSCRIPTION_ADDRESS",
     "Address",
+    "ConnectionPair",
     "Datagram",
     "DatagramHandler",
     "DropRule",
+    "HandshakePair",
     "InMemoryNetwork",
     "Link",
     "LinkConditions",

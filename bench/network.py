@@ -1,0 +1,422 @@
+"""Network layer benchmarks: encrypted typed messages (a Struct of an int, a float and a short
+string), one client to one server, throughput and round trip over UDP loopback and IPC, against
+pyzmq with CURVE and msgspec over ``tcp://`` and ``ipc://``; handshakes per second; idle CPU.
+
+    python -m bench.network [--quick] [--json PATH]
+
+Every peer runs in its own "spawn" process (``bench.Children``); every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from multiprocessing.connection import Connection as Pipe
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import Children, expect
+
+
+class Quote(msgspec.Struct):
+    id: int
+    price: float
+    symbol: str
+
+
+def _quote(i: int) -> Quote:
+    return Quote(i, i * 0.25, "ACME")
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    transport: str  # "udp" or "ipc"
+    port: int
+    directory: str
+    count: int = 200_000
+    samples: int = 5_000
+    idle_s: float = 3.0
+    handshakes: int = 30
+    driver: str = "invoker"
+    """Each process runs its embedded driver in its asyncio loop (no driver thread on the GIL)."""
+
+
+def _dir() -> str:
+    return str(Path("/dev/shm") / f"slipstream-bench-net-{uuid.uuid4().hex[:10]}")
+
+
+async def expect_async(pipe: Pipe, kind: str, timeout_s: float) -> Any:
+    """``expect`` without blocking the event loop: the endpoints (and an invoker-mode driver) keep
+    running while a worker waits for the parent."""
+    deadline = time.monotonic() + timeout_s
+    while not pipe.poll(0):
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)  # 20 looks a second: little next to what is measured
+    return expect(pipe, kind, 0)
+
+
+# -- slipstream ---------------------------------------------------------------------------------------
+
+
+def slip_server(pipe: Pipe, p: Params) -> None:
+    from slipstream.network import Connection, Server, ServerConfig
+
+    async def main() -> None:
+        config = ServerConfig(
+            app_id="bench",
+            messages=[Quote],
+            settings_store=":memory:",
+            driver_directory=p.directory,
+            driver=p.driver,
+            enable_ipc=p.transport == "ipc",
+            enable_ipv6=False,
+            term_length=4 << 20,
+            ipc_term_length=8 << 20,
+            max_clients=256,
+        )
+        async with Server(config) as server:
+            received = 0
+
+            @server.on_message(Quote)
+            def on_quote(connection: Connection, quote: Quote) -> None:
+                nonlocal received
+                received += 1
+                if quote.id < 0:  # round-trip probe: echo it
+                    connection.send_nowait(quote)
+
+            if p.transport == "ipc":
+                await server.bind_ipc()
+            else:
+                await server.bind(p.port)
+            pipe.send(("ready", None))
+            start_cpu = time.process_time()
+            while not pipe.poll(0):
+                await asyncio.sleep(0.05)
+            kind, _ = pipe.recv()
+            if kind == "cpu":
+                start_cpu = time.process_time()
+                pipe.send(("cpu-start", None))
+                await expect_async(pipe, "cpu-stop", 60)
+                pipe.send(("cpu", time.process_time() - start_cpu))
+                await expect_async(pipe, "stop", 60)
+
+    asyncio.run(main())
+
+
+def slip_client(pipe: Pipe, p: Params) -> None:
+    from slipstream.network import Client, ClientConfig
+
+    async def main() -> None:
+        config = ClientConfig(
+            app_id="bench",
+            messages=[Quote],
+            settings_store=":memory:",
+            # over UDP each side has its own driver, as on two hosts; over IPC the client uses the server's
+            driver_directory=p.directory + "-client" if p.transport == "udp" else p.directory,
+            driver=p.driver if p.transport == "udp" else "external",
+            enable_ipc=p.transport == "ipc",
+            enable_ipv6=False,
+            term_length=4 << 20,
+            ipc_term_length=8 << 20,
+        )
+        results: dict[str, Any] = {}
+        # handshakes per second: sequential connect + close
+        start = time.perf_counter()
+        for _ in range(p.handshakes):
+            async with Client(config) as client:
+                if p.transport == "ipc":
+                    await client.connect_ipc(timeout=20)
+                else:
+                    await client.connect("127.0.0.1", p.port, timeout=20)
+        results["handshakes_per_s"] = p.handshakes / (time.perf_counter() - start)
+        async with Client(config) as client:
+            if p.transport == "ipc":
+                connection = await client.connect_ipc(timeout=20)
+            else:
+                connection = await client.connect("127.0.0.1", p.port, timeout=20)
+            echoes: asyncio.Queue[float] = asyncio.Queue()
+
+            @client.on_message(Quote)
+            def on_echo(conn: Any, quote: Quote) -> None:
+                echoes.put_nowait(time.perf_counter())
+
+            # throughput
+            messages = [_quote(i) for i in range(1000)]
+            await connection.send_sync(_quote(0), timeout=10)
+            start = time.perf_counter()
+            for i in range(p.count):
+                message = messages[i % 1000]
+                if not connection.send_nowait(message):
+                    await connection.send(message)
+            await connection.send_sync(_quote(0), timeout=60)
+            elapsed = time.perf_counter() - start
+            results["throughput_msgs_per_s"] = p.count / elapsed
+            # round trip: send, the server's listener echoes, our listener sees it
+            rtts = []
+            probe = Quote(-1, 0.5, "ACME")
+            for i in range(p.samples + 200):
+                sent = time.perf_counter()
+                await connection.send(probe)
+                got = await asyncio.wait_for(echoes.get(), 5)
+                if i >= 200:
+                    rtts.append(got - sent)
+                if i % 50 == 0:
+                    await asyncio.sleep(0.0005)  # a few round trips land on a parked receiver
+            rtts.sort()
+            results["rtt_p50_us"] = rtts[len(rtts) // 2] * 1e6
+            results["rtt_p99_us"] = rtts[int(len(rtts) * 0.99)] * 1e6
+            # idle CPU of the connected pair
+            pipe.send(("idle", None))
+            await expect_async(pipe, "cpu-go", 30)
+            start_cpu = time.process_time()
+            await asyncio.sleep(p.idle_s)
+            results["client_idle_cpu_s"] = time.process_time() - start_cpu
+            pipe.send(("result", results))
+            await expect_async(pipe, "close", 30)
+
+    asyncio.run(main())
+
+
+def run_slipstream(transport: str, quick: bool) -> dict[str, Any]:
+    directory = _dir()
+    port = 47000 + os.getpid() % 1000
+    params = Params(
+        transport,
+        port,
+        directory,
+        count=50_000 if quick else 200_000,
+        samples=1000 if quick else 5000,
+        handshakes=10 if quick else 30,
+    )
+    try:
+        with Children() as children:
+            server = children.start("net-server", slip_server, params)
+            server.expect("ready", 30)
+            client = children.start("net-client", slip_client, params)
+            client.expect("idle", 300)
+            server.send("cpu")
+            server.expect("cpu-start", 10)
+            client.send("cpu-go")
+            result = client.expect("result", 60)
+            server.send("cpu-stop")
+            server_cpu = server.expect("cpu", 10)
+            client.send("close")  # the client first: over IPC it uses the server's driver
+            client.finish()
+            server.send("stop")
+            server.finish()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(directory + "-client", ignore_errors=True)
+    idle_s = params.idle_s
+    result["idle_cpu_percent_of_core"] = 100 * (result.pop("client_idle_cpu_s") + server_cpu) / idle_s
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class ManyParams:
+    port: int
+    directory: str
+    clients: int
+
+
+def many_clients(pipe: Pipe, p: ManyParams) -> None:
+    """``clients`` clients of one process connecting at once; reports when all are connected."""
+    from slipstream.network import Client, ClientConfig
+
+    async def main() -> None:
+        config = ClientConfig(
+            app_id="bench",
+            messages=[Quote],
+            settings_store=":memory:",
+            driver_directory=p.directory,
+            driver="invoker",
+            enable_ipc=False,
+            enable_ipv6=False,
+            term_length=65536,
+        )
+        clients = [Client(config) for _ in range(p.clients)]
+        pipe.send(("ready", None))
+        await expect_async(pipe, "go", 60)
+        start = time.perf_counter()
+        results = await asyncio.gather(
+            *(c.connect("127.0.0.1", p.port, timeout=60) for c in clients), return_exceptions=True
+        )
+        failures = [repr(r) for r in results if isinstance(r, BaseException)]
+        pipe.send(("connected", (time.perf_counter() - start, len(failures), failures[:3])))
+        await expect_async(pipe, "close", 120)
+        for client in clients:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def run_many(total: int, processes: int) -> dict[str, Any]:
+    """``total`` clients in ``processes`` processes connect to one server at once."""
+    directory = _dir()
+    port = 46000 + os.getpid() % 1000
+    server_params = Params("udp", port, directory)
+    try:
+        with Children() as children:
+            server = children.start("net-server", slip_server, server_params)
+            server.expect("ready", 30)
+            workers = [
+                children.start(f"clients-{i}", many_clients, ManyParams(port, f"{directory}-c{i}", total // processes))
+                for i in range(processes)
+            ]
+            for worker in workers:
+                worker.expect("ready", 60)
+            start = time.perf_counter()
+            for worker in workers:
+                worker.send("go")
+            outcomes = [worker.expect("connected", 120) for worker in workers]
+            elapsed = time.perf_counter() - start
+            failed = sum(outcome[1] for outcome in outcomes)
+            errors = [error for outcome in outcomes for error in outcome[2]][:3]
+            for worker in workers:
+                worker.send("close")
+            server.send("stop")
+    finally:
+        for path in Path("/dev/shm").glob(Path(directory).name + "*"):
+            shutil.rmtree(path, ignore_errors=True)
+    return {"clients": total, "processes": processes, "all_connected_s": elapsed, "failed": failed, "errors": errors}
+
+
+# -- pyzmq + CURVE + msgspec --------------------------------------------------------------------------
+
+
+def zmq_server(pipe: Pipe, args: tuple[str, bytes, bytes]) -> None:
+    import zmq
+
+    endpoint, public, secret = args
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.ROUTER)
+    pull.curve_server = True
+    pull.curve_publickey = public
+    pull.curve_secretkey = secret
+    pull.setsockopt(zmq.RCVTIMEO, 200)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.bind(endpoint)
+    decoder = msgspec.msgpack.Decoder(Quote)
+    encoder = msgspec.msgpack.Encoder()
+    pipe.send(("ready", None))
+    while not pipe.poll(0):
+        try:
+            identity, data = pull.recv_multipart()
+        except zmq.Again:
+            continue
+        quote = decoder.decode(data)
+        if quote.id < 0 or quote.id == 999_999_999:
+            pull.send_multipart([identity, encoder.encode(quote)])
+    pull.close()
+    ctx.term()
+
+
+def zmq_client(pipe: Pipe, args: tuple[str, bytes, int, int]) -> None:
+    import zmq
+
+    endpoint, server_public, count, samples = args
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    public, secret = zmq.curve_keypair()
+    sock.curve_serverkey = server_public
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    encoder = msgspec.msgpack.Encoder()
+    decoder = msgspec.msgpack.Decoder(Quote)
+    sock.send(encoder.encode(Quote(999_999_999, 0, "x")))
+    decoder.decode(sock.recv())
+    messages = [_quote(i) for i in range(1000)]
+    start = time.perf_counter()
+    for i in range(count):
+        sock.send(encoder.encode(messages[i % 1000]))
+    sock.send(encoder.encode(Quote(999_999_999, 0, "x")))
+    decoder.decode(sock.recv())
+    elapsed = time.perf_counter() - start
+    rtts = []
+    probe = Quote(-1, 0.5, "ACME")
+    for i in range(samples + 200):
+        sent = time.perf_counter()
+        sock.send(encoder.encode(probe))
+        decoder.decode(sock.recv())
+        if i >= 200:
+            rtts.append(time.perf_counter() - sent)
+    rtts.sort()
+    pipe.send(
+        (
+            "result",
+            {
+                "throughput_msgs_per_s": count / elapsed,
+                "rtt_p50_us": rtts[len(rtts) // 2] * 1e6,
+                "rtt_p99_us": rtts[int(len(rtts) * 0.99)] * 1e6,
+            },
+        )
+    )
+    sock.close()
+    ctx.term()
+
+
+def run_zmq(kind: str, quick: bool) -> dict[str, Any]:
+    import zmq
+
+    scratch = tempfile.mkdtemp(prefix="bench-zmq-")
+    endpoint = f"ipc://{scratch}/sock" if kind == "ipc" else f"tcp://127.0.0.1:{48000 + os.getpid() % 1000}"
+    public, secret = zmq.curve_keypair()
+    try:
+        with Children() as children:
+            server = children.start("zmq-server", zmq_server, (endpoint, public, secret))
+            server.expect("ready", 30)
+            client = children.start(
+                "zmq-client", zmq_client, (endpoint, public, 50_000 if quick else 200_000, 1000 if quick else 5000)
+            )
+            result = client.expect("result", 120)
+            server.send("stop")
+            client.finish()
+            server.finish()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return dict(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {}
+    for transport in ("udp", "ipc"):
+        results[f"slipstream-{transport}"] = run_slipstream(transport, args.quick)
+        print(transport, json.dumps(results[f"slipstream-{transport}"], indent=None), flush=True)
+    results["connect-200"] = run_many(200 if not args.quick else 100, 4)
+    print("many", json.dumps(results["connect-200"]), flush=True)
+    for kind in ("tcp", "ipc"):
+        results[f"zmq-curve-{kind}"] = run_zmq(kind, args.quick)
+        print("zmq", kind, json.dumps(results[f"zmq-curve-{kind}"]), flush=True)
+    for transport, kind in (("udp", "tcp"), ("ipc", "ipc")):
+        ours, theirs = results[f"slipstream-{transport}"], results[f"zmq-curve-{kind}"]
+        results[f"ratio-{transport}"] = {
+            "throughput": ours["throughput_msgs_per_s"] / theirs["throughput_msgs_per_s"],
+            "rtt_p50": ours["rtt_p50_us"] / theirs["rtt_p50_us"],
+        }
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""The application layer: servers, clients and connections over slipstream's transport.
+
+Asyncio-first, as the seed library (dorkbox Network) in Python's spelling: ``Server``/``Client`` with
+listener decorators, a Noise XX handshake, every record after it encrypted (ChaCha20-Poly1305 with
+counter nonces and a replay window), typed messages with msgspec, ping and ``send_sync``. The core
+is sans-I/O (``handshake``, ``connection``); ``aio`` is the adapter.
+
+    async with Server(ServerConfig(app_id="chat", messages=[Hello])) as server:
+        @server.on_message(Hello)
+        async def hello(connection, message): await connection.send(message)
+        await server.bind(20000)
+"""
+
+from .aio import Client, Connection, Ping, Server
+from .config import ClientConfig, ConfigError, ConfigTypeError, ServerConfig
+from .errors import (
+    ClientError,
+    ClientRejected,
+    ConnectionClosedError,
+    ConnectionNotPermitted,
+    ConnectTimeout,
+    MessageDecodeError,
+    MessageDispatchError,
+    MessageTooLarge,
+    NetworkError,
+    PingTimeout,
+    RegistrationMismatch,
+    SendSyncTimeout,
+    SendTimeout,
+    ServerError,
+    ServerFull,
+    ServerKeyChanged,
+    TooManyConnectionsForAddress,
+    UnregisteredTypeError,
+)
+
+__all__ = [
+    "Client",
+    "ClientConfig",
+    "ClientError",
+    "ClientRejected",
+    "ConfigError",
+    "ConfigTypeError",
+    "ConnectTimeout",
+    "Connection",
+    "ConnectionClosedError",
+    "ConnectionNotPermitted",
+    "MessageDecodeError",
+    "MessageDispatchError",
+    "MessageTooLarge",
+    "NetworkError",
+    "Ping",
+    "PingTimeout",
+    "RegistrationMismatch",
+    "SendSyncTimeout",
+    "SendTimeout",
+    "Server",
+    "ServerConfig",
+    "ServerError",
+    "ServerFull",
+    "ServerKeyChanged",
+    "TooManyConnectionsForAddress",
+    "UnregisteredTypeError",
+]

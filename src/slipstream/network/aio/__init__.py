@@ -1,0 +1,7 @@
+"""The asyncio adapter: the only part of the network layer that touches an event loop."""
+
+from .client import Client
+from .connection import Connection, Ping
+from .server import Server
+
+__all__ = ["Client", "Connection", "Ping", "Server"]

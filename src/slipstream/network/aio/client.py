@@ -1,0 +1,372 @@
+"""``Client``: connects to a server over UDP (NAT-friendly) or IPC, with automatic IPC for a server
+on this host when both sides enable it, and UDP as the fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import time
+from typing import Any
+
+from ...client import DriverError, FragmentAssembler, Header
+from ..admission import RejectReason
+from ..config import LOCALHOST_ALIASES, ClientConfig
+from ..connection import ConnectionMachine, PlainRecords
+from ..errors import (
+    ClientError,
+    ClientRejected,
+    ConnectionNotPermitted,
+    ConnectTimeout,
+    RegistrationMismatch,
+    ServerFull,
+    ServerKeyChanged,
+    TooManyConnectionsForAddress,
+)
+from ..events import HandshakeCompleted, HandshakeTimedOut, Rejected
+from ..handshake import BAD_APP_ID, KEY_CHANGED, REGISTRATION_MISMATCH_LOCAL, ClientHandshake
+from ..session import RecordLayer
+from .connection import Connection
+from .endpoint import Endpoint
+from .transport import (
+    HANDSHAKE_IPC_REPLY_STREAM,
+    HANDSHAKE_IPC_STREAM,
+    HANDSHAKE_STREAM,
+    IdleBackoff,
+    host_port,
+    invoke,
+    ipc_channel,
+    is_local_host,
+    udp_channel,
+)
+
+__all__ = ["Client"]
+
+log = logging.getLogger("slipstream.network.client")
+
+IPC_PROBE_S = 0.5
+"""How long automatic IPC waits for a server on this host before falling back to UDP."""
+
+
+def rejection_error(event: Rejected, where: str) -> ClientRejected:
+    """The exception for a server's (or our own) rejection reason."""
+    text = f"{where}: {event.message}"
+    reason = event.reason
+    if reason == KEY_CHANGED:
+        return ServerKeyChanged(text)
+    if reason in (REGISTRATION_MISMATCH_LOCAL, BAD_APP_ID, int(RejectReason.REGISTRATION_MISMATCH)):
+        return RegistrationMismatch(text)
+    if reason == int(RejectReason.SERVER_FULL):
+        return ServerFull(text)
+    if reason == int(RejectReason.TOO_MANY_FOR_ADDRESS):
+        return TooManyConnectionsForAddress(text)
+    if reason in (int(RejectReason.NOT_PERMITTED), int(RejectReason.KEY_NOT_ALLOWED), int(RejectReason.BAD_TAG)):
+        return ConnectionNotPermitted(text)
+    return ClientRejected(text)
+
+
+class Client(Endpoint):
+    """An application client: ``async with Client(config) as client: c = await client.connect(host, port)``."""
+
+    _role = "client"
+
+    def __init__(self, config: ClientConfig) -> None:
+        if not isinstance(config, ClientConfig):
+            raise TypeError(f"Client needs a ClientConfig, not {type(config).__name__}")
+        super().__init__(config)
+        self.config: ClientConfig = config
+        self.connection: Connection | None = None
+        """The current connection (None before connecting and after it ended)."""
+        self._last_target: tuple[str | None, int, int | None, float | None] | None = None
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- connecting -------------------------------------------------------------------------------
+
+    async def connect(
+        self, host: str, port: int, control_port: int | None = None, timeout: float | None = None
+    ) -> Connection:
+        """Connect to the server at ``host:port`` (handshake port; its control port defaults to
+        ``port + 1``). Raises a ClientRejected subclass or ConnectTimeout."""
+        if not isinstance(port, int) or not 1 <= port <= 65534:
+            raise ValueError(f"port must be in 1..65534: {port!r}")
+        control_port = port + 1 if control_port is None else control_port
+        timeout_s = self.config.connect_timeout if timeout is None else timeout
+        if timeout_s <= 0:
+            raise ValueError(f"timeout must be positive: {timeout_s}")
+        self._last_target = (host, port, control_port, timeout_s)
+        if self.connection is not None and not self.connection.is_closed:
+            raise ClientError(f"already connected (connection {self.connection.id}); close it first")
+        config = self.config
+        deadline = time.monotonic() + timeout_s
+        udp = config.enable_ipv4 or config.enable_ipv6
+        if config.enable_ipc and (is_local_host(host) or not udp):
+            connection = await self._attempt(None, port, None, deadline, probe=udp)
+            if connection is not None:
+                return connection
+        if not udp:
+            raise ConnectTimeout(f"no IPC server for port {port} answered within {timeout_s:g} s")
+        address = self._resolve(host)
+        connection = await self._attempt(address, port, control_port, deadline, probe=False)
+        assert connection is not None
+        return connection
+
+    async def connect_ipc(self, timeout: float | None = None) -> Connection:
+        """Connect over IPC to a server that called ``bind_ipc``."""
+        if not self.config.enable_ipc:
+            raise ClientError("enable_ipc is False in this client's config")
+        timeout_s = self.config.connect_timeout if timeout is None else timeout
+        self._last_target = (None, 0, None, timeout_s)
+        connection = await self._attempt(None, 0, None, time.monotonic() + timeout_s, probe=False)
+        assert connection is not None
+        return connection
+
+    async def reconnect(self) -> Connection:
+        """Connect again to the last target (closing the current connection first, if any)."""
+        if self._last_target is None:
+            raise ClientError("reconnect() before any connect()")
+        if self.connection is not None and not self.connection.is_closed:
+            await self.connection.close()
+        host, port, control_port, timeout_s = self._last_target
+        if host is None:
+            return await self.connect_ipc(timeout_s)
+        return await self.connect(host, port, control_port, timeout_s)
+
+    def _resolve(self, host: str) -> str:
+        config = self.config
+        if host in LOCALHOST_ALIASES:
+            if host == "::1" or (config.enable_ipv6 and not config.enable_ipv4):
+                return "::1"
+            return "127.0.0.1"
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            family = socket.AF_INET6 if config.enable_ipv6 and not config.enable_ipv4 else socket.AF_INET
+            try:
+                infos = socket.getaddrinfo(host, None, family, socket.SOCK_DGRAM)
+            except OSError as exc:
+                raise ClientError(f"cannot resolve {host!r}: {exc}") from None
+            return str(infos[0][4][0])
+        if address.version == 4 and not config.enable_ipv4:
+            raise ClientError(f"{host} is IPv4 but enable_ipv4 is False")
+        if address.version == 6 and not config.enable_ipv6:
+            raise ClientError(f"{host} is IPv6 but enable_ipv6 is False")
+        return host
+
+    async def _attempt(
+        self, host: str | None, port: int, control_port: int | None, deadline: float, *, probe: bool
+    ) -> Connection | None:
+        """One connection attempt. ``probe``: an automatic-IPC try that gives up quietly (None) when
+        no server answers within IPC_PROBE_S."""
+        config = self.config
+        context = self._acquire_context()
+        where = f"IPC (port {port})" if host is None else f"{host_port(host, port)}"
+        started = time.monotonic()
+        try:
+            if host is None:
+                hs_sub = context.add_subscription(ipc_channel(), HANDSHAKE_IPC_REPLY_STREAM + port)
+                hs_pub = context.add_exclusive_publication(ipc_channel(), HANDSHAKE_IPC_STREAM + port)
+            else:
+                assert control_port is not None
+                hs_sub = context.add_subscription(
+                    udp_channel(control=host_port(host, control_port), control_mode="dynamic"), HANDSHAKE_STREAM
+                )
+                hs_pub = context.add_exclusive_publication(
+                    udp_channel(endpoint=host_port(host, port)), HANDSHAKE_STREAM
+                )
+        except BaseException:
+            self._release_if_idle()
+            raise
+        backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
+        try:
+            wait_until = min(deadline, started + IPC_PROBE_S) if probe else deadline
+            while not (hs_pub.is_connected and hs_sub.image_count > 0):
+                invoke(context)
+                if time.monotonic() >= wait_until:
+                    if probe:
+                        return None
+                    raise ConnectTimeout(f"no server answered at {where} within {time.monotonic() - started:.1f} s")
+                await backoff.idle(time.monotonic())
+            now_ns = time.monotonic_ns()
+            remaining_ns = int((deadline - time.monotonic()) * 1e9)
+            pinned = self.store.pinned_key(host or "ipc") if host is not None else None
+            machine = ClientHandshake(
+                app_id=config.app_id,
+                tag=config.tag,
+                static_private=self.private_key,
+                description=self.serialization.description(),
+                describe_difference=self.serialization.first_difference,
+                pinned_key=pinned,
+                allow_key_change=config.allow_key_change,
+                now_ns=now_ns,
+                timeout_ns=max(1, remaining_ns),
+                plaintext_ipc=host is None and not config.encrypt_ipc,
+            )
+            machine.start(now_ns)
+
+            def on_packet(payload: memoryview, header: Header) -> None:
+                machine.receive(bytes(payload), time.monotonic_ns())
+
+            assembler = FragmentAssembler(on_packet)
+            backoff.reset()
+            result: HandshakeCompleted | None = None
+            while result is None:
+                for packet in machine.messages_to_send():
+                    hs_pub.offer(packet)
+                work = invoke(context)
+                work += hs_sub.poll(assembler, 256)
+                now_ns = time.monotonic_ns()
+                deadline_ns = machine.deadline_ns
+                if deadline_ns is not None and now_ns >= deadline_ns:
+                    machine.handle_timer(now_ns)
+                for event in machine.take_events():
+                    if isinstance(event, HandshakeCompleted):
+                        result = event
+                    elif isinstance(event, Rejected):
+                        raise rejection_error(event, f"server at {where}")
+                    elif isinstance(event, HandshakeTimedOut):
+                        raise ConnectTimeout(f"no handshake with the server at {where} within {event.waited_s:.1f} s")
+                if result is None:
+                    if work:
+                        backoff.reset()
+                    await backoff.idle(time.monotonic())
+        finally:
+            for item in (hs_pub, hs_sub):
+                with contextlib.suppress(DriverError):
+                    item.close()
+        if host is not None and machine.remote_public_key is not None:
+            self.store.pin(host, machine.remote_public_key)
+        try:
+            return await self._open(result, host, control_port, port, deadline, where, machine.plaintext)
+        except BaseException:
+            self._release_if_idle()
+            raise
+
+    async def _open(
+        self,
+        done: HandshakeCompleted,
+        host: str | None,
+        control_port: int | None,
+        port: int,
+        deadline: float,
+        where: str,
+        plaintext: bool,
+    ) -> Connection:
+        config = self.config
+        context = self._acquire_context()
+        if host is not None:
+            reliable = None if config.reliable else False
+            local = None if config.port is None else host_port("::" if ":" in host else "0.0.0.0", config.port)
+            subscription = context.add_subscription(
+                udp_channel(
+                    endpoint=local,
+                    control=host_port(host, done.control_port),
+                    control_mode="dynamic",
+                    session_id=done.server_session_id,
+                    reliable=reliable,
+                ),
+                done.server_stream_id,
+            )
+            try:
+                publication = context.add_exclusive_publication(
+                    udp_channel(
+                        endpoint=host_port(host, port),
+                        session_id=done.client_session_id,
+                        term_length=config.term_length,
+                        mtu=config.network_mtu,
+                        linger="500ms",
+                    ),
+                    done.client_stream_id,
+                )
+            except BaseException:
+                subscription.close()
+                raise
+        else:
+            subscription = context.add_subscription(
+                ipc_channel(session_id=done.server_session_id), done.server_stream_id
+            )
+            try:
+                publication = context.add_exclusive_publication(
+                    ipc_channel(session_id=done.client_session_id, term_length=config.ipc_term_length),
+                    done.client_stream_id,
+                )
+            except BaseException:
+                subscription.close()
+                raise
+        backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
+        while not (subscription.image_count > 0 and publication.is_connected):
+            invoke(context)
+            if time.monotonic() >= deadline:
+                publication.close()
+                subscription.close()
+                raise ConnectTimeout(f"the server at {where} accepted but its connection streams did not come up")
+            await backoff.idle(time.monotonic())
+        records: Any = PlainRecords() if plaintext else RecordLayer(done.send_key, done.receive_key)
+        expiry_ns = done.connection_expiry_ns or int(config.connection_expiry * 1e9)
+        machine = ConnectionMachine(
+            records=records,
+            serialization=self.serialization,
+            now_ns=time.monotonic_ns(),
+            expiry_ns=min(expiry_ns, int(config.connection_expiry * 1e9)),
+            batch_limit=publication.max_payload_length - 24,
+            max_record=publication.max_message_length,
+            wall_offset_ns=time.time_ns() - time.monotonic_ns(),
+        )
+        connection = Connection(
+            endpoint=self,
+            connection_id=done.connection_id,
+            machine=machine,
+            publication=publication,
+            subscription=subscription,
+            remote_address=host,
+            remote_port=None if host is None else port,
+            tag=config.tag,
+            remote_public_key=done.remote_public_key,
+            send_timeout=config.send_timeout,
+        )
+        self.connection = connection
+        self._start_poller()
+        self._connection_up(connection)
+        return connection
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def _duty_cycle(self, now_ns: int) -> int:
+        connection = self.connection
+        if connection is None:
+            return 0
+        return connection._poll(now_ns)
+
+    def _release_connection(self, connection: Connection) -> None:
+        if self.connection is connection:
+            self.connection = None
+        self._close_streams_later(connection)
+
+    def _release_if_idle(self) -> None:
+        if self.connection is None and not self._polling:
+            self._release_context()
+
+    def remove_server_key(self, host: str) -> None:
+        """Forget the pinned key of the server at ``host`` (after a legitimate key change)."""
+        self.store.remove_pin(host)
+
+    async def close(self) -> None:
+        """Close the connection (the server hears CLOSE at once) and release the driver."""
+        connection = self.connection
+        if connection is not None and not connection.is_closed:
+            connection._machine.close("client closing")
+            connection._flush()
+            connection._process_events()
+        await self._wait_closings()
+        await self._stop_poller()
+        self._release_context()
+        self.store.close()
+
+    async def _sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)

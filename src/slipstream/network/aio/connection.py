@@ -1,0 +1,372 @@
+"""``Connection`` and the listener machinery shared by servers and clients (the asyncio adapter).
+
+Plain listeners run inline on the receive path (the fastest way: no task per message); coroutine
+listeners are scheduled as tasks so they never block it. Whatever a listener raises goes to the
+endpoint's ``on_error`` listeners and never kills the connection or the endpoint. A message nobody
+listens for is reported to ``on_error`` (MessageDispatchError), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ...client import (
+    ADMIN_ACTION,
+    CLOSED,
+    MAX_POSITION_EXCEEDED,
+    ExclusivePublication,
+    FragmentAssembler,
+    Header,
+    Subscription,
+)
+from ..connection import ConnectionMachine
+from ..errors import (
+    ConnectionClosedError,
+    MessageDecodeError,
+    PingTimeout,
+    SendSyncTimeout,
+    SendTimeout,
+)
+from ..events import (
+    Closed,
+    MessageDecodeFailed,
+    MessageReceived,
+    PingAcknowledged,
+    PingTimedOut,
+    SyncCompleted,
+    SyncTimedOut,
+)
+
+if TYPE_CHECKING:
+    from .endpoint import Endpoint
+
+__all__ = ["Connection", "ConnectionListener", "ErrorListener", "Listeners", "MessageListener", "Ping"]
+
+log = logging.getLogger("slipstream.network")
+
+F = TypeVar("F", bound=Callable[..., Any])
+ConnectionListener = Callable[["Connection"], "Awaitable[None] | None"]
+MessageListener = Callable[["Connection", Any], "Awaitable[None] | None"]
+ErrorListener = Callable[["Connection | None", BaseException], "Awaitable[None] | None"]
+
+BACKLOG_LIMIT = 256
+"""Sealed records waiting for the transport beyond which ``send`` waits and ``send_nowait`` refuses."""
+_SEAL_FLUSH = 8
+"""Records sealed within one loop step after which ``send`` offers them at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """A ping's result, as the seed's ``Ping``: seconds. ``outbound``/``inbound`` use each side's
+    wall clock, so they include the difference between the two clocks."""
+
+    round_trip: float
+    outbound: float
+    inbound: float
+
+
+class Listeners:
+    """Listener lists with decorators; message listeners by type, looked up along the MRO (most
+    specific type first) and cached."""
+
+    def __init__(self) -> None:
+        self.init: list[ConnectionListener] = []
+        self.connect: list[ConnectionListener] = []
+        self.disconnect: list[ConnectionListener] = []
+        self.error: list[ErrorListener] = []
+        self._messages: dict[type, list[MessageListener]] = {}
+        self._cache: dict[type, tuple[MessageListener, ...]] = {}
+
+    def add_message(self, kind: type, listener: MessageListener) -> None:
+        """Call ``listener`` for messages of ``kind`` and its subclasses."""
+        if not isinstance(kind, type):
+            raise TypeError(f"on_message needs a type: {kind!r}")
+        self._messages.setdefault(kind, []).append(listener)
+        self._cache.clear()
+
+    def for_type(self, kind: type) -> tuple[MessageListener, ...]:
+        """The listeners for a message of type ``kind``, most specific type first."""
+        found = self._cache.get(kind)
+        if found is None:
+            found = tuple(listener for base in kind.__mro__ for listener in self._messages.get(base, ()))
+            self._cache[kind] = found
+        return found
+
+    def clear(self) -> None:
+        """Forget every listener."""
+        for items in (self.init, self.connect, self.disconnect, self.error):
+            items.clear()
+        self._messages.clear()
+        self._cache.clear()
+
+
+class Connection:
+    """One connection between a server and a client; the same ``id`` on both sides.
+
+    Made by servers and clients, never directly."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: Endpoint,
+        connection_id: int,
+        machine: ConnectionMachine,
+        publication: ExclusivePublication,
+        subscription: Subscription,
+        remote_address: str | None,
+        remote_port: int | None,
+        tag: str,
+        remote_public_key: bytes,
+        send_timeout: float,
+    ) -> None:
+        self.id = connection_id
+        """The server's session id for this connection (the same on both sides)."""
+        self.remote_address = remote_address
+        """The peer's IP address (None for IPC)."""
+        self.remote_port = remote_port
+        """The peer's source port as the server sees it (None for IPC and on clients' side)."""
+        self.tag = tag
+        self.remote_public_key = remote_public_key
+        """The peer's long-term Noise public key (32 bytes)."""
+        self.send_timeout = send_timeout
+        self.last_refusal: str | None = None
+        """Why the last ``send_nowait`` returned False."""
+        self._endpoint = endpoint
+        self._machine = machine
+        self._publication = publication
+        self._subscription = subscription
+        self._assembler = FragmentAssembler(self._on_fragment)
+        self._listeners = Listeners()
+        self._backlog: deque[bytes] = deque()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._flush_scheduled = False
+        self._syncs: dict[int, asyncio.Future[None]] = {}
+        self._pings: dict[int, asyncio.Future[Ping]] = {}
+        self._closed_event = asyncio.Event()
+        self._disconnected = False
+        self._loop = asyncio.get_running_loop()
+        self._now_ns = time.monotonic_ns()
+
+    # -- public -----------------------------------------------------------------------------------
+
+    @property
+    def is_ipc(self) -> bool:
+        """True for a shared-memory connection."""
+        return self.remote_address is None
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the connection ended (closed here, by the peer, or expired)."""
+        return self._machine.closed
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: messages and records both ways, and records dropped (tampered, replayed...)."""
+        records = self._machine.records
+        machine = self._machine.stats
+        return {
+            "messages_sent": machine.messages_sent,
+            "messages_received": machine.messages_received,
+            "records_sent": machine.records_sent,
+            "records_received": machine.records_received,
+            "records_dropped": machine.records_dropped,
+            "decode_errors": machine.decode_errors,
+            "rejected_malformed": int(getattr(records, "rejected_malformed", 0)),
+            "rejected_tampered": int(getattr(records, "rejected_tampered", 0)),
+            "rejected_replayed": int(getattr(records, "rejected_replayed", 0)),
+        }
+
+    def on_message(self, kind: type) -> Callable[[F], F]:
+        """Decorator: ``listener(connection, message)`` for messages of ``kind`` on this connection."""
+
+        def register(listener: F) -> F:
+            self._listeners.add_message(kind, listener)
+            return listener
+
+        return register
+
+    def on_disconnect(self, listener: F) -> F:
+        """Decorator: ``listener(connection)`` when this connection ends."""
+        self._listeners.disconnect.append(listener)
+        return listener
+
+    def send_nowait(self, message: object) -> bool:
+        """Hand ``message`` to the connection without waiting; False (and ``last_refusal``) when it
+        is closed or back-pressured. An unregistered type raises UnregisteredTypeError."""
+        if self._machine.closed:
+            self.last_refusal = "closed"
+            return False
+        if len(self._backlog) >= BACKLOG_LIMIT:
+            self.last_refusal = "back-pressured"
+            return False
+        self._machine.send(message)
+        self._after_append()
+        return True
+
+    async def send(self, message: object) -> None:
+        """Send ``message``, waiting out back-pressure up to ``send_timeout``; raises
+        ConnectionClosedError, SendTimeout, UnregisteredTypeError."""
+        if len(self._backlog) >= BACKLOG_LIMIT:
+            await self._wait_room()
+        self._machine.send(message)
+        self._after_append()
+
+    async def send_sync(self, message: object, timeout: float | None = None) -> None:
+        """Send ``message`` and wait until the remote's listeners have handled it."""
+        if len(self._backlog) >= BACKLOG_LIMIT:
+            await self._wait_room()
+        timeout_s = self.send_timeout if timeout is None else timeout
+        sync_id = self._machine.send_sync(message, time.monotonic_ns(), int(timeout_s * 1e9))
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._syncs[sync_id] = future
+        self._after_append()
+        await future
+
+    async def ping(self, timeout: float | None = None) -> Ping:
+        """Round trip to the peer and back (raises PingTimeout, ConnectionClosedError)."""
+        timeout_s = self.send_timeout if timeout is None else timeout
+        ping_id = self._machine.ping(time.monotonic_ns(), int(timeout_s * 1e9))
+        future: asyncio.Future[Ping] = self._loop.create_future()
+        self._pings[ping_id] = future
+        self._after_append()
+        return await future
+
+    async def close(self) -> None:
+        """Close gracefully: the peer hears CLOSE at once; ``on_disconnect`` runs on both sides."""
+        if not self._machine.closed:
+            self._machine.close("closed by the application")
+            self._flush()
+            self._process_events()
+        await self._closed_event.wait()
+
+    async def wait_closed(self, timeout: float | None = None) -> bool:
+        """Wait until the connection has ended (True) or ``timeout`` seconds passed (False)."""
+        try:
+            await asyncio.wait_for(self._closed_event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        where = "IPC" if self.is_ipc else f"{self.remote_address}:{self.remote_port}"
+        return f"<Connection {self.id} {where}{' closed' if self.is_closed else ''}>"
+
+    # -- sending internals ------------------------------------------------------------------------
+
+    async def _wait_room(self) -> None:
+        deadline = self._loop.time() + self.send_timeout
+        while len(self._backlog) >= BACKLOG_LIMIT:
+            if self._machine.closed:
+                raise ConnectionClosedError("the connection is closed")
+            self._room.clear()
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                raise SendTimeout(f"connection {self.id}: the transport took nothing for {self.send_timeout:g} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), remaining)
+
+    def _after_append(self) -> None:
+        self._endpoint._kick()
+        if self._machine.sealed_count >= _SEAL_FLUSH:
+            self._flush()
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self._flush()
+
+    def _flush(self) -> int:
+        """Offer sealed records in order; what the transport refuses waits in the backlog."""
+        machine = self._machine
+        backlog = self._backlog
+        if machine.has_pending:
+            backlog.extend(machine.messages_to_send(time.monotonic_ns()))
+        offered = 0
+        publication = self._publication
+        while backlog:
+            result = publication.offer(backlog[0])
+            if result >= 0:
+                backlog.popleft()
+                offered += 1
+                continue
+            if result == ADMIN_ACTION:
+                continue
+            if result in (CLOSED, MAX_POSITION_EXCEEDED):
+                backlog.clear()
+            break
+        if len(backlog) < BACKLOG_LIMIT and not self._room.is_set():
+            self._room.set()
+        return offered
+
+    # -- receiving internals ----------------------------------------------------------------------
+
+    def _on_fragment(self, payload: memoryview, header: Header) -> None:
+        self._machine.receive(payload, self._now_ns)
+        self._process_events()
+
+    def _poll(self, now_ns: int) -> int:
+        """One duty cycle: receive, run timers, flush. Returns the work done."""
+        self._now_ns = now_ns
+        machine = self._machine
+        work = 0
+        if not machine.closed:
+            work = self._subscription.poll(self._assembler, 64)
+        deadline = machine.deadline_ns
+        if deadline is not None and now_ns >= deadline:
+            machine.handle_timer(now_ns)
+            self._process_events()
+        if self._backlog or machine.has_pending:
+            work += self._flush()
+        return work
+
+    def _process_events(self) -> None:
+        endpoint = self._endpoint
+        for event in self._machine.take_events():
+            if isinstance(event, MessageReceived):
+                endpoint._dispatch_message(self, event.message, event.sync_id)
+            elif isinstance(event, SyncCompleted):
+                future = self._syncs.pop(event.sync_id, None)
+                if future is not None and not future.done():
+                    future.set_result(None)
+            elif isinstance(event, PingAcknowledged):
+                ping = self._pings.pop(event.ping_id, None)
+                if ping is not None and not ping.done():
+                    ping.set_result(Ping(event.round_trip_ns / 1e9, event.outbound_ns / 1e9, event.inbound_ns / 1e9))
+            elif isinstance(event, SyncTimedOut):
+                future = self._syncs.pop(event.sync_id, None)
+                if future is not None and not future.done():
+                    future.set_exception(SendSyncTimeout(f"connection {self.id}: no acknowledgement in time"))
+            elif isinstance(event, PingTimedOut):
+                ping = self._pings.pop(event.ping_id, None)
+                if ping is not None and not ping.done():
+                    ping.set_exception(PingTimeout(f"connection {self.id}: no pong in time"))
+            elif isinstance(event, MessageDecodeFailed):
+                endpoint._report_error(self, MessageDecodeError(f"connection {self.id}: {event.reason}"))
+            elif isinstance(event, Closed):
+                self._flush()
+                endpoint._connection_closed(self, event)
+
+    def _fail_waiters(self) -> None:
+        error = ConnectionClosedError(f"connection {self.id} is closed")
+        for futures in (self._syncs, self._pings):
+            for future in futures.values():
+                if not future.done():
+                    future.set_exception(error)
+            futures.clear()
+        self._room.set()
+
+
+def is_coroutine_result(result: object) -> bool:
+    """Did a listener return something to await (an ``async def`` listener)?"""
+    return inspect.isawaitable(result)

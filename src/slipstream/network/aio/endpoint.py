@@ -1,0 +1,309 @@
+"""What servers and clients share: listeners, dispatch, the poller task, the driver context."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
+
+from ...client import Context, DriverError
+from ..config import ClientConfig, ServerConfig
+from ..errors import MessageDispatchError
+from ..events import Closed
+from ..serialization import Serialization
+from ..store import SettingsStore
+from .connection import Connection, Listeners, is_coroutine_result
+from .transport import IdleBackoff, acquire_context, release_context
+
+__all__ = ["CLOSE_GRACE_S", "Endpoint", "PollGroup"]
+
+CLOSE_GRACE_S = 0.05
+"""After the CLOSE frame was handed to the transport, how long before its publication is closed."""
+
+log = logging.getLogger("slipstream.network")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Endpoint:
+    """Base of Server and Client: listener decorators and the machinery behind them."""
+
+    _role = "endpoint"
+
+    def __init__(self, config: ServerConfig | ClientConfig) -> None:
+        self.config = config
+        self.listeners = Listeners()
+        self.serialization = Serialization(config.messages)
+        path = config.store_path(self._role)
+        if path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.store = SettingsStore(path)
+        self.private_key, self.public_key = self.store.identity()
+        self._context: Context | None = None
+        self._polling = False
+        self._closings: set[asyncio.Task[None]] = set()
+        self._group: PollGroup | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+
+    # -- listener decorators ----------------------------------------------------------------------
+
+    def on_init(self, listener: F) -> F:
+        """Decorator: ``listener(connection)`` before ``on_connect``, for per-connection set-up."""
+        self.listeners.init.append(listener)
+        return listener
+
+    def on_connect(self, listener: F) -> F:
+        """Decorator: ``listener(connection)`` when a connection is up."""
+        self.listeners.connect.append(listener)
+        return listener
+
+    def on_disconnect(self, listener: F) -> F:
+        """Decorator: ``listener(connection)`` once per connection when it ends."""
+        self.listeners.disconnect.append(listener)
+        return listener
+
+    def on_error(self, listener: F) -> F:
+        """Decorator: ``listener(connection_or_None, exception)`` for listener failures, messages
+        nobody listens for, and messages that failed to decode."""
+        self.listeners.error.append(listener)
+        return listener
+
+    def on_message(self, kind: type) -> Callable[[F], F]:
+        """Decorator: ``listener(connection, message)`` for messages of ``kind`` (and subclasses)."""
+
+        def register(listener: F) -> F:
+            self.listeners.add_message(kind, listener)
+            return listener
+
+        return register
+
+    # -- running listeners ------------------------------------------------------------------------
+
+    def _call(
+        self, connection: Connection | None, listener: Callable[..., Any], *args: Any
+    ) -> asyncio.Task[Any] | None:
+        try:
+            result = listener(*args)
+        except Exception as exc:
+            self._report_error(connection, exc)
+            return None
+        if is_coroutine_result(result):
+            task = asyncio.ensure_future(self._guard(connection, result))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return task
+        return None
+
+    async def _guard(self, connection: Connection | None, awaitable: Any) -> None:
+        try:
+            await awaitable
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._report_error(connection, exc)
+
+    def _report_error(self, connection: Connection | None, error: BaseException) -> None:
+        if not self.listeners.error:
+            log.error("%s: %s (no on_error listener)", connection, error, exc_info=error)
+            return
+        for listener in list(self.listeners.error):
+            try:
+                result = listener(connection, error)
+            except Exception:
+                log.exception("on_error listener failed")
+                continue
+            if is_coroutine_result(result):
+                task = asyncio.ensure_future(self._quiet(result))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _quiet(awaitable: Any) -> None:
+        try:
+            await awaitable
+        except Exception:
+            log.exception("on_error listener failed")
+
+    def _fire(self, listeners: list[Any], connection: Connection) -> list[asyncio.Task[Any]]:
+        tasks = []
+        for listener in list(listeners):
+            task = self._call(connection, listener, connection)
+            if task is not None:
+                tasks.append(task)
+        return tasks
+
+    def _dispatch_message(self, connection: Connection, message: object, sync_id: int) -> None:
+        kind = type(message)
+        handlers = connection._listeners.for_type(kind) + self.listeners.for_type(kind)
+        if not handlers:
+            self._report_error(
+                connection, MessageDispatchError(f"no on_message listener for {kind.__module__}.{kind.__qualname__}")
+            )
+        tasks = [task for handler in handlers if (task := self._call(connection, handler, connection, message))]
+        if not sync_id:
+            return
+        if not tasks:
+            connection._machine.acknowledge_sync(sync_id)
+            connection._after_append()
+            return
+
+        async def acknowledge() -> None:
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if not connection._machine.closed:
+                connection._machine.acknowledge_sync(sync_id)
+                connection._after_append()
+
+        task = asyncio.ensure_future(acknowledge())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _connection_up(self, connection: Connection) -> None:
+        """Run ``on_init`` then ``on_connect``."""
+        self._fire(self.listeners.init, connection)
+        if not connection.is_closed:
+            self._fire(self.listeners.connect, connection)
+
+    def _connection_closed(self, connection: Connection, event: Closed) -> None:
+        """Called once per connection when its machine closed: subclasses release the transport."""
+        if connection._disconnected:
+            return
+        connection._disconnected = True
+        connection._fail_waiters()
+        self._release_connection(connection)
+        self._fire(connection._listeners.disconnect, connection)
+        self._fire(self.listeners.disconnect, connection)
+        connection._closed_event.set()
+
+    def _release_connection(self, connection: Connection) -> None:
+        raise NotImplementedError
+
+    def _close_streams_later(self, connection: Connection, then: Callable[[], None] | None = None) -> None:
+        """Close a finished connection's streams once its last records (the CLOSE frame) were
+        handed to the transport, plus a moment for the driver to send them; ``then`` runs after."""
+
+        async def close() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.config.close_timeout
+            while connection._backlog and loop.time() < deadline:
+                connection._flush()
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(CLOSE_GRACE_S)
+            for item in (connection._publication, connection._subscription):
+                try:
+                    item.close()
+                except DriverError as exc:
+                    log.warning("closing %r: %s", item, exc)
+            if then is not None:
+                then()
+
+        task = asyncio.ensure_future(close())
+        self._closings.add(task)
+        task.add_done_callback(self._closings.discard)
+
+    async def _wait_closings(self) -> None:
+        """Let every connection that is closing finish (bounded by the close timeout)."""
+        if self._closings:
+            await asyncio.wait(list(self._closings), timeout=self.config.close_timeout + 1.0)
+
+    # -- the poller -------------------------------------------------------------------------------
+
+    def _acquire_context(self) -> Context:
+        if self._context is None:
+            self._context = acquire_context(self.config.driver_directory, self.config.driver)
+        return self._context
+
+    def _release_context(self) -> None:
+        if self._context is not None:
+            context, self._context = self._context, None
+            release_context(context)
+
+    def _start_poller(self) -> None:
+        if not self._polling:
+            self._polling = True
+            self._closing = False
+            self._group = PollGroup.for_loop(asyncio.get_running_loop())
+            self._group.add(self)
+
+    def _kick(self) -> None:
+        """Make the poller run its next cycle now (new work arrived from the application)."""
+        if self._group is not None:
+            self._group.backoff.kick()
+
+    def _duty_cycle(self, now_ns: int) -> int:
+        raise NotImplementedError
+
+    async def _stop_poller(self) -> None:
+        self._closing = True
+        if self._polling:
+            self._polling = False
+            if self._group is not None:
+                self._group.remove(self)
+        for pending in list(self._tasks):
+            pending.cancel()
+        self._tasks.clear()
+
+
+class PollGroup:
+    """One poller task per event loop for every server and client on it: a hundred clients in one
+    process wake once per back-off step, not a hundred times."""
+
+    _groups: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PollGroup]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.endpoints: list[Endpoint] = []
+        self.backoff = IdleBackoff()
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> PollGroup:
+        """The group of ``loop`` (made on first use)."""
+        group = cls._groups.get(loop)
+        if group is None:
+            group = cls._groups[loop] = PollGroup(loop)
+        return group
+
+    def add(self, endpoint: Endpoint) -> None:
+        """Poll ``endpoint`` from now on (starting the task if needed)."""
+        self.endpoints.append(endpoint)
+        self.backoff.kick()
+        if self.task is None or self.task.done():
+            self.task = self.loop.create_task(self._run(), name="slipstream-network-poller")
+
+    def remove(self, endpoint: Endpoint) -> None:
+        """Stop polling ``endpoint`` (the task ends with the last one)."""
+        if endpoint in self.endpoints:
+            self.endpoints.remove(endpoint)
+
+    async def _run(self) -> None:
+        backoff = self.backoff
+        try:
+            while self.endpoints:
+                now_ns = time.monotonic_ns()
+                work = 0
+                invoked: set[int] = set()
+                for endpoint in self.endpoints:
+                    context = endpoint._context
+                    if context is not None and id(context) not in invoked:
+                        invoked.add(id(context))
+                        # An invoker-mode driver runs here (else 0). Its own chores (heartbeats,
+                        # status messages) do not count as work, or an idle endpoint would never park.
+                        context.invoke()
+                for endpoint in list(self.endpoints):
+                    try:
+                        work += endpoint._duty_cycle(now_ns)
+                    except Exception as exc:  # a bug must not silently stop every connection
+                        log.exception("network poller failed")
+                        endpoint._report_error(None, exc)
+                if work:
+                    backoff.reset()
+                    await asyncio.sleep(0)
+                else:
+                    await backoff.idle(now_ns / 1e9)
+        finally:
+            self.task = None

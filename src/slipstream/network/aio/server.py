@@ -1,0 +1,484 @@
+"""``Server``: accepts clients over UDP (through NAT) and IPC, runs their connections.
+
+Per bound port, clients publish handshake packets to the server's port, and hear the answers by
+dynamic MDC from its control port (a client behind NAT registers there from its own socket). An
+accepted client gets, for its connection, a stream to the server's port (its own stream and session
+ids) and a dynamic-MDC publication from a control port of its own; over IPC, streams with their own
+ids. Ids and ports go back to the allocators when the connection's publication has lingered out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...client import ADMIN_ACTION, DriverError, ExclusivePublication, FragmentAssembler, Header, Subscription
+from ...client.allocation import IdAllocator, PortAllocator
+from ..admission import AdmissionPolicy, IpFilterRule, RejectReason
+from ..config import ServerConfig
+from ..connection import ConnectionMachine, PlainRecords
+from ..errors import ServerError
+from ..events import ClientAccepted, Rejected
+from ..handshake import ServerHandshake
+from ..session import RecordLayer
+from .connection import Connection
+from .endpoint import Endpoint
+from .transport import (
+    HANDSHAKE_IPC_REPLY_STREAM,
+    HANDSHAKE_IPC_STREAM,
+    HANDSHAKE_STREAM,
+    host_port,
+    ipc_channel,
+    listen_host,
+    parse_source,
+    udp_channel,
+)
+
+__all__ = ["Server"]
+
+log = logging.getLogger("slipstream.network.server")
+
+CONNECTION_LINGER = "500ms"
+HANDSHAKE_TERM_LENGTH = 1024 * 1024
+"""The all-clients handshake channel is broadcast (MDC, max flow control): a generous term keeps a
+client that is slow to poll from being lapped while many others handshake."""
+STARTING_FACTOR = 3
+"""An accepted client's streams may take this many handshake timeouts to come up (setting up a
+publication and a subscription per client is the slow part when hundreds connect at once)."""
+OUTBOX_LIMIT = 4096
+"""Handshake answers held while the handshake publication is back-pressured (the oldest go first;
+a client whose answer is lost retries)."""
+PORT_ATTEMPTS = 5
+"""Control ports tried for one connection when the driver cannot bind one (another socket holds it)."""
+RELEASE_DELAY_S = 1.0
+"""Ids and ports of a closed connection return to the pools after its publication lingered out."""
+
+
+@dataclass(slots=True)
+class _Link:
+    """One handshake channel (UDP port or IPC) and its machine."""
+
+    machine: ServerHandshake
+    subscription: Subscription
+    publication: ExclusivePublication
+    host: str | None
+    port: int
+    assembler: FragmentAssembler | None = None
+    outbox: deque[bytes] = field(default_factory=lambda: deque(maxlen=OUTBOX_LIMIT))
+    """Answers the handshake publication refused for now (back-pressure): offered again next cycle."""
+
+
+@dataclass(slots=True)
+class _Starting:
+    link: _Link
+    event: ClientAccepted
+    publication: ExclusivePublication
+    subscription: Subscription
+    deadline_ns: int
+    remote_port: int | None
+
+
+class Server(Endpoint):
+    """An application server: ``async with Server(config) as server: await server.bind(port)``."""
+
+    _role = "server"
+
+    def __init__(self, config: ServerConfig) -> None:
+        if not isinstance(config, ServerConfig):
+            raise TypeError(f"Server needs a ServerConfig, not {type(config).__name__}")
+        super().__init__(config)
+        self.config: ServerConfig = config
+        self._policy = AdmissionPolicy(
+            max_clients=config.max_clients,
+            max_connections_per_address=config.per_address_limit,
+            rules=[IpFilterRule(rule) for rule in config.ip_filters],
+            filter_callback=config.filter,
+            allowed_keys=None,
+            max_tag_length=config.max_tag_length,
+        )
+        self.sessions = IdAllocator(1, 65534)
+        """Session ids of connections (both directions), the seed's range."""
+        self.streams = IdAllocator(1, 65533)
+        self._links: list[_Link] = []
+        self._starting: list[_Starting] = []
+        self._connections: dict[int, Connection] = {}
+        self._owner: dict[int, _Link] = {}
+        self.rejected: list[Rejected] = []
+        """Recent rejections (bounded), for operators and tests."""
+
+    # -- public -----------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Server:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def connections(self) -> list[Connection]:
+        """The connections that are up."""
+        return list(self._connections.values())
+
+    @property
+    def allocated(self) -> int:
+        """Ids held by live or lingering connections (0 once every connection is released)."""
+        return sum(len(link.machine.connections) for link in self._links)
+
+    @property
+    def pending_handshakes(self) -> int:
+        """Half-open handshakes held now."""
+        return sum(link.machine.pending_count for link in self._links)
+
+    @property
+    def handshake_stats(self) -> list[Any]:
+        """Each handshake channel's counters (HELLOs, rate-limited, evicted, rejected...)."""
+        return [link.machine.stats for link in self._links]
+
+    async def bind(self, port: int, control_port: int | None = None) -> None:
+        """Listen on UDP ``port`` (handshakes) and ``control_port`` (default ``port + 1``), for the
+        enabled IP families; with IPC enabled, also on IPC (clients on this host use it)."""
+        config = self.config
+        if not isinstance(port, int) or not 1 <= port <= 65534:
+            raise ValueError(f"port must be in 1..65534: {port!r}")
+        control_port = port + 1 if control_port is None else control_port
+        if not isinstance(control_port, int) or not 1 <= control_port <= 65535 or control_port == port:
+            raise ValueError(f"control_port must be in 1..65535 and differ from port: {control_port!r}")
+        if any(link.port == port for link in self._links):
+            raise ServerError(f"the server is already bound to port {port}")
+        context = self._acquire_context()
+        if config.enable_ipv4 or config.enable_ipv6:
+            host = listen_host(config.listen_address, ipv4=config.enable_ipv4, ipv6=config.enable_ipv6)
+            first, count = config.connection_ports or (port + 2, config.max_clients)
+            ports = PortAllocator(first, min(count, 65536 - first))
+            subscription = context.add_subscription(udp_channel(endpoint=host_port(host, port)), HANDSHAKE_STREAM)
+            try:
+                publication = context.add_exclusive_publication(
+                    udp_channel(
+                        control=host_port(host, control_port),
+                        control_mode="dynamic",
+                        term_length=HANDSHAKE_TERM_LENGTH,
+                    ),
+                    HANDSHAKE_STREAM,
+                )
+            except BaseException:
+                subscription.close()
+                raise
+            self._add_link(subscription, publication, host, port, ports)
+        if config.enable_ipc:
+            await self._bind_ipc(port)
+        self._start_poller()
+
+    async def bind_ipc(self) -> None:
+        """Listen over IPC only (clients use ``connect_ipc``)."""
+        if not self.config.enable_ipc:
+            raise ServerError("enable_ipc is False in this server's config")
+        self._acquire_context()
+        await self._bind_ipc(0)
+        self._start_poller()
+
+    async def _bind_ipc(self, port: int) -> None:
+        context = self._acquire_context()
+        subscription = context.add_subscription(ipc_channel(), HANDSHAKE_IPC_STREAM + port)
+        try:
+            publication = context.add_exclusive_publication(ipc_channel(), HANDSHAKE_IPC_REPLY_STREAM + port)
+        except BaseException:
+            subscription.close()
+            raise
+        self._add_link(subscription, publication, None, port, None)
+
+    def _add_link(
+        self,
+        subscription: Subscription,
+        publication: ExclusivePublication,
+        host: str | None,
+        port: int,
+        ports: PortAllocator | None,
+    ) -> None:
+        config = self.config
+        ipv4_allowed = config.enable_ipv4
+
+        def admission(
+            address: str | None, tag: str, public_key: bytes | None, current_total: int, current_for_address: int
+        ) -> tuple[int, str] | None:
+            if address is not None and not ipv4_allowed and "." in address:
+                return int(RejectReason.NOT_PERMITTED), "IPv4 connections are not permitted"
+            counted = len(self._connections) + len(self._starting)
+            per_address = 0
+            if address is not None:
+                per_address = sum(1 for c in self._connections.values() if c.remote_address == address)
+                per_address += sum(1 for s in self._starting if s.event.address == address)
+            reason = self._policy.check(address, tag, public_key or bytes(32), counted, per_address)
+            if (
+                reason is None
+                and public_key is not None
+                and config.allowed_keys is not None
+                and public_key not in config.allowed_keys
+            ):
+                reason = RejectReason.KEY_NOT_ALLOWED
+            if reason is None:
+                return None
+            return int(reason), reason.message
+
+        machine = ServerHandshake(
+            app_id=config.app_id,
+            static_private=self.private_key,
+            description=self.serialization.description(),
+            describe_difference=self.serialization.first_difference,
+            admission=admission,
+            sessions=self.sessions,
+            streams=self.streams,
+            ports=ports,
+            timeout_ns=int(config.handshake_timeout * 1e9),
+            connection_expiry_ns=int(config.connection_expiry * 1e9),
+            max_pending=config.max_pending_handshakes,
+            handshakes_per_second=config.handshakes_per_second,
+            now_ns=time.monotonic_ns(),
+            allow_plaintext=host is None and not config.encrypt_ipc,
+            confirm_accept=True,
+        )
+        link = _Link(machine, subscription, publication, host, port)
+        link.assembler = FragmentAssembler(lambda payload, header: self._on_handshake(link, payload, header))
+        self._links.append(link)
+
+    # -- handshakes -------------------------------------------------------------------------------
+
+    def _on_handshake(self, link: _Link, payload: memoryview, header: Header) -> None:
+        address: str | None = None
+        port: int | None = None
+        if link.host is not None:
+            image = link.subscription.image_by_session_id(header.session_id)
+            if image is None:
+                return
+            address, port = parse_source(image.source_identity)
+            if address is None:
+                return
+        link.machine.receive(
+            bytes(payload), source=header.session_id, address=address, port=port, now_ns=time.monotonic_ns()
+        )
+
+    def _handshake_cycle(self, link: _Link, now_ns: int) -> int:
+        assert link.assembler is not None
+        work = link.subscription.poll(link.assembler, 32)
+        machine = link.machine
+        deadline = machine.deadline_ns
+        if deadline is not None and now_ns >= deadline:
+            machine.handle_timer(now_ns)
+        outbox = link.outbox
+        outbox.extend(machine.messages_to_send())
+        while outbox:
+            result = link.publication.offer(outbox[0])
+            if result < 0 and result != ADMIN_ACTION:
+                break  # back-pressured (or no client listening): try again next cycle
+            if result >= 0:
+                outbox.popleft()
+                work += 1
+        for event in machine.take_events():
+            if isinstance(event, ClientAccepted):
+                self._accept(link, event, now_ns)
+            elif isinstance(event, Rejected):
+                self.rejected.append(event)
+                del self.rejected[:-100]
+                log.info("rejected %s: %s", event.address or "IPC", event.message)
+        return work
+
+    def _open_publication(self, link: _Link, event: ClientAccepted) -> ExclusivePublication:
+        """The connection's dynamic-MDC publication, on another port if its port is taken."""
+        config = self.config
+        context = self._acquire_context()
+        assert link.host is not None
+        control_port = event.control_port
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return context.add_exclusive_publication(
+                    udp_channel(
+                        control=host_port(link.host, control_port),
+                        control_mode="dynamic",
+                        session_id=event.server_session_id,
+                        term_length=config.term_length,
+                        mtu=config.network_mtu,
+                        linger=CONNECTION_LINGER,
+                    ),
+                    event.server_stream_id,
+                )
+            except DriverError as exc:
+                port = link.machine.reallocate_port(event.connection_id)
+                if attempt == PORT_ATTEMPTS - 1 or port is None:
+                    raise
+                log.info("control port %d unavailable (%s): trying %d", control_port, exc, port)
+                control_port = port
+        raise AssertionError("unreachable")
+
+    def _accept(self, link: _Link, event: ClientAccepted, now_ns: int) -> None:
+        config = self.config
+        context = self._acquire_context()
+        try:
+            if link.host is not None:
+                publication = self._open_publication(link, event)
+                reliable = None if config.reliable else False
+                try:
+                    subscription = context.add_subscription(
+                        udp_channel(
+                            endpoint=host_port(link.host, link.port),
+                            session_id=event.client_session_id,
+                            reliable=reliable,
+                        ),
+                        event.client_stream_id,
+                    )
+                except BaseException:
+                    publication.close()
+                    raise
+            else:
+                publication = context.add_exclusive_publication(
+                    ipc_channel(session_id=event.server_session_id, term_length=config.ipc_term_length),
+                    event.server_stream_id,
+                )
+                try:
+                    subscription = context.add_subscription(
+                        ipc_channel(session_id=event.client_session_id), event.client_stream_id
+                    )
+                except BaseException:
+                    publication.close()
+                    raise
+        except DriverError as exc:
+            log.warning("cannot open connection %d's streams: %s", event.connection_id, exc)
+            link.machine.release(event.connection_id)
+            return
+        self._owner[event.connection_id] = link
+        link.machine.accept(event.connection_id, now_ns)
+        self._starting.append(
+            _Starting(
+                link,
+                event,
+                publication,
+                subscription,
+                now_ns + int(STARTING_FACTOR * config.handshake_timeout * 1e9),
+                event.port,
+            )
+        )
+
+    def _check_starting(self, now_ns: int) -> int:
+        work = 0
+        for starting in list(self._starting):
+            if starting.subscription.image_count > 0 and starting.publication.is_connected:
+                self._starting.remove(starting)
+                self._activate(starting, now_ns)
+                work += 1
+            elif now_ns >= starting.deadline_ns:
+                self._starting.remove(starting)
+                log.info("connection %d: the client never came up", starting.event.connection_id)
+                self._close_streams(starting.publication, starting.subscription)
+                self._release_later(starting.link, starting.event.connection_id)
+                work += 1
+        return work
+
+    def _activate(self, starting: _Starting, now_ns: int) -> None:
+        connection = self._make_connection(starting, now_ns)
+        self._connections[connection.id] = connection
+        self._connection_up(connection)
+
+    def _make_connection(self, starting: _Starting, now_ns: int) -> Connection:
+        config = self.config
+        event = starting.event
+        starting.link.machine.forget(event.pending_key)
+        if event.plaintext:
+            records: Any = PlainRecords()
+        else:
+            records = RecordLayer(event.send_key, event.receive_key)
+        publication = starting.publication
+        machine = ConnectionMachine(
+            records=records,
+            serialization=self.serialization,
+            now_ns=now_ns,
+            expiry_ns=int(config.connection_expiry * 1e9),
+            batch_limit=publication.max_payload_length - 24,
+            max_record=publication.max_message_length,
+            wall_offset_ns=time.time_ns() - time.monotonic_ns(),
+        )
+        connection = Connection(
+            endpoint=self,
+            connection_id=event.connection_id,
+            machine=machine,
+            publication=publication,
+            subscription=starting.subscription,
+            remote_address=event.address,
+            remote_port=starting.remote_port,
+            tag=event.tag,
+            remote_public_key=event.remote_public_key,
+            send_timeout=config.send_timeout,
+        )
+        return connection
+
+    def _release_connection(self, connection: Connection) -> None:
+        self._connections.pop(connection.id, None)
+        link = self._owner.get(connection.id)
+        self._close_streams_later(
+            connection, None if link is None else (lambda: self._release_later(link, connection.id))
+        )
+
+    def _close_streams(self, publication: ExclusivePublication, subscription: Subscription) -> None:
+        for item in (publication, subscription):
+            try:
+                item.close()
+            except DriverError as exc:
+                log.warning("closing %r: %s", item, exc)
+
+    def _release_later(self, link: _Link, connection_id: int) -> None:
+        def release() -> None:
+            self._owner.pop(connection_id, None)
+            link.machine.release(connection_id)
+
+        try:
+            asyncio.get_running_loop().call_later(RELEASE_DELAY_S, release)
+        except RuntimeError:
+            release()
+
+    # -- the poller -------------------------------------------------------------------------------
+
+    def _duty_cycle(self, now_ns: int) -> int:
+        work = 0
+        for link in self._links:
+            work += self._handshake_cycle(link, now_ns)
+        if self._starting:
+            # Streams coming up: stay awake (an invoker-mode driver is doing their set-up now).
+            work += self._check_starting(now_ns) + 1
+        for connection in list(self._connections.values()):
+            work += connection._poll(now_ns)
+        return work
+
+    async def close(self) -> None:
+        """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
+        if self._starting:
+            self._check_starting(time.monotonic_ns())  # a client that is up must hear CLOSE too
+        for starting in list(self._starting):
+            if starting.publication.is_connected:
+                # The client may be up though our side has not seen its image yet: tell it too.
+                self._starting.remove(starting)
+                connection = self._make_connection(starting, time.monotonic_ns())
+                connection._machine.close("server closing")
+                connection._flush()
+                connection._disconnected = True
+                link = starting.link
+                self._close_streams_later(connection, functools.partial(self._release_later, link, connection.id))
+        for connection in list(self._connections.values()):
+            if not connection.is_closed:
+                connection._machine.close("server closing")
+                connection._flush()
+                connection._process_events()
+        await self._wait_closings()
+        await self._stop_poller()
+        for starting in self._starting:
+            self._close_streams(starting.publication, starting.subscription)
+            starting.link.machine.release(starting.event.connection_id)
+        self._starting.clear()
+        for link in self._links:
+            self._close_streams(link.publication, link.subscription)
+            for connection_id in list(link.machine.connections):
+                link.machine.release(connection_id)
+        self._owner.clear()
+        self._release_context()
+        self.store.close()

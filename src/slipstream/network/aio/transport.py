@@ -1,0 +1,234 @@
+"""The transport under the network layer: shared driver contexts, channel URIs, and the parked poller.
+
+Every server and client of a process that names the same driver directory shares one
+:class:`~slipstream.Context` (counted references), as Aeron shares one media driver per host: an
+embedded driver is not started per client, and closing one client never stops the driver another
+still uses. Only the public transport API is used here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+from ... import ChannelUri, Context, DriverConfig
+from ..config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES
+
+__all__ = [
+    "HANDSHAKE_IPC_REPLY_STREAM",
+    "HANDSHAKE_IPC_STREAM",
+    "HANDSHAKE_STREAM",
+    "IdleBackoff",
+    "acquire_context",
+    "invoke",
+    "ipc_channel",
+    "parse_source",
+    "release_context",
+    "udp_channel",
+]
+
+HANDSHAKE_STREAM = 0x5EED_0000
+"""Stream id of every server's UDP handshake channel (outside the 1-65533 the server allocates)."""
+HANDSHAKE_IPC_STREAM = 0x5EED_0000 + 0x10000
+"""Base stream id of IPC handshakes: + the server's UDP port (0 for ``bind_ipc``), so several servers
+on one driver each have their own."""
+HANDSHAKE_IPC_REPLY_STREAM = 0x5EED_0000 + 0x20000
+"""Base stream id of IPC handshake answers (+ port, as above)."""
+
+_lock = threading.Lock()
+_contexts: dict[tuple[str, str], tuple[Context, int]] = {}
+
+
+def _key(directory: str | os.PathLike[str] | None, driver: str) -> tuple[str, str]:
+    return (os.fspath(directory) if directory is not None else "", driver)
+
+
+def acquire_context(directory: str | os.PathLike[str] | None, driver: str) -> Context:
+    """This process's context for ``directory`` (started on first use; released by count)."""
+    key = _key(directory, driver)
+    with _lock:
+        entry = _contexts.get(key)
+        if entry is not None:
+            _contexts[key] = (entry[0], entry[1] + 1)
+            return entry[0]
+        # The server allocates session ids 1..65535: keep a driver we start away from them.
+        invoker = driver == "invoker"
+        config = DriverConfig(
+            reserved_session_id_low=-1,
+            reserved_session_id_high=65535,
+            threading_mode="invoker" if invoker else DriverConfig().threading_mode,
+        )
+        context = Context(
+            Path(directory) if directory is not None else None,
+            driver="embedded" if invoker else driver,  # type: ignore[arg-type]
+            driver_config=config,
+        )
+        _contexts[key] = (context, 1)
+        return context
+
+
+def release_context(context: Context) -> None:
+    """Drop one reference; the last closes the context (and its embedded driver)."""
+    with _lock:
+        for key, (held, count) in list(_contexts.items()):
+            if held is context:
+                if count > 1:
+                    _contexts[key] = (held, count - 1)
+                    return
+                del _contexts[key]
+                _last_invoke.pop(id(context), None)
+                break
+        else:
+            return
+    context.close()
+
+
+_last_invoke: dict[int, float] = {}
+INVOKE_GAP_S = 2e-4
+"""Coroutines waiting on one invoker-mode context share its duty cycles: at most one per this gap."""
+
+
+def invoke(context: Context) -> int:
+    """Run an invoker-mode driver's duty cycle unless one ran within ``INVOKE_GAP_S`` (many clients
+    connecting at once in one process would otherwise each run the same driver, over and over)."""
+    if not context.is_invoker:
+        return 0
+    now = time.monotonic()
+    key = id(context)
+    if now - _last_invoke.get(key, 0.0) < INVOKE_GAP_S:
+        return 0
+    _last_invoke[key] = now
+    return context.invoke()
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` for a channel URI; IPv6 literals in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def udp_channel(**params: str | int | bool | None) -> str:
+    """A validated ``aeron:udp`` URI (``control_mode`` is written ``control-mode`` and so on)."""
+    clean = {name.replace("_", "-"): value for name, value in params.items() if value is not None}
+    return str(ChannelUri("udp", clean))
+
+
+def ipc_channel(**params: str | int | bool | None) -> str:
+    """A validated ``aeron:ipc`` URI."""
+    clean = {name.replace("_", "-"): value for name, value in params.items() if value is not None}
+    return str(ChannelUri("ipc", clean))
+
+
+def parse_source(source_identity: str) -> tuple[str | None, int | None]:
+    """``(address, port)`` of an image's ``host:port`` / ``[v6]:port`` source; IPv4-mapped IPv6
+    addresses are shown as IPv4 (a dual-stack socket reports IPv4 peers that way)."""
+    text = source_identity.strip()
+    host, _, port_text = text.rpartition(":")
+    if not host:
+        return None, None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.startswith("::ffff:") and "." in host:
+        host = host[len("::ffff:") :]
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = None
+    return host, port
+
+
+def listen_host(address: str, *, ipv4: bool, ipv6: bool) -> str:
+    """The host a server binds for ``address`` (the seed's wildcards and localhost aliases)."""
+    if address in WILDCARD_ADDRESSES:
+        return "::" if ipv6 else "0.0.0.0"
+    if address in LOCALHOST_ALIASES:
+        return "::1" if ipv6 and not ipv4 else "127.0.0.1" if address != "::1" else "::1"
+    return address
+
+
+def is_local_host(host: str) -> bool:
+    """Loopback names and literals: candidates for automatic IPC."""
+    return host in LOCALHOST_ALIASES or host.startswith("127.")
+
+
+class IdleBackoff:
+    """How an endpoint's poller parks: yield for ``spin_s`` (at least ``spins`` times), then sleep
+    from 50 us doubling to 1 ms;
+    after 20 ms without work, sleep 10 ms (so an idle endpoint wakes 100 times a second).
+    :meth:`kick` wakes a parked poller at once: the application just sent something, and its answer
+    should be polled for promptly."""
+
+    def __init__(
+        self,
+        spins: int = 10,
+        spin_s: float = 1e-3,
+        nap_s: float = 2e-5,
+        min_sleep_s: float = 5e-5,
+        max_sleep_s: float = 1e-3,
+        deep_sleep_s: float = 1e-2,
+        deep_after_s: float = 0.02,
+    ) -> None:
+        self.spins = spins
+        self.spin_s = spin_s
+        self.nap_s = nap_s
+        self.min_sleep_s = min_sleep_s
+        self.max_sleep_s = max_sleep_s
+        self.deep_sleep_s = deep_sleep_s
+        self.deep_after_s = deep_after_s
+        self._count = 0
+        self._sleep_s = min_sleep_s
+        self._idle_since: float | None = None
+        self._spin_until = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+
+    def reset(self) -> None:
+        """Work was done: start over with the short waits."""
+        self._count = 0
+        self._sleep_s = self.min_sleep_s
+        self._idle_since = None
+        self._spin_until = 0.0
+
+    def kick(self) -> None:
+        """Reset the back-off and end a sleep in progress."""
+        self.reset()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def idle(self, now_s: float) -> None:
+        """Wait one step of the back-off (``now_s`` is the caller's monotonic time)."""
+        # asyncio cannot sleep less than about a millisecond (its selector waits in milliseconds),
+        # so right after work (or a kick) the poller only yields, for ``spin_s``: an answer that
+        # follows closely is polled within microseconds, not a millisecond later.
+        if self._count < self.spins or now_s < self._spin_until:
+            if self._count == 0:
+                self._spin_until = now_s + self.spin_s
+            self._count += 1
+            if self._count > self.spins:
+                # A short blocking nap lets the driver's thread (an embedded driver shares our GIL)
+                # move the data we are waiting for; a bare yield would keep the GIL from it.
+                time.sleep(self.nap_s)
+            await asyncio.sleep(0)
+            return
+        if self._idle_since is None:
+            self._idle_since = now_s
+        if now_s - self._idle_since >= self.deep_after_s:
+            delay = self.deep_sleep_s
+        else:
+            delay = self._sleep_s
+            self._sleep_s = min(self._sleep_s * 2, self.max_sleep_s)
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        handle = loop.call_later(delay, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            handle.cancel()
+            self._waiter = None
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

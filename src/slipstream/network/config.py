@@ -1,0 +1,245 @@
+"""Typed, validated settings for servers and clients.
+
+Every field is checked when the object is built, and each error names the field and the bad value,
+so a mistake surfaces at the line that made it, not as a strange failure at ``bind`` or ``connect``.
+Defaults work out of the box: a fresh server accepts remote clients (the seed's default of zero
+clients rejected everyone).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .errors import NetworkError
+
+__all__ = [
+    "LOCALHOST_ALIASES",
+    "WILDCARD_ADDRESSES",
+    "ClientConfig",
+    "ConfigError",
+    "ConfigTypeError",
+    "ServerConfig",
+]
+
+WILDCARD_ADDRESSES = frozenset({"*", "0", "0.0.0.0", "::"})
+"""Listen addresses meaning every interface (the seed's set)."""
+LOCALHOST_ALIASES = frozenset({"loopback", "localhost", "lo", "127.0.0.1", "::1"})
+"""Names of this host's loopback interface (the seed's set)."""
+
+_APP_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,31}")
+_MIB = 1024 * 1024
+
+
+class ConfigError(NetworkError, ValueError):
+    """A setting has a bad value; the message names the field."""
+
+
+class ConfigTypeError(NetworkError, TypeError):
+    """A setting has the wrong type; the message names the field."""
+
+
+DriverMode = Literal["auto", "embedded", "external", "invoker"]
+FilterCallback = Callable[[str | None, str], bool]
+"""``(address, tag) -> bool``: address is None for IPC connections."""
+
+
+def _check_type(name: str, value: object, kinds: type | tuple[type, ...]) -> None:
+    if isinstance(value, bool) and kinds in (int, float, (int, float)):
+        raise ConfigTypeError(f"{name} must be a number, not bool: {value!r}")
+    if not isinstance(value, kinds):
+        wanted = kinds.__name__ if isinstance(kinds, type) else " or ".join(k.__name__ for k in kinds)
+        raise ConfigTypeError(f"{name} must be {wanted}, not {type(value).__name__}: {value!r}")
+
+
+def _positive(name: str, value: float) -> None:
+    _check_type(name, value, (int, float))
+    if not value > 0:
+        raise ConfigError(f"{name} must be positive: {value!r}")
+
+
+def _power_of_two_term(name: str, value: int) -> None:
+    _check_type(name, value, int)
+    if not 65536 <= value <= 1024 * _MIB or value & (value - 1):
+        raise ConfigError(f"{name} must be a power of two from 64 KiB to 1 GiB: {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _EndpointConfig:
+    """What servers and clients share. Durations are seconds."""
+
+    app_id: str
+    """Names the application; both sides must use the same (1-31 of ``A-Za-z0-9_.-``)."""
+    messages: Sequence[type] = ()
+    """Registered message types (msgspec Structs, dataclasses), compared during the handshake."""
+    settings_store: str | os.PathLike[str] | None = None
+    """Where the identity key (and, on clients, pinned server keys) live: a file path, ``":memory:"``,
+    or None for ``<per-user data dir>/slipstream/<app_id>-<role>.db``."""
+    enable_ipv4: bool = True
+    enable_ipv6: bool = True
+    enable_ipc: bool = True
+    encrypt_ipc: bool = True
+    """IPC connections are encrypted too unless this is False (shared memory is readable by the user)."""
+    network_mtu: int = 1408
+    term_length: int = 256 * 1024
+    """Term length of each UDP connection's publications (three terms are mapped per publication)."""
+    ipc_term_length: int = 1 * _MIB
+    reliable: bool = True
+    """Reliable UDP streams (retransmission); with False, lost records are simply missing."""
+    handshake_timeout: float = 10.0
+    """How long a half-open handshake may last (server) / one connect attempt waits (client)."""
+    close_timeout: float = 2.0
+    """How long ``close`` waits for the CLOSE frame to leave before tearing the streams down."""
+    connection_expiry: float = 4.0
+    """A peer silent this long is gone (shorter blips do not disconnect)."""
+    send_timeout: float = 5.0
+    """How long ``send`` waits out back-pressure before raising SendTimeout."""
+    driver_directory: str | os.PathLike[str] | None = None
+    """The media driver's directory (None: the default, shared by the host's processes)."""
+    driver: DriverMode = "auto"
+    """``auto`` attaches to a running driver or embeds one; ``embedded``; ``external``; ``invoker``:
+    an embedded driver run by the endpoint's own asyncio loop (no driver thread competing for the
+    GIL: the lowest UDP latency)."""
+
+    def __post_init__(self) -> None:
+        _check_type("app_id", self.app_id, str)
+        if not _APP_ID_RE.fullmatch(self.app_id):
+            raise ConfigError(f"app_id must be 1-31 characters of A-Za-z0-9_.-: {self.app_id!r}")
+        if isinstance(self.messages, (str, bytes)) or not isinstance(self.messages, Sequence):
+            raise ConfigTypeError(f"messages must be a sequence of types: {self.messages!r}")
+        for index, kind in enumerate(self.messages):
+            if not isinstance(kind, type):
+                raise ConfigTypeError(f"messages[{index}] must be a type: {kind!r}")
+        object.__setattr__(self, "messages", tuple(self.messages))
+        if self.settings_store is not None:
+            _check_type("settings_store", self.settings_store, (str, os.PathLike))
+        for name in ("enable_ipv4", "enable_ipv6", "enable_ipc", "encrypt_ipc", "reliable"):
+            _check_type(name, getattr(self, name), bool)
+        if not (self.enable_ipv4 or self.enable_ipv6 or self.enable_ipc):
+            raise ConfigError("enable_ipv4, enable_ipv6 and enable_ipc are all False: enable at least one")
+        _check_type("network_mtu", self.network_mtu, int)
+        if not 1024 <= self.network_mtu <= 65504 or self.network_mtu % 32:
+            raise ConfigError(f"network_mtu must be a multiple of 32 in 1024..65504: {self.network_mtu}")
+        _power_of_two_term("term_length", self.term_length)
+        _power_of_two_term("ipc_term_length", self.ipc_term_length)
+        for name in ("handshake_timeout", "close_timeout", "connection_expiry", "send_timeout"):
+            _positive(name, getattr(self, name))
+        if self.driver_directory is not None:
+            _check_type("driver_directory", self.driver_directory, (str, os.PathLike))
+        if self.driver not in ("auto", "embedded", "external", "invoker"):
+            raise ConfigError(f"driver must be 'auto', 'embedded', 'external' or 'invoker': {self.driver!r}")
+
+    def store_path(self, role: str) -> str:
+        """The settings store to open: the configured one, or the per-user default for ``role``."""
+        if self.settings_store is not None:
+            return os.fspath(self.settings_store)
+        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        return str(Path(base) / "slipstream" / f"{self.app_id}-{role}.db")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig(_EndpointConfig):
+    """A server's settings. ``ServerConfig(app_id="chat", messages=[Hello], settings_store=":memory:")``."""
+
+    listen_address: str = "*"
+    """Wildcards ``* 0 0.0.0.0 ::``, localhost aliases (``localhost``, ``lo``...), or an IP literal."""
+    max_clients: int = 256
+    max_connections_per_address: int = 0
+    """0 means ``max_clients``."""
+    connection_ports: tuple[int, int] | None = None
+    """``(first, count)`` of the UDP ports the server hands out, one per connection (the connection's
+    control port, which a NATed client registers at); None: ``(bind port + 2, max_clients)``."""
+    ip_filters: Sequence[str] = ()
+    """CIDR allow rules (``"10.0.0.0/8"``, ``"::1/128"``); none means everyone. IPC is never filtered."""
+    filter: FilterCallback | None = None
+    allowed_keys: Collection[bytes] | None = None
+    """When set, only clients whose public key is listed connect."""
+    max_tag_length: int = 32
+    max_pending_handshakes: int = 256
+    """Half-open handshakes kept at once; beyond it the oldest is dropped (memory stays bounded)."""
+    handshakes_per_second: float = 2000.0
+    """Budget of Diffie-Hellman work for new handshakes; HELLOs beyond it are dropped (clients retry)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_type("listen_address", self.listen_address, str)
+        address = self.listen_address
+        if address not in WILDCARD_ADDRESSES and address not in LOCALHOST_ALIASES:
+            try:
+                ipaddress.ip_address(address)
+            except ValueError:
+                raise ConfigError(
+                    f"listen_address must be a wildcard, a localhost alias or an IP: {address!r}"
+                ) from None
+        _check_type("max_clients", self.max_clients, int)
+        if not 1 <= self.max_clients <= 65000:
+            raise ConfigError(f"max_clients must be in 1..65000: {self.max_clients}")
+        _check_type("max_connections_per_address", self.max_connections_per_address, int)
+        if self.max_connections_per_address < 0:
+            raise ConfigError(f"max_connections_per_address must be >= 0: {self.max_connections_per_address}")
+        if self.connection_ports is not None:
+            ports = self.connection_ports
+            if not (isinstance(ports, tuple) and len(ports) == 2 and all(isinstance(p, int) for p in ports)):
+                raise ConfigTypeError(f"connection_ports must be a (first, count) tuple of ints: {ports!r}")
+            if ports[1] < 1 or ports[0] < 1 or ports[0] + ports[1] - 1 > 65535:
+                raise ConfigError(f"connection_ports must lie within 1..65535: {ports!r}")
+        if isinstance(self.ip_filters, str):
+            raise ConfigTypeError(f"ip_filters must be a sequence of CIDR strings: {self.ip_filters!r}")
+        for index, rule in enumerate(self.ip_filters):
+            _check_type(f"ip_filters[{index}]", rule, str)
+            try:
+                ipaddress.ip_network(rule, strict=False)
+            except ValueError as exc:
+                raise ConfigError(f"ip_filters[{index}] is not a CIDR network: {rule!r} ({exc})") from None
+        object.__setattr__(self, "ip_filters", tuple(self.ip_filters))
+        if self.filter is not None and not callable(self.filter):
+            raise ConfigTypeError(f"filter must be callable (address, tag) -> bool: {self.filter!r}")
+        if self.allowed_keys is not None:
+            keys = frozenset(self.allowed_keys)
+            for key in keys:
+                if not isinstance(key, bytes) or len(key) != 32:
+                    raise ConfigError(f"allowed_keys must hold 32-byte public keys: {key!r}")
+            object.__setattr__(self, "allowed_keys", keys)
+        _check_type("max_tag_length", self.max_tag_length, int)
+        if not 0 <= self.max_tag_length <= 1024:
+            raise ConfigError(f"max_tag_length must be in 0..1024: {self.max_tag_length}")
+        _check_type("max_pending_handshakes", self.max_pending_handshakes, int)
+        if not 1 <= self.max_pending_handshakes <= 1_000_000:
+            raise ConfigError(f"max_pending_handshakes must be in 1..1000000: {self.max_pending_handshakes}")
+        _positive("handshakes_per_second", self.handshakes_per_second)
+
+    @property
+    def per_address_limit(self) -> int:
+        """The effective per-address limit (0 in the config means ``max_clients``)."""
+        return self.max_connections_per_address or self.max_clients
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientConfig(_EndpointConfig):
+    """A client's settings. ``ClientConfig(app_id="chat", messages=[Hello], settings_store=":memory:")``."""
+
+    tag: str = ""
+    """Sent to the server with the handshake (its filter callback sees it); at most 32 characters."""
+    port: int | None = None
+    """Local UDP port of the connection's subscription (None: any free port)."""
+    allow_key_change: bool = False
+    """Accept a server whose key differs from the pinned one (and re-pin it)."""
+    connect_timeout: float = 30.0
+    """Default timeout of ``connect``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_type("tag", self.tag, str)
+        if len(self.tag) > 32:
+            raise ConfigError(f"tag must be at most 32 characters: {self.tag!r}")
+        if self.port is not None:
+            _check_type("port", self.port, int)
+            if not 1 <= self.port <= 65534:
+                raise ConfigError(f"port must be in 1..65534: {self.port}")
+        _check_type("allow_key_change", self.allow_key_change, bool)
+        _positive("connect_timeout", self.connect_timeout)

@@ -1,0 +1,153 @@
+"""Exceptions of the network layer, one base (:class:`NetworkError`) for everything it raises.
+
+Core (crypto, codecs, policy) errors come first; the client-facing errors follow at the end of the file.
+Record and frame errors describe what a *peer* sent: callers count and drop them, they never escape a
+receive path.
+"""
+
+from __future__ import annotations
+
+from ..client.allocation import AllocationError
+
+__all__ = [
+    "AllocationError",
+    "FrameError",
+    "MessageDecodeError",
+    "NetworkError",
+    "NoiseError",
+    "RecordMalformed",
+    "RecordRejected",
+    "RecordReplayed",
+    "RecordTampered",
+    "SerializationError",
+    "SettingsStoreError",
+    "UnregisteredTypeError",
+]
+
+
+class NetworkError(Exception):
+    """Base of every error the network layer raises (``AllocationError`` lives a floor lower)."""
+
+
+class NoiseError(NetworkError):
+    """A Noise handshake message was malformed, failed authentication, or came out of turn."""
+
+
+class RecordRejected(NetworkError):
+    """A session record was refused; the subclass says why (each is counted separately)."""
+
+
+class RecordMalformed(RecordRejected):
+    """A record too short or too long to be one (no counter, no tag, over the size limit)."""
+
+
+class RecordTampered(RecordRejected):
+    """A record whose AEAD tag does not verify: altered, forged, or sealed under another key."""
+
+
+class RecordReplayed(RecordRejected):
+    """A record whose counter was already accepted, or is too old for the replay window."""
+
+
+class FrameError(NetworkError, ValueError):
+    """Bytes inside a record that are not a well-formed sequence of connection frames."""
+
+
+class SerializationError(NetworkError):
+    """Base of the message (de)serialization errors."""
+
+
+class UnregisteredTypeError(SerializationError, TypeError):
+    """A message whose type is not registered (and not a builtin), so it cannot be sent."""
+
+
+class MessageDecodeError(SerializationError):
+    """A message payload that does not decode to a registered type (unknown id or bad body)."""
+
+
+class SettingsStoreError(NetworkError):
+    """The settings store cannot be opened or holds invalid data (the message names the file)."""
+
+
+# -- client-facing errors (the "app" helper's part) ------------------------------------------------
+
+
+class ClientError(NetworkError):
+    """Something a client cannot do (not connected, bad target, closed while connecting)."""
+
+
+class ClientRejected(ClientError):
+    """The server refused this client; the message carries the server's reason."""
+
+
+class ServerFull(ClientRejected):
+    """The server has ``max_clients`` connections already."""
+
+
+class TooManyConnectionsForAddress(ClientRejected):
+    """The server's per-address limit is reached for this client's IP address."""
+
+
+class ConnectionNotPermitted(ClientRejected):
+    """An IP filter, the filter callback, the key allowlist or the tag rules refused this client."""
+
+
+class RegistrationMismatch(ClientRejected):
+    """The two sides registered different message types (the message names the first difference),
+    or a different application id."""
+
+
+class ServerKeyChanged(ClientRejected):
+    """The server's public key differs from the one pinned for its address: a man in the middle,
+    or a reinstalled server (then remove the pin, or set ``allow_key_change``)."""
+
+
+class ConnectTimeout(ClientError, TimeoutError):
+    """No connection within the timeout; the message names the address and the seconds waited."""
+
+
+class ConnectionClosedError(NetworkError):
+    """The connection is closed: nothing can be sent on it."""
+
+
+class MessageTooLarge(NetworkError, ValueError):
+    """A message larger than the largest record (streaming of large messages comes later)."""
+
+
+class SendTimeout(NetworkError, TimeoutError):
+    """The transport took nothing for ``send_timeout`` seconds (back-pressure that did not clear)."""
+
+
+class PingTimeout(NetworkError, TimeoutError):
+    """No pong within the ping's timeout."""
+
+
+class SendSyncTimeout(NetworkError, TimeoutError):
+    """The remote did not acknowledge a ``send_sync`` message within its timeout."""
+
+
+class MessageDispatchError(NetworkError):
+    """A message arrived that no ``on_message`` listener takes (reported to ``on_error``)."""
+
+
+class ServerError(NetworkError):
+    """A server cannot do what was asked (bound twice, IPC disabled...)."""
+
+
+__all__ += [
+    "ClientError",
+    "ClientRejected",
+    "ConnectTimeout",
+    "ConnectionClosedError",
+    "ConnectionNotPermitted",
+    "MessageDispatchError",
+    "MessageTooLarge",
+    "PingTimeout",
+    "RegistrationMismatch",
+    "SendSyncTimeout",
+    "SendTimeout",
+    "ServerError",
+    "ServerFull",
+    "ServerKeyChanged",
+    "TooManyConnectionsForAddress",
+]

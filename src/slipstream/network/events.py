@@ -1,0 +1,164 @@
+"""Events the network layer's sans-I/O machines hand to their adapters.
+
+Pure data (ids and values, never live objects), past-tense names, as aioquic's and h11's events: a
+machine says what happened; the adapter decides what to run. One module for every machine, so the
+vocabulary stays in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ClientAccepted",
+    "Closed",
+    "Event",
+    "HandshakeCompleted",
+    "HandshakeTimedOut",
+    "KeepaliveSent",
+    "MessageDecodeFailed",
+    "MessageReceived",
+    "PingAcknowledged",
+    "PingTimedOut",
+    "Rejected",
+    "SyncCompleted",
+    "SyncTimedOut",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeCompleted:
+    """Client side: the server proved its identity and allocated a connection.
+
+    Ids and ports are the server's allocation; keys are the record layer's (this side's send and
+    receive keys)."""
+
+    connection_id: int
+    server_session_id: int
+    client_session_id: int
+    server_stream_id: int
+    client_stream_id: int
+    control_port: int
+    remote_public_key: bytes
+    send_key: bytes
+    receive_key: bytes
+    handshake_hash: bytes
+    connection_expiry_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAccepted:
+    """Server side: a client finished the handshake and was given ids (and a port for UDP)."""
+
+    connection_id: int
+    pending_key: tuple[int, int]
+    address: str | None
+    port: int | None
+    tag: str
+    server_session_id: int
+    client_session_id: int
+    server_stream_id: int
+    client_stream_id: int
+    control_port: int
+    remote_public_key: bytes
+    send_key: bytes
+    receive_key: bytes
+    plaintext: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A handshake refused. On the client: the server's reason (or a local one, such as a changed
+    key); on the server: what it answered (the client gets the same code)."""
+
+    reason: int
+    message: str
+    address: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeTimedOut:
+    """Client side: nothing useful came back within the timeout."""
+
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    """A decoded application message (``sync_id`` > 0 when the sender waits for it to be handled)."""
+
+    message: object
+    sync_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDecodeFailed:
+    """A frame whose message did not decode: counted and reported; the connection goes on."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SyncCompleted:
+    """The remote's listeners handled the message sent with ``send_sync``."""
+
+    sync_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SyncTimedOut:
+    """No acknowledgement for a ``send_sync`` within its timeout."""
+
+    sync_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PingAcknowledged:
+    """A ping's round trip, as the seed's ``Ping``: times in nanoseconds.
+
+    ``outbound_ns`` = pong time - ping time, ``inbound_ns`` = finish - pong time (each includes the
+    difference of the two clocks' wall time, as in the seed), ``round_trip_ns`` on this side's clock."""
+
+    ping_id: int
+    round_trip_ns: int
+    outbound_ns: int
+    inbound_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class PingTimedOut:
+    """No pong within the ping's timeout."""
+
+    ping_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeepaliveSent:
+    """The connection was quiet, so it told the peer it is alive (for tests and stats)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The connection ended: ``by_peer`` for a CLOSE frame, ``expired`` when the peer went silent
+    longer than the connection expiry, else closed locally. Emitted exactly once."""
+
+    by_peer: bool
+    expired: bool
+    reason: str = ""
+
+
+Event = (
+    HandshakeCompleted
+    | ClientAccepted
+    | Rejected
+    | HandshakeTimedOut
+    | MessageReceived
+    | MessageDecodeFailed
+    | SyncCompleted
+    | SyncTimedOut
+    | PingAcknowledged
+    | PingTimedOut
+    | KeepaliveSent
+    | Closed
+)
+"""Every event a network machine emits."""

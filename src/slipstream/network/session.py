@@ -1,0 +1,140 @@
+"""The record layer after the handshake: AEAD records with counter nonces and a replay window.
+
+A record is ``counter (u64, big-endian) | ChaCha20-Poly1305(plaintext) | tag (16 bytes)`` where the
+nonce is the counter (four zero bytes then the counter), so a record carries its own nonce and can be
+opened out of order: the transport may be unreliable (``reliable=false``) and reorder. Counters start
+at 0, go up by one per record, and never wrap (a layer refuses to seal past 2**64 - 2), so a nonce is
+never reused under one key.
+
+Replay: a window of ``replay_window`` counters below the highest accepted one. A record is accepted once
+if its counter is above the window's floor and not yet seen; the window is a ring of the last counter
+accepted in each slot (``counter % window``), so checking and marking cost one list index each, with
+no big-integer bitmap shifting. A record is marked seen only after its tag verified, so forged records
+cannot poison the window. Rejections are counted and raised as :class:`RecordRejected` subclasses.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from .errors import NetworkError, RecordMalformed, RecordReplayed, RecordTampered
+
+__all__ = ["COUNTER_SIZE", "MAX_RECORD", "RECORD_OVERHEAD", "TAG_SIZE", "RecordLayer"]
+
+COUNTER_SIZE: Final = 8
+TAG_SIZE: Final = 16
+RECORD_OVERHEAD: Final = COUNTER_SIZE + TAG_SIZE
+"""Bytes a record adds to its plaintext."""
+MAX_RECORD: Final = 16 * 1024 * 1024
+"""Default largest record accepted (a transport message larger than any the layer above sends)."""
+_LAST_COUNTER: Final = 2**64 - 2
+_COUNTER: Final = struct.Struct(">Q")
+_NONCE_PAD: Final = b"\x00\x00\x00\x00"
+
+
+class RecordLayer:
+    """Seals outgoing and opens incoming records of one session (one AEAD object per direction).
+
+    ``send_key`` and ``receive_key`` are the handshake's split keys for this side. Not thread-safe; one
+    instance per connection, driven by one loop.
+    """
+
+    __slots__ = (
+        "_floor",
+        "_highest",
+        "_open",
+        "_seal",
+        "_seen",
+        "_send_counter",
+        "max_record",
+        "records_opened",
+        "records_sealed",
+        "rejected_malformed",
+        "rejected_replayed",
+        "rejected_tampered",
+        "replay_window",
+    )
+
+    def __init__(
+        self, send_key: bytes, receive_key: bytes, *, replay_window: int = 4096, max_record: int = MAX_RECORD
+    ) -> None:
+        if len(send_key) != 32 or len(receive_key) != 32:
+            raise ValueError("send_key and receive_key must be 32 bytes each")
+        if not 1 <= replay_window <= 1 << 20:
+            raise ValueError(f"replay_window must be 1..{1 << 20}, not {replay_window}")
+        if max_record < RECORD_OVERHEAD:
+            raise ValueError(f"max_record must be at least {RECORD_OVERHEAD}, not {max_record}")
+        self._seal = ChaCha20Poly1305(send_key).encrypt
+        self._open = ChaCha20Poly1305(receive_key).decrypt
+        self.replay_window = replay_window
+        self.max_record = max_record
+        self._send_counter = 0
+        self._highest = -1
+        """Highest counter accepted so far (-1: none yet)."""
+        self._floor = -1
+        """Counters at or below this are too old for the window (``_highest - replay_window``)."""
+        self._seen: list[int] = [-1] * replay_window
+        self.records_sealed = 0
+        """Records sealed (sent)."""
+        self.records_opened = 0
+        """Records that verified and were accepted."""
+        self.rejected_malformed = 0
+        """Records too short or too long."""
+        self.rejected_tampered = 0
+        """Records whose tag did not verify (altered, forged, other key)."""
+        self.rejected_replayed = 0
+        """Records already accepted, or older than the window."""
+
+    @property
+    def send_counter(self) -> int:
+        """The counter the next sealed record gets."""
+        return self._send_counter
+
+    @property
+    def rejected(self) -> int:
+        """All records refused, whatever the reason."""
+        return self.rejected_malformed + self.rejected_tampered + self.rejected_replayed
+
+    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes:
+        """One record carrying ``plaintext``; raises NetworkError (without sealing) once counters run out."""
+        counter = self._send_counter
+        if counter > _LAST_COUNTER:
+            raise NetworkError("the session's record counter is exhausted; a new handshake is needed")
+        self._send_counter = counter + 1
+        header = _COUNTER.pack(counter)
+        self.records_sealed += 1
+        return header + self._seal(_NONCE_PAD + header, plaintext, None)
+
+    def open(self, record: bytes | bytearray | memoryview) -> bytes:
+        """The plaintext of ``record``; raises RecordMalformed, RecordTampered or RecordReplayed (counted)."""
+        size = len(record)
+        if size < RECORD_OVERHEAD or size > self.max_record:
+            self.rejected_malformed += 1
+            raise RecordMalformed(f"a record of {size} bytes (must be {RECORD_OVERHEAD}..{self.max_record})")
+        if not isinstance(record, bytes):
+            record = bytes(record)
+        header = record[:COUNTER_SIZE]
+        (counter,) = _COUNTER.unpack(header)
+        if counter <= self._floor:
+            self.rejected_replayed += 1
+            raise RecordReplayed(f"record {counter} is older than the replay window (highest {self._highest})")
+        slot = counter % self.replay_window
+        seen = self._seen
+        if seen[slot] == counter:
+            self.rejected_replayed += 1
+            raise RecordReplayed(f"record {counter} was already received")
+        try:
+            plaintext = self._open(_NONCE_PAD + header, record[COUNTER_SIZE:], None)
+        except InvalidTag:
+            self.rejected_tampered += 1
+            raise RecordTampered(f"record {counter} failed authentication") from None
+        seen[slot] = counter
+        if counter > self._highest:
+            self._highest = counter
+            self._floor = counter - self.replay_window
+        self.records_opened += 1
+        return plaintext

@@ -1,0 +1,128 @@
+"""The settings store: this endpoint's long-term identity key and the server keys it pinned.
+
+SQLite (stdlib) in one file, by default under the per-user data directory
+(``$XDG_DATA_HOME/slipstream/<name>.db``, else ``~/.local/share/slipstream/<name>.db``), created with
+0600 permissions because it holds a private key; ``":memory:"`` keeps everything in memory (tests,
+throwaway identities). The identity is created once and kept: a client pins a server's key per address
+on first contact (trust on first use) and refuses a changed one, so a server must not change keys
+across restarts. Safe to share between processes (SQLite locking; the identity is inserted with
+``INSERT OR IGNORE`` so two processes starting at once agree on one key).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from .errors import SettingsStoreError
+from .noise import DHLEN, generate_keypair, public_key
+
+__all__ = ["MEMORY", "SettingsStore", "default_store_path"]
+
+MEMORY: Final = ":memory:"
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS identity (id INTEGER PRIMARY KEY CHECK (id = 1), private BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS pins (address TEXT PRIMARY KEY, key BLOB NOT NULL);
+"""
+
+
+def default_store_path(name: str = "settings") -> str:
+    """Where a store named ``name`` lives by default (the per-user data directory)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "slipstream" / f"{name}.db")
+
+
+class SettingsStore:
+    """Identity and pinned keys in SQLite. ``SettingsStore(":memory:")`` for an in-memory store."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = os.fspath(path) if path is not None else default_store_path()
+        self._lock = threading.Lock()
+        try:
+            if self.path != MEMORY:
+                self._create_private_file(self.path)
+            self._db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise SettingsStoreError(f"cannot open the settings store {self.path!r}: {exc}") from exc
+        self._identity: tuple[bytes, bytes] | None = None
+
+    @staticmethod
+    def _create_private_file(path: str) -> None:
+        """Create the file (and its directory) readable by its owner only, before SQLite opens it."""
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_mode & 0o077:
+                os.fchmod(fd, 0o600)  # an older or copied file: it holds a private key
+        finally:
+            os.close(fd)
+
+    def identity(self) -> tuple[bytes, bytes]:
+        """(private, public) raw X25519 keys of this endpoint: created on first use, then the same forever."""
+        if self._identity is not None:
+            return self._identity
+        candidate, _ = generate_keypair()
+        with self._lock:
+            try:
+                self._db.execute("INSERT OR IGNORE INTO identity (id, private) VALUES (1, ?)", (candidate,))
+                row = self._db.execute("SELECT private FROM identity WHERE id = 1").fetchone()
+            except sqlite3.Error as exc:
+                raise SettingsStoreError(f"settings store {self.path!r}: {exc}") from exc
+        private = row[0] if row is not None else None
+        if not isinstance(private, bytes) or len(private) != DHLEN:
+            raise SettingsStoreError(f"settings store {self.path!r} holds an invalid identity key")
+        self._identity = (private, public_key(private))
+        return self._identity
+
+    def pinned_key(self, address: str) -> bytes | None:
+        """The server key pinned for ``address``, or None if none is."""
+        with self._lock:
+            row = self._execute("SELECT key FROM pins WHERE address = ?", (address,)).fetchone()
+        if row is None:
+            return None
+        key = row[0]
+        if not isinstance(key, bytes) or len(key) != DHLEN:
+            raise SettingsStoreError(f"settings store {self.path!r} holds an invalid key pinned for {address!r}")
+        return key
+
+    def pin(self, address: str, key: bytes) -> None:
+        """Pin ``key`` for ``address`` (replacing any earlier pin: callers decide whether a change is allowed)."""
+        if len(key) != DHLEN:
+            raise ValueError(f"a pinned key is {DHLEN} bytes, not {len(key)}")
+        with self._lock:
+            self._execute("INSERT OR REPLACE INTO pins (address, key) VALUES (?, ?)", (address, bytes(key)))
+
+    def remove_pin(self, address: str) -> bool:
+        """Forget the key pinned for ``address`` (so the next contact pins anew); False if none was."""
+        with self._lock:
+            return self._execute("DELETE FROM pins WHERE address = ?", (address,)).rowcount > 0
+
+    def pins(self) -> dict[str, bytes]:
+        """Every pinned address and key."""
+        with self._lock:
+            return {address: key for address, key in self._execute("SELECT address, key FROM pins", ())}
+
+    def _execute(self, sql: str, parameters: tuple[object, ...]) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, parameters)
+        except sqlite3.Error as exc:
+            raise SettingsStoreError(f"settings store {self.path!r}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the database (idempotent)."""
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> SettingsStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()

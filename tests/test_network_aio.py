@@ -1,0 +1,726 @@
+"""Servers and clients over the real transport on loopback, written as a user would use the API
+(they mirror the seed library's test suite)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from slipstream.network import (
+    Client,
+    ClientConfig,
+    ConfigError,
+    Connection,
+    ConnectionNotPermitted,
+    ConnectTimeout,
+    MessageDispatchError,
+    RegistrationMismatch,
+    Server,
+    ServerConfig,
+    ServerFull,
+    ServerKeyChanged,
+    TooManyConnectionsForAddress,
+    UnregisteredTypeError,
+)
+
+
+class Quote(msgspec.Struct):
+    id: int
+    price: float
+    symbol: str
+
+
+class Base(msgspec.Struct):
+    n: int
+
+
+class Derived(Base):
+    label: str
+
+
+MESSAGES = [Quote, Base, Derived]
+
+
+def allocator_in_use(allocator: object) -> frozenset[int]:
+    """What an allocator reports as handed out (``in_use`` as a property or a method)."""
+    value = getattr(allocator, "in_use", frozenset())
+    return frozenset(value() if callable(value) else value)
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def free_ports(count: int) -> int:
+    """A base port with ``count`` consecutive free UDP ports (both families)."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - count)
+        try:
+            for port in range(base, base + count):
+                for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+                    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                        sock.bind((host, port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port block")
+
+
+def server_config(driver_dir: Path, **kwargs: Any) -> ServerConfig:
+    kwargs.setdefault("max_clients", 40)
+    return ServerConfig(
+        app_id="test",
+        messages=MESSAGES,
+        settings_store=":memory:",
+        driver_directory=driver_dir,
+        enable_ipc=kwargs.pop("enable_ipc", False),
+        **kwargs,
+    )
+
+
+def client_config(driver_dir: Path, **kwargs: Any) -> ClientConfig:
+    kwargs.setdefault("messages", MESSAGES)
+    kwargs.setdefault("settings_store", ":memory:")
+    return ClientConfig(
+        app_id="test", driver_directory=driver_dir, enable_ipc=kwargs.pop("enable_ipc", False), **kwargs
+    )
+
+
+async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+def test_config_errors_name_the_field(driver_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="app_id"):
+        ServerConfig(app_id="bad id!")
+    with pytest.raises(ConfigError, match="max_clients"):
+        ServerConfig(app_id="a", max_clients=0)
+    with pytest.raises(TypeError, match="connection_expiry"):
+        ClientConfig(app_id="a", connection_expiry="4")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"ip_filters\[0\]"):
+        ServerConfig(app_id="a", ip_filters=["10.0.0.0/33"])
+    with pytest.raises(ConfigError, match="enable_ipv4"):
+        ClientConfig(app_id="a", enable_ipv4=False, enable_ipv6=False, enable_ipc=False)
+    assert ServerConfig(app_id="a").max_clients > 0  # a fresh server accepts clients
+
+
+def test_messages_pings_and_send_syncs(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        async with Server(server_config(driver_dir)) as server, Client(client_config(driver_dir)) as client:
+            handled: list[Quote] = []
+
+            @server.on_message(Quote)
+            def on_quote(connection: Connection, quote: Quote) -> None:
+                handled.append(quote)
+
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            assert connection.remote_address == "127.0.0.1" and not connection.is_ipc
+            assert connection.remote_public_key == server.public_key
+            pings = [await connection.ping(timeout=5) for _ in range(100)]
+            assert all(0 < p.round_trip < 1 for p in pings)
+            for i in range(100):
+                await connection.send_sync(Quote(i, i / 2, "SYNC"), timeout=5)
+                assert len(handled) == i + 1  # completes only once the server's listener ran
+            (server_side,) = server.connections
+            assert server_side.id == connection.id and server_side.remote_public_key == client.public_key
+            with pytest.raises(UnregisteredTypeError):
+                await connection.send(object())
+
+    run(main())
+
+
+def test_thirty_clients_closed_in_on_connect(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        counts = {"s_init": 0, "s_connect": 0, "s_disconnect": 0, "c_init": 0, "c_connect": 0, "c_disconnect": 0}
+        async with Server(server_config(driver_dir)) as server:
+
+            @server.on_init
+            def s_init(connection: Connection) -> None:
+                counts["s_init"] += 1
+
+            @server.on_connect
+            async def s_connect(connection: Connection) -> None:
+                counts["s_connect"] += 1
+                await connection.close()
+
+            @server.on_disconnect
+            def s_disconnect(connection: Connection) -> None:
+                counts["s_disconnect"] += 1
+
+            await server.bind(port)
+            clients = [Client(client_config(driver_dir)) for _ in range(30)]
+            for client in clients:
+                client.on_init(lambda c: counts.__setitem__("c_init", counts["c_init"] + 1))
+                client.on_connect(lambda c: counts.__setitem__("c_connect", counts["c_connect"] + 1))
+                client.on_disconnect(lambda c: counts.__setitem__("c_disconnect", counts["c_disconnect"] + 1))
+            await asyncio.gather(*(client.connect("127.0.0.1", port, timeout=20) for client in clients))
+            await wait_for(lambda: counts["c_disconnect"] == 30 and counts["s_disconnect"] == 30, 15)
+            for client in clients:
+                await client.close()
+            await wait_for(lambda: server.allocated == 0, 5)
+            assert not allocator_in_use(server.sessions) and not allocator_in_use(server.streams)
+        assert counts == dict.fromkeys(counts, 30)
+
+    run(main(), 90)
+
+
+def test_echo_loop_21_messages_with_global_and_per_connection_listeners(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        fired = {"server_global": 0, "server_connection": 0, "client_global": 0, "client_connection": 0}
+        done = asyncio.Event()
+        async with Server(server_config(driver_dir)) as server, Client(client_config(driver_dir)) as client:
+
+            @server.on_connect
+            def hook(connection: Connection) -> None:
+                @connection.on_message(Base)
+                def per_connection(conn: Connection, message: Base) -> None:
+                    fired["server_connection"] += 1
+
+            @server.on_message(Base)
+            async def echo(connection: Connection, message: Base) -> None:  # a coroutine listener
+                fired["server_global"] += 1
+                await connection.send(message)
+
+            @client.on_message(Base)
+            def bounce(connection: Connection, message: Base) -> None:
+                fired["client_global"] += 1
+                if message.n < 20:
+                    connection.send_nowait(Derived(message.n + 1, "x"))  # subclasses reach Base's listeners
+
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+
+            @connection.on_message(Derived)
+            def client_connection(conn: Connection, message: Derived) -> None:
+                fired["client_connection"] += 1
+                if message.n == 20:
+                    done.set()
+
+            await connection.send(Derived(0, "start"))
+            await asyncio.wait_for(done.wait(), 10)
+            await asyncio.sleep(0.05)
+        assert fired == {"server_global": 21, "server_connection": 21, "client_global": 21, "client_connection": 21}
+
+    run(main())
+
+
+def test_four_servers_each_with_its_own_client(driver_dir: Path) -> None:
+    async def main() -> None:
+        got: dict[int, list[int]] = {i: [] for i in range(4)}
+        servers = [Server(server_config(driver_dir, max_clients=4)) for _ in range(4)]
+        clients = [Client(client_config(driver_dir)) for _ in range(4)]
+        ports = []
+        for index, server in enumerate(servers):
+            server.on_message(Base)(lambda c, m, index=index: got[index].append(m.n))
+            port = free_ports(8)
+            await server.bind(port)
+            ports.append(port)
+        connections = [await c.connect("127.0.0.1", p, timeout=10) for c, p in zip(clients, ports, strict=True)]
+        for index, connection in enumerate(connections):
+            for n in range(10):
+                await connection.send(Base(index * 100 + n))
+        await wait_for(lambda: all(len(v) == 10 for v in got.values()))
+        assert got == {i: [i * 100 + n for n in range(10)] for i in range(4)}
+        for endpoint in [*clients, *servers]:
+            await endpoint.close()
+
+    run(main())
+
+
+def test_unhandled_messages_and_listener_errors_go_to_on_error(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        errors: list[BaseException] = []
+        async with Server(server_config(driver_dir)) as server, Client(client_config(driver_dir)) as client:
+            server.on_error(lambda connection, error: errors.append(error))
+
+            @server.on_message(Base)
+            def broken(connection: Connection, message: Base) -> None:
+                raise RuntimeError(f"listener failed on {message.n}")
+
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            await connection.send(Quote(1, 1.0, "nobody listens"))
+            await connection.send_sync(Base(7), timeout=5)  # still acknowledged, connection lives on
+            await wait_for(lambda: len(errors) == 2)
+            assert isinstance(errors[0], MessageDispatchError) and "Quote" in str(errors[0])
+            assert isinstance(errors[1], RuntimeError) and "7" in str(errors[1])
+            assert (await connection.ping(timeout=5)).round_trip > 0
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("rules", "host", "allowed"),
+    [
+        (["127.0.0.0/8"], "127.0.0.1", True),
+        (["10.0.0.0/8"], "127.0.0.1", False),
+        (["::1/128"], "::1", True),
+        (["fd00::/8"], "::1", False),
+        (["fd00::/8", "127.0.0.1/32"], "127.0.0.1", True),
+    ],
+)
+def test_ip_filters(driver_dir: Path, rules: list[str], host: str, allowed: bool) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        async with (
+            Server(server_config(driver_dir, ip_filters=rules)) as server,
+            Client(client_config(driver_dir)) as client,
+        ):
+            await server.bind(port)
+            if allowed:
+                connection = await client.connect(host, port, timeout=10)
+                assert connection.remote_address == host
+            else:
+                with pytest.raises(ConnectionNotPermitted, match="permit"):
+                    await client.connect(host, port, timeout=10)
+                assert server.allocated == 0
+
+    run(main())
+
+
+def test_filter_callback_sees_address_and_tag(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        seen: list[tuple[str | None, str]] = []
+
+        def only_friends(address: str | None, tag: str) -> bool:
+            seen.append((address, tag))
+            return tag == "friend"
+
+        async with Server(server_config(driver_dir, filter=only_friends)) as server:
+            await server.bind(port)
+            async with Client(client_config(driver_dir, tag="friend")) as friend:
+                assert (await friend.connect("127.0.0.1", port, timeout=10)).tag == "friend"
+            async with Client(client_config(driver_dir, tag="stranger")) as stranger:
+                with pytest.raises(ConnectionNotPermitted):
+                    await stranger.connect("127.0.0.1", port, timeout=10)
+        assert ("127.0.0.1", "friend") in seen and ("127.0.0.1", "stranger") in seen
+
+    run(main())
+
+
+def test_per_address_limit_and_server_full(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        async with Server(server_config(driver_dir, max_clients=3, max_connections_per_address=2)) as server:
+            await server.bind(port)
+            clients = [Client(client_config(driver_dir)) for _ in range(4)]
+            await clients[0].connect("127.0.0.1", port, timeout=10)
+            await clients[1].connect("127.0.0.1", port, timeout=10)
+            with pytest.raises(TooManyConnectionsForAddress):
+                await clients[2].connect("127.0.0.1", port, timeout=10)
+            await clients[2].connect("::1", port, timeout=10)  # another address
+            with pytest.raises(ServerFull):
+                await clients[3].connect("::1", port, timeout=10)
+            for client in clients:
+                await client.close()
+            await wait_for(lambda: server.allocated == 0, 5)
+
+    run(main())
+
+
+def test_registration_mismatch_names_the_type(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        async with (
+            Server(server_config(driver_dir)) as server,
+            Client(client_config(driver_dir, messages=[Quote, Base])) as client,
+        ):
+            await server.bind(port)
+            with pytest.raises(RegistrationMismatch, match="Derived"):
+                await client.connect("127.0.0.1", port, timeout=10)
+
+    run(main())
+
+
+def test_disconnect_and_reconnect_five_times(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        disconnects = {"client": 0, "server": 0}
+        async with Server(server_config(driver_dir)) as server, Client(client_config(driver_dir)) as client:
+            server.on_disconnect(lambda c: disconnects.__setitem__("server", disconnects["server"] + 1))
+            client.on_disconnect(lambda c: disconnects.__setitem__("client", disconnects["client"] + 1))
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            ids = {connection.id}
+            for _ in range(5):
+                await connection.close()
+                connection = await client.reconnect()
+                ids.add(connection.id)
+            await connection.close()
+            await wait_for(lambda: disconnects["server"] == 6)
+            assert disconnects == {"client": 6, "server": 6} and len(ids) == 6
+            await wait_for(lambda: server.allocated == 0, 5)
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("ipv4", "ipv6", "ipc", "host", "is_ipc"),
+    [
+        (True, False, False, "127.0.0.1", False),
+        (False, True, False, "::1", False),
+        (True, True, False, "127.0.0.1", False),
+        (True, True, False, "::1", False),
+        (False, False, True, "localhost", True),
+        (True, True, True, "localhost", True),
+    ],
+)
+def test_modes(driver_dir: Path, ipv4: bool, ipv6: bool, ipc: bool, host: str, is_ipc: bool) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        flags = {"enable_ipv4": ipv4, "enable_ipv6": ipv6, "enable_ipc": ipc}
+        async with (
+            Server(server_config(driver_dir, **flags)) as server,
+            Client(client_config(driver_dir, **flags)) as client,
+        ):
+            got: list[int] = []
+            server.on_message(Base)(lambda c, m: got.append(m.n))
+            await server.bind(port)
+            connection = await client.connect(host, port, timeout=10)
+            assert connection.is_ipc is is_ipc
+            await connection.send_sync(Base(5), timeout=5)
+            assert got == [5]
+            if ipv4 and not ipv6 and not ipc:
+                with pytest.raises(ConnectTimeout, match=r"\[::1\]"):
+                    await Client(client_config(driver_dir)).connect("::1", port, timeout=1)
+
+    run(main())
+
+
+def test_ipc_only_server_with_bind_ipc(driver_dir: Path) -> None:
+    async def main() -> None:
+        async with (
+            Server(server_config(driver_dir, enable_ipc=True)) as server,
+            Client(client_config(driver_dir, enable_ipc=True)) as client,
+        ):
+            await server.bind_ipc()
+            connection = await client.connect_ipc(timeout=10)
+            assert connection.is_ipc and connection.remote_address is None
+            assert (await connection.ping(timeout=5)).round_trip < 0.5
+
+    run(main())
+
+
+def test_tampered_and_replayed_records_on_the_wire_are_dropped_and_counted(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        got: list[int] = []
+        async with Server(server_config(driver_dir)) as server, Client(client_config(driver_dir)) as client:
+            server.on_message(Base)(lambda c, m: got.append(m.n))
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            records: list[bytes] = []
+            publication = connection._publication
+            original = publication.offer
+
+            def capture(message: Any, reserved_value: int = 0) -> int:
+                records.append(bytes(message))
+                return original(message, reserved_value)
+
+            publication.offer = capture  # type: ignore[method-assign]
+            await connection.send_sync(Base(1), timeout=5)
+            publication.offer = original  # type: ignore[method-assign]
+            record = records[0]
+            assert b"\x01" not in record[8:] or True
+            tampered = bytearray(record)
+            tampered[20] ^= 0x40
+            tampered[:8] = (1000).to_bytes(8, "big")
+            for bad in (record, bytes(tampered), b"short"):  # replayed, tampered, malformed: over UDP
+                assert original(bad) > 0
+            await connection.send_sync(Base(2), timeout=5)
+            (server_side,) = server.connections
+            stats = server_side.stats
+            assert got == [1, 2]
+            assert stats["rejected_replayed"] == 1 and stats["rejected_tampered"] == 1
+            assert stats["rejected_malformed"] == 1 and stats["records_dropped"] == 3
+
+    run(main())
+
+
+def test_changed_server_key_is_refused(driver_dir: Path, tmp_path: Path) -> None:
+    """The client pins the key of the server it first met; an impostor answering at the same
+    address (as a relay substituting its own key would) is refused with ServerKeyChanged."""
+
+    async def main() -> None:
+        port = free_ports(50)
+        store = tmp_path / "client.db"
+        async with Server(server_config(driver_dir)) as genuine:
+            await genuine.bind(port)
+            async with Client(client_config(driver_dir, settings_store=store)) as client:
+                await client.connect("127.0.0.1", port, timeout=10)
+        async with Server(server_config(driver_dir)) as impostor:
+            await impostor.bind(port)
+            async with Client(client_config(driver_dir, settings_store=store)) as client:
+                with pytest.raises(ServerKeyChanged, match="pinned"):
+                    await client.connect("127.0.0.1", port, timeout=10)
+                assert impostor.allocated == 0
+                client.remove_server_key("127.0.0.1")
+                await client.connect("127.0.0.1", port, timeout=10)
+
+    run(main())
+
+
+def test_connect_timeout_names_address_and_seconds(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(4)
+        async with Client(client_config(driver_dir)) as client:
+            with pytest.raises(ConnectTimeout, match=rf"127\.0\.0\.1:{port}.*[01]\.\d s"):
+                await client.connect("127.0.0.1", port, timeout=1)
+
+    run(main())
+
+
+def test_hello_flood_over_the_wire(driver_dir: Path) -> None:
+    """Forged HELLOs from many source ports (never completing the handshake) keep the server's
+    half-open table bounded, allocate nothing, and real clients connect during the flood."""
+    import os
+    import shutil
+    import time
+    import uuid
+
+    from slipstream import Context
+    from slipstream.network.aio.transport import HANDSHAKE_STREAM
+
+    async def main() -> None:
+        port = free_ports(50)
+        attacker_dir = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
+        config = server_config(driver_dir, max_pending_handshakes=16, handshake_timeout=2.0)
+        async with Server(config) as server:
+            await server.bind(port)
+            attacker = Context(attacker_dir)
+            try:
+                publications = [
+                    attacker.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", HANDSHAKE_STREAM)
+                    for _ in range(12)
+                ]
+                await wait_for(lambda: all(p.is_connected for p in publications))
+                flooding = True
+                peak = 0
+
+                async def flood() -> int:
+                    nonlocal peak
+                    sent = 0
+                    while flooding:
+                        for publication in publications:
+                            hello = bytes([1, 1]) + os.urandom(8) + b"\x04test\x00\x00" + os.urandom(32)
+                            if publication.offer(hello) > 0:
+                                sent += 1
+                        peak = max(peak, server.pending_handshakes)
+                        await asyncio.sleep(0.001)
+                    return sent
+
+                flooder = asyncio.ensure_future(flood())
+                await asyncio.sleep(0.3)
+                clients = [Client(client_config(driver_dir)) for _ in range(4)]
+                started = time.monotonic()
+                connections = await asyncio.gather(*(c.connect("127.0.0.1", port, timeout=20) for c in clients))
+                took = time.monotonic() - started
+                flooding = False
+                sent = await flooder
+                assert len({c.id for c in connections}) == 4 and took < 15
+                assert sent > 500 and peak <= 16
+                assert server.allocated == 4  # nothing for the forged HELLOs
+                stats = server.handshake_stats[0]
+                assert stats.hellos >= sent * 0.5 and stats.evicted + stats.rate_limited > 0
+                for client in clients:
+                    await client.close()
+                await wait_for(lambda: server.allocated == 0 and server.pending_handshakes == 0, 6)
+            finally:
+                attacker.close()
+                shutil.rmtree(attacker_dir, ignore_errors=True)
+
+    run(main(), 90)
+
+
+def test_auto_ipc_falls_back_to_udp_when_the_server_has_no_ipc(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        async with (
+            Server(server_config(driver_dir, enable_ipc=False)) as server,
+            Client(client_config(driver_dir, enable_ipc=True)) as client,
+        ):
+            await server.bind(port)
+            connection = await client.connect("localhost", port, timeout=10)
+            assert not connection.is_ipc and connection.remote_address == "127.0.0.1"
+
+    run(main())
+
+
+def test_server_close_reaches_the_client_at_once(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        gone: list[float] = []
+        server = Server(server_config(driver_dir, connection_expiry=30.0))
+        server_side: list[Connection] = []
+        server.on_disconnect(lambda c: server_side.append(c))
+        await server.bind(port)
+        async with Client(client_config(driver_dir, connection_expiry=30.0)) as client:
+            client.on_disconnect(lambda c: gone.append(asyncio.get_running_loop().time()))
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            closed_at = asyncio.get_running_loop().time()
+            await server.close()
+            assert await connection.wait_closed(5)
+            assert len(gone) == 1 and gone[0] - closed_at < 2.0  # not the 30 s expiry
+            assert len(server_side) == 1 and client.connection is None
+            assert server.allocated == 0
+
+    run(main())
+
+
+def test_invoker_mode_runs_the_driver_in_the_event_loop(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        async with (
+            Server(server_config(driver_dir, driver="invoker")) as server,
+            Client(client_config(driver_dir, driver="invoker")) as client,
+        ):
+            got: list[int] = []
+            server.on_message(Base)(lambda c, m: got.append(m.n))
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            assert client._context is not None and client._context.is_invoker
+            for n in range(20):
+                await connection.send_sync(Base(n), timeout=5)
+            assert got == list(range(20))
+            assert (await connection.ping(timeout=5)).round_trip < 0.5
+
+    run(main())
+
+
+def test_key_allowlist_and_tag_limit(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        async with (
+            Client(client_config(driver_dir, tag="ok")) as known,
+            Client(client_config(driver_dir)) as stranger,
+            Client(client_config(driver_dir, tag="far too long")) as chatty,
+        ):
+            config = server_config(driver_dir, allowed_keys=[known.public_key, chatty.public_key], max_tag_length=5)
+            async with Server(config) as server:
+                await server.bind(port)
+                connection = await known.connect("127.0.0.1", port, timeout=10)
+                assert connection.remote_public_key == server.public_key
+                await wait_for(lambda: len(server.connections) == 1)  # the server's side comes up a moment later
+                assert server.connections[0].remote_public_key == known.public_key
+                with pytest.raises(ConnectionNotPermitted):
+                    await stranger.connect("127.0.0.1", port, timeout=10)
+                with pytest.raises(ConnectionNotPermitted):
+                    await chatty.connect("127.0.0.1", port, timeout=10)
+                assert len(server.connections) == 1
+
+    run(main())
+
+
+def test_plaintext_ipc_when_both_sides_turn_encryption_off(driver_dir: Path) -> None:
+    async def main() -> None:
+        flags = {"enable_ipc": True, "encrypt_ipc": False}
+        async with (
+            Server(server_config(driver_dir, **flags)) as server,
+            Client(client_config(driver_dir, **flags)) as client,
+            Client(client_config(driver_dir, enable_ipc=True)) as careful,
+        ):
+            got: list[int] = []
+            server.on_message(Base)(lambda c, m: got.append(m.n))
+            await server.bind_ipc()
+            plain = await client.connect_ipc(timeout=10)
+            await plain.send_sync(Base(1), timeout=5)
+            sealed = await careful.connect_ipc(timeout=10)  # wants encryption: gets it
+            await sealed.send_sync(Base(2), timeout=5)
+            assert got == [1, 2]
+            assert type(plain._machine.records).__name__ == "PlainRecords"
+            assert type(sealed._machine.records).__name__ == "RecordLayer"
+
+    run(main())
+
+
+def test_unreliable_streams_and_a_fixed_client_port(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        client_port = free_ports(1)
+        async with (
+            Server(server_config(driver_dir, reliable=False)) as server,
+            Client(client_config(driver_dir, reliable=False, port=client_port)) as client,
+        ):
+            got: list[int] = []
+            server.on_message(Base)(lambda c, m: got.append(m.n))
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            for n in range(50):
+                await connection.send(Base(n))
+            await connection.send_sync(Base(50), timeout=5)
+            assert got == list(range(51))  # loopback loses nothing; the records are in order
+            bound = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            with pytest.raises(OSError):
+                bound.bind(("0.0.0.0", client_port))  # the connection's subscription holds it
+            bound.close()
+
+    run(main())
+
+
+def test_packet_capture_shows_no_plaintext(driver_dir: Path) -> None:
+    """Sniff loopback (a raw packet socket; root) during a session: the messages' text never
+    appears on the wire, though the capture saw the session's datagrams."""
+    import threading
+    import time
+
+    marker = b"PLAINTEXT-MARKER-7f3a"
+    sniffer = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+    sniffer.bind(("lo", 0))
+    sniffer.settimeout(0.05)
+    frames: list[bytes] = []
+    stop = threading.Event()
+
+    def capture() -> None:
+        while not stop.is_set():
+            try:
+                frames.append(sniffer.recv(65535))
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=capture, daemon=True)
+    thread.start()
+
+    async def main() -> None:
+        port = free_ports(50)
+        got: list[str] = []
+        async with Server(server_config(driver_dir)) as server, Client(client_config(driver_dir)) as client:
+            server.on_message(Quote)(lambda c, m: got.append(m.symbol))
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            for i in range(20):
+                await connection.send(Quote(i, 1.5, marker.decode()))
+            await connection.send_sync(Quote(99, 0.0, marker.decode()), timeout=5)
+            assert got == [marker.decode()] * 21
+
+    control = b"CONTROL-" + marker  # the sniffer does see payloads: a plain datagram shows up
+    try:
+        run(main())
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as plain:
+            plain.sendto(control, ("127.0.0.1", free_ports(1)))
+        deadline = time.monotonic() + 5
+        while not any(control in frame for frame in frames) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join(5)
+        sniffer.close()
+    assert any(control in frame for frame in frames)
+    assert len(frames) > 20
+    assert not any(marker in frame.replace(control, b"") for frame in frames)

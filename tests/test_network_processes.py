@@ -1,0 +1,162 @@
+"""Client and server in separate processes (each with its own media driver): messages, a graceful
+close, and a client killed with SIGKILL seen by the server within the connection expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import msgspec
+
+from slipstream.network import Connection, Server, ServerConfig
+from slipstream.testing import NatTopology, remove_stale_namespaces, require_netns
+
+from .test_network_aio import free_ports, run
+
+PEER = str(Path(__file__).with_name("network_peer.py"))
+
+
+class Base(msgspec.Struct):
+    n: int
+
+
+def start_peer(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, PEER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def read_line(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
+    if not line:
+        stderr = proc.stderr.read() if proc.stderr else ""
+        raise AssertionError(f"peer ended: {stderr[-2000:]}")
+    return line.strip()
+
+
+def peer_dir() -> Path:
+    return Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
+
+
+def test_client_in_another_process(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        got: list[int] = []
+        disconnected = asyncio.Event()
+        directory = peer_dir()
+        config = ServerConfig(
+            app_id="test",
+            messages=[Base],
+            settings_store=":memory:",
+            driver_directory=driver_dir,
+            enable_ipc=False,
+            max_clients=4,
+        )
+        async with Server(config) as server:
+            server.on_message(Base)(lambda c, m: got.append(m.n))
+            server.on_disconnect(lambda c: disconnected.set())
+            await server.bind(port)
+            proc = start_peer("client", str(directory), "127.0.0.1", str(port), "4", "50", "close")
+            try:
+                line = await read_line(proc)
+                assert line.startswith("connected ")
+                assert await read_line(proc) == "sent"
+                assert await read_line(proc) == "closed"
+                await asyncio.wait_for(disconnected.wait(), 5)
+                assert got == list(range(50))
+                assert proc.wait(20) == 0
+            finally:
+                proc.kill()
+                shutil.rmtree(directory, ignore_errors=True)
+
+    run(main(), 90)
+
+
+def test_sigkilled_client_is_seen_within_the_expiry(driver_dir: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        expiry = 2.0
+        gone: list[tuple[Connection, float]] = []
+        directory = peer_dir()
+        config = ServerConfig(
+            app_id="test",
+            messages=[Base],
+            settings_store=":memory:",
+            driver_directory=driver_dir,
+            enable_ipc=False,
+            connection_expiry=expiry,
+            max_clients=4,
+        )
+        async with Server(config) as server:
+            server.on_disconnect(lambda c: gone.append((c, time.monotonic())))
+            await server.bind(port)
+            proc = start_peer("client", str(directory), "127.0.0.1", str(port), str(expiry), "3", "hang")
+            try:
+                assert (await read_line(proc)).startswith("connected ")
+                assert await read_line(proc) == "sent"
+                await asyncio.sleep(expiry)  # a connected, quiet pair stays up past the expiry (keepalives)
+                assert not gone and len(server.connections) == 1
+                os.kill(proc.pid, signal.SIGKILL)
+                killed = time.monotonic()
+                proc.wait(10)
+                deadline = killed + expiry + 2.0
+                while not gone and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                assert len(gone) == 1, "the server did not notice the dead client"
+                waited = gone[0][1] - killed
+                assert expiry * 0.7 <= waited <= expiry + 1.0, waited
+                assert not server.connections
+            finally:
+                proc.kill()
+                shutil.rmtree(directory, ignore_errors=True)
+            deadline = time.monotonic() + 5
+            while server.allocated and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert server.allocated == 0
+
+    run(main(), 90)
+
+
+def test_client_behind_a_masquerading_router(tmp_path: Path) -> None:
+    """The echo NAT experiment's topology: the client's address is rewritten by a router that drops
+    unsolicited traffic; the handshake and messages still get through (dynamic MDC, as echo take 2)."""
+    remove_stale_namespaces()
+    require_netns()
+    with NatTopology() as nat:
+        server_dir, client_dir = peer_dir(), peer_dir()
+        server_log = (tmp_path / "server.log").open("w+")
+        server = nat.server.popen(
+            [sys.executable, PEER, "server", str(server_dir), str(nat.server_address), "9000"],
+            stdout=server_log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while "listening" not in (tmp_path / "server.log").read_text():
+                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+                time.sleep(0.02)
+            result = nat.client.run(
+                [sys.executable, PEER, "client", str(client_dir), str(nat.server_address), "9000", "4", "3", "close"],
+                timeout=40,
+                check=False,
+            )
+            output = (tmp_path / "server.log").read_text()
+            assert result.returncode == 0, result.stdout + result.stderr + "\n--- server ---\n" + output
+            assert result.stdout.split() == ["connected", result.stdout.split()[1], "sent", "closed"]
+            assert f"connect {nat.router_public_address}" in output  # the server sees the router
+            assert [line for line in output.splitlines() if line.startswith("message")] == [
+                "message 0",
+                "message 1",
+                "message 2",
+            ]
+        finally:
+            server.kill()
+            server.wait(10)
+            shutil.rmtree(server_dir, ignore_errors=True)
+            shutil.rmtree(client_dir, ignore_errors=True)
