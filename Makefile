@@ -9,17 +9,18 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,pipeline]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) system-deps
 	$(VENV)/bin/slipstream demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
-# System packages the tests need (nft, ip for the netns test hosts); no apt call when present.
+# System packages the tests need (nft, ip for the netns test hosts; Java 17 for Spark, chromium for the
+# report check); no apt call when present.
 system-deps:
 	bash scripts/ensure-system-deps.sh
 

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import demo, driver, echo, observe, samples
+from . import demo, driver, echo, observe, pipeline, record, samples
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -18,6 +18,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     driver.register(commands)
     echo.register(commands)
     observe.register(commands)
+    pipeline.register(commands)
+    record.register(commands)
     samples.register(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(
