@@ -44,7 +44,7 @@ from ..telemetry import (
     handshake_rejected,
     msgspec_decoder,
 )
-from .run import DEFAULT_ABUSE_THRESHOLD
+from .options import DEFAULT_ABUSE_THRESHOLD, ReportOptions
 
 IPC_STREAM = 1001
 UDP_STREAM = 1002
@@ -235,7 +235,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .jobs import ReportOptions
     from .run import generate_report
 
     output: Path = args.output or Path.cwd() / time.strftime("slipstream-demo-%Y%m%d-%H%M%S")

@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..telemetry import Recording, recover
-from .run import DEFAULT_ABUSE_THRESHOLD
+from .options import ReportOptions
 
 RECORDED_KINDS = (
     "connection_events",
@@ -43,21 +43,6 @@ TABLES = (
 )
 """The report's tables, in the order they are built."""
 
-
-
-@dataclass(frozen=True)
-class ReportOptions:
-    """What the report computes. ``abuse_threshold``: rejected handshakes from one address that put it
-    on the abuse list; ``bucket_s``: width of the throughput-over-time buckets."""
-
-    abuse_threshold: int = DEFAULT_ABUSE_THRESHOLD
-    bucket_s: int = 1
-
-    def __post_init__(self) -> None:
-        if self.abuse_threshold < 1:
-            raise ValueError(f"abuse_threshold must be >= 1, not {self.abuse_threshold}")
-        if self.bucket_s < 1:
-            raise ValueError(f"bucket_s must be >= 1, not {self.bucket_s}")
 
 
 def load(spark: SparkSession, root: str | Path, kind: str) -> DataFrame:

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .jobs import ReportOptions, TablesResult
+from .jobs import TablesResult
+from .options import ReportOptions
 
 PLOTS = ("throughput", "message_types", "rejections", "rtt")
 MAX_ROWS = 50

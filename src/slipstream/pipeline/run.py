@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-if TYPE_CHECKING:
-    from .jobs import ReportOptions, TablesResult
+from .options import DEFAULT_ABUSE_THRESHOLD, ReportOptions
 
-DEFAULT_ABUSE_THRESHOLD = 5
-"""Rejected handshakes from one address that put it on the abuse list (``--abuse-threshold``)."""
+if TYPE_CHECKING:
+    from .jobs import TablesResult
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ def generate_report(
     show_progress: bool = True,
 ) -> ReportOutcome:
     """Start (or reuse) a Spark session, run every job, write tables and the HTML report."""
-    from .jobs import TABLES, Progress, ReportOptions, build_tables
+    from .jobs import TABLES, Progress, build_tables
     from .report import write_report
     from .session import spark_session
 
@@ -88,8 +87,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .jobs import ReportOptions
-
     try:
         options = ReportOptions(abuse_threshold=args.abuse_threshold, bucket_s=args.bucket)
         outcome = generate_report(
