@@ -21,13 +21,13 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from slipstream import Context  # noqa: E402
-from slipstream.pipeline.demo import RunSummary, abuse_loop, record_run  # noqa: E402
-from slipstream.pipeline.jobs import TABLES  # noqa: E402
-from slipstream.pipeline.options import ReportOptions  # noqa: E402
-from slipstream.pipeline.run import ReportOutcome, generate_report  # noqa: E402
-from slipstream.pipeline.submit import SUBMIT_SCRIPT  # noqa: E402
-from slipstream.telemetry import Recorder, RecorderConfig, Recording, StreamStats  # noqa: E402
+from slipstream import Context
+from slipstream.pipeline.demo import RunSummary, abuse_loop, record_run
+from slipstream.pipeline.jobs import TABLES
+from slipstream.pipeline.options import ReportOptions
+from slipstream.pipeline.run import ReportOutcome, generate_report
+from slipstream.pipeline.submit import SUBMIT_SCRIPT
+from slipstream.telemetry import Recorder, RecorderConfig, Recording, StreamStats
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("SLIPSTREAM_ARTIFACTS", ROOT / "test-artifacts"))
@@ -305,7 +305,7 @@ def test_standalone_cluster_under_spark_submit_gives_the_same_tables(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert f"spark: {standalone_cluster}" in proc.stdout
-    assert "[8/8] errors done" in proc.stderr  # the progress display
+    assert "[8/8] errors done" in proc.stderr + proc.stdout, proc.stderr[-3000:]  # the progress display
     for name in TABLES:
         cluster = pq.read_table(out / "tables" / name).to_pylist()
         local = pq.read_table(report.tables.paths[name]).to_pylist()
