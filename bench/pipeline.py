@@ -378,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\nslipstream pipeline benchmark")
     if "report" in result:
         report = result["report"]
-        print(f"Spark local[2] start-up: {report['spark_startup_s']:.1f} s (first tiny job {report['first_tiny_job_s']:.1f} s)")
+        startup, first = report["spark_startup_s"], report["first_tiny_job_s"]
+        print(f"Spark local[2] start-up: {startup:.1f} s (then a first tiny job: {first:.1f} s)")
         print(f"{'rows':>12} {'Spark local[2]':>15} {'pyarrow 1 proc':>15} {'Spark/pyarrow':>14}")
         for entry in report["sizes"]:
             print(f"{entry['rows']:>12,} {entry['spark_s']:>13.1f} s {entry['pyarrow_s']:>13.2f} s "

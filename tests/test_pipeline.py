@@ -48,7 +48,9 @@ def report(spark: Any, recorded: tuple[Path, RunSummary], tmp_path_factory: pyte
     return generate_report(recorded[0], out, options=ReportOptions(abuse_threshold=5), show_progress=False)
 
 
-def test_report_tables_agree_with_what_the_run_counted(report: ReportOutcome, recorded: tuple[Path, RunSummary]) -> None:
+def test_report_tables_agree_with_what_the_run_counted(
+    report: ReportOutcome, recorded: tuple[Path, RunSummary]
+) -> None:
     _, summary = recorded
     rows = report.tables.rows
     assert set(rows) == set(TABLES)
@@ -159,7 +161,9 @@ class Score(msgspec.Struct, tag="Score", tag_field="type"):
     points: int
 
 
-def test_sink_publishes_each_row_exactly_once_onto_a_real_subscription(spark: Any, driver: Any, driver_dir: Path) -> None:
+def test_sink_publishes_each_row_exactly_once_onto_a_real_subscription(
+    spark: Any, driver: Any, driver_dir: Path
+) -> None:
     rows = [(f"player{i}", i) for i in range(1000)]
     df = spark.createDataFrame(rows, "player string, points long").repartition(4)
     received: list[Score] = []
