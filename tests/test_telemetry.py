@@ -213,7 +213,7 @@ def test_sigkill_loses_at_most_one_flush_interval_and_no_finalized_segment(tmp_p
     assert {p: d for p, d in after.items() if p in before} == before, "a finalized segment changed"
     # The open journal's flushed rows are readable before recovery, and recovery makes them a segment.
     live = Recording(tmp_path).read("stream_stats", include_open=True).num_rows
-    assert recover(tmp_path) == 1
+    assert recover(tmp_path) in (0, 1)  # 0 when the kill came before the open segment's first fsync
     assert not journals(kind_dir)
     table = Recording(tmp_path).read("stream_stats")
     assert table.num_rows == live
@@ -266,6 +266,7 @@ def test_capture_of_real_ipc_and_udp_streams_with_typed_messages(driver_dir: Pat
             assert time.monotonic() < deadline, [c.messages for c in captures]
             for capture in captures:
                 capture.poll()
+                capture.convert()
         sampler.stop()
     recorder.close()
     recording = Recording(tmp_path)

@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - started
     print(
         f"recorded {capture.messages} messages ({capture.bytes} bytes) in {elapsed:.1f} s; "
-        f"dropped {capture.dropped}; {recorder.segments_finalized} segments in {recorder.writer_dir}",
+        f"dropped {capture.dropped}; {recorder.segments_finalized} segments in {recorder.writer_dir}; "
+        f"cpu {time.process_time():.1f} s",
         flush=True,
     )
     return 0

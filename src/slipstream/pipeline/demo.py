@@ -163,6 +163,7 @@ def record_run(
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{channel}: captured {capture.messages} of {messages}")
                     if capture.poll() == 0:
+                        capture.convert()
                         time.sleep(0.0005)
                 summary.messages[channel] = messages
                 summary.bytes[channel] = sent_bytes

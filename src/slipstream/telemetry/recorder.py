@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,8 @@ class _Kind:
     arrow: Any = None
     next_seq: int = 0
     pending: list[tuple[object, ...]] = field(default_factory=list)
+    tables: list[Any] = field(default_factory=list)
+    """Arrow tables handed over whole (``extend_table``), written after ``pending``'s rows."""
     open: _OpenSegment | None = None
 
 
@@ -114,6 +117,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._kinds: dict[str, _Kind] = {}
+        self._hooks: list[Callable[[], object]] = []
         self._pending_rows = 0
         self.dropped_rows = 0
         """Rows refused because ``max_pending_rows`` were waiting (bounded memory)."""
@@ -166,6 +170,36 @@ class Recorder:
             self._pending_rows += len(rows)
         return True
 
+    def extend_table(self, schema: KindSchema, table: Any, *, bounded: bool = True) -> bool:
+        """Record an Arrow table whose columns are ``schema``'s (a producer that builds columns itself,
+        as the block capture does, skips the per-row tuples). False if dropped (bounded memory).
+
+        ``bounded=False`` is for flush hooks: their table is written by the flush that called them, and
+        the producer bounds its own backlog (the capture's ``max_pending_bytes``)."""
+        with self._lock:
+            if self._closed:
+                raise RecorderClosedError(f"recorder {self.writer_id} is closed")
+            kind = self._kinds.get(schema.kind)
+            if kind is None or kind.schema is not schema:
+                kind = self._register(schema)
+            if bounded and self._pending_rows + table.num_rows > self.config.max_pending_rows:
+                self.dropped_rows += table.num_rows
+                return False
+            kind.tables.append(table)
+            self._pending_rows += table.num_rows
+        return True
+
+    def add_flush_hook(self, hook: Callable[[], object]) -> None:
+        """Run ``hook`` on the writer thread at the start of every flush: a producer that defers its
+        conversion work (raw blocks to rows) does it there, off its own hot path."""
+        with self._lock:
+            self._hooks.append(hook)
+
+    def remove_flush_hook(self, hook: Callable[[], object]) -> None:
+        with self._lock:
+            if hook in self._hooks:
+                self._hooks.remove(hook)
+
     @property
     def pending_rows(self) -> int:
         return self._pending_rows
@@ -187,13 +221,17 @@ class Recorder:
     def flush(self, *, finalize: bool = False) -> None:
         """Make every pending row durable now (and finalize the open segments if ``finalize``)."""
         with self._flush_lock:
+            for hook in list(self._hooks):
+                hook()
             with self._lock:
-                batches = [(kind, kind.pending) for kind in self._kinds.values() if kind.pending]
-                for kind, _ in batches:
+                batches = [(kind, kind.pending, kind.tables) for kind in self._kinds.values()
+                           if kind.pending or kind.tables]  # fmt: skip
+                for kind, _, _ in batches:
                     kind.pending = []
+                    kind.tables = []
                 self._pending_rows = 0
-            for kind, rows in batches:
-                self._write(kind, rows)
+            for kind, rows, tables in batches:
+                self._write(kind, rows, tables)
             now = time.monotonic()
             for kind in list(self._kinds.values()):
                 segment = kind.open
@@ -204,14 +242,18 @@ class Recorder:
                 ):
                     self._finalize(kind)
 
-    def _write(self, kind: _Kind, rows: list[tuple[object, ...]]) -> None:
+    def _write(self, kind: _Kind, rows: list[tuple[object, ...]], tables: list[Any]) -> None:
+        import pyarrow as pa
+
         if kind.arrow is None:
             kind.arrow = arrow_schema(kind.schema, self.writer_id)
             kind_dir = self.writer_dir / kind.schema.kind
             kind_dir.mkdir(parents=True, exist_ok=True)
             existing = [seq for seq, _ in finalized_segments(kind_dir)] + [seq for seq, _ in journals(kind_dir)]
             kind.next_seq = max(existing, default=-1) + 1
-        table = table_from_rows(kind.arrow, rows)
+        parts = [table_from_rows(kind.arrow, rows)] if rows else []
+        parts.extend(table.cast(kind.arrow) for table in tables)
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
         segment = kind.open or self._open(kind)
         segment.writer.write_table(table)
         segment.file.flush()
@@ -228,7 +270,8 @@ class Recorder:
         kind.next_seq += 1
         path = self.writer_dir / kind.schema.kind / journal_name(seq)
         file = open(path, "wb")  # noqa: SIM115 - closed when the segment is finalized
-        writer = pa.ipc.new_stream(file, kind.arrow)
+        # LZ4 keeps the journal (written and fsynced every flush, read once at finalization) small and cheap.
+        writer = pa.ipc.new_stream(file, kind.arrow, options=pa.ipc.IpcWriteOptions(compression="lz4"))
         kind.open = _OpenSegment(seq, path, file, writer, time.monotonic())
         return kind.open
 
