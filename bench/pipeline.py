@@ -165,6 +165,10 @@ def pyarrow_tables(root: Path, threshold: int) -> dict[str, Any]:
         [("messages_sent", "max"), ("messages_received", "max"), ("bytes_sent", "max"), ("bytes_received", "max"),
          ("bytes_lost", "max"), ("timestamp_ns", "max"), ("rtt_ns", "tdigest", pc.TDigestOptions(q=[0.5, 0.95, 0.99]))]
     )  # fmt: skip
+    digest = totals.column("rtt_ns_tdigest")
+    totals = totals.drop_columns(["rtt_ns_tdigest"])
+    for i, name in enumerate(("rtt_p50_ns", "rtt_p95_ns", "rtt_p99_ns")):
+        totals = totals.append_column(name, pc.list_element(digest, i))
     opened = events.filter(pc.is_valid(events.column("connection_id"))).group_by("connection_id").aggregate(
         [("timestamp_ns", "min"), ("timestamp_ns", "max")]
     )

@@ -315,3 +315,12 @@ def test_standalone_cluster_under_spark_submit_gives_the_same_tables(
         local = pq.read_table(report.tables.paths[name]).to_pylist()
         assert cluster == local, name
     assert Recording(recorded[0]).segments("captured")
+
+
+def test_report_command_names_a_missing_input(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "slipstream", "pipeline", "report", "--input", str(tmp_path / "nope"), "--output",
+         str(tmp_path / "out")], capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--input" in proc.stderr and "nope" in proc.stderr

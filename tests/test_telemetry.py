@@ -324,3 +324,41 @@ def test_record_command_captures_a_stream_until_sigterm(driver_dir: Path, tmp_pa
     captured = Recording(out).read("captured")
     assert [int.from_bytes(p[:4], "little") for p in captured.column("payload").to_pylist()] == list(range(1000))
     assert Recording(out).read("driver_counters").num_rows > 0
+
+
+def test_recording_config_opens_a_recorder_only_when_enabled(tmp_path: Path) -> None:
+    from slipstream.telemetry import RecordingConfig
+
+    assert RecordingConfig().open("server") is None
+    recorder = RecordingConfig(directory=tmp_path).open("server")
+    assert recorder is not None
+    with recorder:
+        recorder.record(handshake_rejected(1, address="192.0.2.1:9", reason="ip_filter"))
+    assert recorder.writer_id.startswith("server-")
+    assert Recording(tmp_path).read("connection_events").num_rows == 1
+    with pytest.raises(RecordError, match="stats_interval_s"):
+        RecordingConfig(stats_interval_s=0)
+
+
+def test_standalone_driver_records_its_counters_by_configuration(driver_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slipstream", "driver", "--dir", str(driver_dir), "--record", str(out),
+         "--record-interval", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("media driver running")
+        assert proc.stdout.readline().startswith("recording counters")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    samples = Recording(out).read("driver_counters").to_pylist()
+    assert len({r["timestamp_ns"] for r in samples}) >= 3  # several samples, each of every counter
+    assert any(r["type_name"] == "system" for r in samples)

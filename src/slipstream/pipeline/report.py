@@ -110,11 +110,13 @@ def plot_rtt(rows: Sequence[dict[str, Any]], path: Path) -> None:
     _save(fig, path)
 
 
-def _cell(value: object) -> str:
+def _cell(value: object, column: str = "") -> str:
     if value is None:
         return '<td class="null">-</td>'
     if isinstance(value, float):
         return f'<td class="num">{value:,.3f}</td>'
+    if column.endswith("_ns") and isinstance(value, int) and value > 10**17:  # a wall-clock time
+        return f"<td>{_utc(value)}</td>"
     if isinstance(value, int) and not isinstance(value, bool):
         return f'<td class="num">{value:,}</td>'
     return f"<td>{html.escape(str(value))}</td>"
@@ -125,9 +127,14 @@ def _table(name: str, rows: Sequence[dict[str, Any]]) -> str:
         return f'<p class="empty">No rows in <code>{html.escape(name)}</code>.</p>'
     columns = list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "\n".join("<tr>" + "".join(_cell(row[c]) for c in columns) + "</tr>" for row in rows[:MAX_ROWS])
+    body = "\n".join("<tr>" + "".join(_cell(row[c], c) for c in columns) + "</tr>" for row in rows[:MAX_ROWS])
     more = f"<p>{len(rows) - MAX_ROWS} more rows in the Parquet table.</p>" if len(rows) > MAX_ROWS else ""
     return f'<table id="table-{html.escape(name)}"><tr>{head}</tr>\n{body}</table>{more}'
+
+
+def _utc(timestamp_ns: int) -> str:
+    seconds, ns = divmod(timestamp_ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + f".{ns // 1_000_000:03d}"
 
 
 _STYLE = """

@@ -8,6 +8,7 @@ the recorder and the reader import it when they first touch a file.
 """
 
 from .capture import Decoder, DriverSampler, StreamCapture, msgspec_decoder
+from .config import RecordingConfig
 from .errors import RecorderClosedError, RecordError, RecordingLockedError, SchemaVersionError, TelemetryError
 from .reader import Recording, Segment, read_segment
 from .recorder import Recorder, RecorderConfig, default_writer_id
@@ -51,6 +52,7 @@ __all__ = [
     "RecorderClosedError",
     "RecorderConfig",
     "Recording",
+    "RecordingConfig",
     "RecordingLockedError",
     "SchemaVersionError",
     "Segment",
