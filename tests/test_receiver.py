@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.logbuffer import Header, LogBuffers, read_term
-from slipstream.protocol.receiver import (
+from slipstream.protocol import (
     GapFilled,
     ImageCreated,
     ImageEndOfStream,
@@ -143,9 +143,10 @@ def test_setup_for_subscribed_stream_creates_image_and_sends_status_message_imme
     (event,) = endpoint.take_events()
     assert isinstance(event, ImageCreated)
     assert (event.session_id, event.stream_id, event.source, event.join_position) == (SESSION, STREAM, SRC, TERM + 1024)
-    log = event.image.log
+    image = endpoint.image_by_id(event.image_id)
+    log = image.log
     assert (log.initial_term_id, log.session_id, log.stream_id, log.mtu) == (INITIAL, SESSION, STREAM, 1408)
-    assert endpoint.images == [event.image] and endpoint.images_created == 1
+    assert endpoint.images == [image] and endpoint.images_created == 1
 
 
 def test_setup_for_known_session_creates_no_second_image() -> None:
@@ -473,10 +474,10 @@ def test_end_of_stream_drains_image_with_eos_status_messages_then_removes_it_aft
     image.on_consumption(320)
     endpoint.poll(1101 * MS)
     assert image.state is ImageState.LINGER and endpoint.images == []
-    assert endpoint.take_events() == [ImageRemoved(SESSION, STREAM, "end_of_stream", image)]
+    assert endpoint.take_events() == [ImageRemoved(SESSION, STREAM, "end_of_stream", image.image_id)]
     assert endpoint.poll(1500 * MS) == []
     endpoint.poll(12 * S)
-    assert endpoint.take_events() == [ImageReleased(SESSION, STREAM, image)]
+    assert endpoint.take_events() == [ImageReleased(SESSION, STREAM, image.image_id)]
     endpoint.on_datagram(setup(term_offset=320), 12 * S, SRC)  # no cool-down after a clean end
     assert endpoint.image(SESSION, STREAM) is not None
 

@@ -16,7 +16,7 @@ from slipstream.logbuffer import (
     LogBuffers,
     compute_log_length,
 )
-from slipstream.protocol.sender import NetworkPublicationSender, SenderConfig, SenderState
+from slipstream.protocol import NetworkPublicationSender, SenderConfig, SenderState
 from slipstream.wire.constants import (
     EOS_FLAG,
     RTTM_REPLY_FLAG,

@@ -26,7 +26,7 @@ from slipstream.logbuffer import (
     compute_log_length,
     read_term,
 )
-from slipstream.protocol.receiver import (
+from slipstream.protocol import (
     GapFilled,
     ImageCreated,
     ImageEndOfStream,
@@ -34,12 +34,13 @@ from slipstream.protocol.receiver import (
     ImageRemoved,
     ImageState,
     LossDetected,
+    NetworkPublicationSender,
     PublicationImageReceiver,
     ReceiveEndpoint,
     ReceiverConfig,
     ReceiverEvent,
+    SenderConfig,
 )
-from slipstream.protocol.sender import NetworkPublicationSender, SenderConfig
 from slipstream.testing import Datagram, InMemoryNetwork, LinkConditions, ManualClock
 from slipstream.wire.constants import BEGIN_FLAG, END_FLAG, TERM_MIN_LENGTH
 from slipstream.wire.frames import DataFrame, Nak, SetupFrame, StatusMessage
@@ -116,7 +117,8 @@ class Subscriber:
         self.image.on_consumption(self.position)
 
 
-_NOT_STATE = {"log", "config", "rng", "log_factory", "_delay", "_tails"}
+_NOT_STATE = {"log", "config", "rng", "log_factory", "_log_factory", "_delay", "_tails"}
+_PARTS = {"_loss", "_retransmit", "_flow"}
 
 
 def log_crc(log: LogBuffers) -> int:
@@ -134,6 +136,8 @@ def machine_state(machine: object) -> dict[str, Any]:
             continue
         if name == "_actions":
             value = [tuple(getattr(a, slot) for slot in a.__slots__) for a in value]
+        elif name in _PARTS:
+            value = machine_state(value)  # the machine's loss detector, retransmit handler, flow control
         elif isinstance(value, (list, dict, set)):
             value = repr(value)
         state[name] = value
@@ -247,7 +251,7 @@ class Sim:
         for event in self.endpoint.take_events():
             self.events.append(event)
             if isinstance(event, ImageCreated):
-                self.subscriber = Subscriber(event.image)
+                self.subscriber = Subscriber(self.endpoint.image_by_id(event.image_id))
 
     def run_until(self, done: Callable[[], bool], timeout_ns: int) -> None:
         deadline = self.now + timeout_ns

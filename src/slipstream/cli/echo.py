@@ -21,7 +21,7 @@ from typing import Any
 
 from ..client import DriverError
 from ..echo import messages, take1, take2
-from ..echo.take1 import EchoError
+from ..echo.common import EchoError
 
 _TAKE1_SERVER = ("local_port",)
 _TAKE2_SERVER = (

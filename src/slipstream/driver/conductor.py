@@ -1,20 +1,22 @@
-"""The driver conductor: the agent that serves clients' commands and keeps IPC publications flowing.
+"""The driver conductor: admin of one driver directory, composing the driver's agents in one thread.
 
-Each duty cycle it accepts clients, reads their commands from non-blocking sockets, turns subscriber
-positions into publisher limits, retires closed publications once drained, and times out clients
-that stopped talking. It never blocks: waiting is the idle strategy's job (see ``MediaDriver``).
+As in Aeron's SHARED threading mode, one duty cycle runs every agent: the client-command adapter
+(bytes from clients in, commands out, responses queued), the IPC publications' limits, the sender
+agent (network publications), the receiver agent (receive channels) and the conductor's own admin:
+acting on commands and image events, client liveness and counters. It never blocks: waiting is the
+idle strategy's job (see ``MediaDriver``), which parks in the one socket wait of ``park``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import random
-import select
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -34,43 +36,32 @@ from ..files.directory import IMAGES_DIR, PUBLICATIONS_DIR, map_file
 from ..files.error_log import DistinctErrorLog
 from ..files.loss_report import LossReport
 from ..logbuffer import LogBuffers, compute_log_length
-from ..protocol.receiver import (
+from ..protocol.config import ReceiverConfig, SenderConfig
+from ..protocol.events import (
+    GapFilled,
     ImageCreated,
+    ImageEndOfStream,
     ImageReleased,
     ImageRemoved,
     LossDetected,
-    ReceiveEndpoint,
-    ReceiverConfig,
 )
-from ..protocol.sender import NetworkPublicationSender, SenderConfig
+from ..protocol.sender import NetworkPublicationSender
 from ..wire.positions import wrap_i32
 from ..wire.uri import ChannelUri, ChannelUriError
+from .client_commands import ClientCommandAdapter, ClientSession
 from .config import DriverConfig
 from .ipc_publication import IpcPublication, PublicationState
 from .network_publication import NetworkPublication
+from .poller import SocketPoller
 from .receive_channel import DriverImage, ReceiveChannel
+from .receiver_agent import ReceiverAgent
+from .sender_agent import SenderAgent
 from .system_counters import SystemCounters
 from .udp_channel import GSO_MAX_SEGMENTS, UdpEndpoint, UdpSocket, open_socket, resolve
 
 log = logging.getLogger("slipstream.driver")
 
-_RECV_CHUNK = 64 * 1024
-_MAX_OUTBOX = 4 * 1024 * 1024
-
-
-@dataclass(slots=True, eq=False)
-class ClientSession:
-    """One connected client process (or context) as the driver sees it."""
-
-    sock: socket.socket
-    decoder: cmd.Decoder[cmd.ClientMessage]
-    last_seen_ns: int
-    client_id: int = 0
-    pid: int = 0
-    outbox: bytearray = field(default_factory=bytearray)
-    publications: set[int] = field(default_factory=set)
-    subscriptions: set[int] = field(default_factory=set)
-    closed: bool = False
+__all__ = ["ClientSession", "DriverConductor", "SubscriptionLink", "clean_publications_dir"]
 
 
 @dataclass(slots=True, eq=False)
@@ -96,32 +87,49 @@ class DriverConductor:
         self.error_log = DistinctErrorLog(cnc.error_log)
         self._invalid_seen: dict[int, int] = {}
         self.counters: CountersManager = cnc.counters_manager()
-        self.listener = listener
-        # epoll used directly: the selectors module costs a microsecond per call, and an idle
-        # duty cycle polls once per cycle.
-        self._epoll = select.epoll()
-        self._watched: dict[int, ClientSession | str | None] = {}
-        """fd -> what it is: None (the command listener), a client, or "udp"."""
-        listener.setblocking(False)
-        self._register(listener.fileno(), None)
-        self.clients: dict[int, ClientSession] = {}
+        self.poller: SocketPoller[ClientSession | str | None] = SocketPoller()
+        """Every socket the agents read (None: the command listener; "udp": a channel's socket)."""
+        self.client_commands = ClientCommandAdapter(listener, self.poller, config.client_liveness_timeout_ns)
+        self.sender = SenderAgent()
+        self.receiver = ReceiverAgent()
         self.publications: dict[int, IpcPublication] = {}
         self.subscriptions: dict[int, SubscriptionLink] = {}
-        self.network_publications: dict[int, NetworkPublication] = {}
-        self.receive_channels: dict[UdpEndpoint, ReceiveChannel] = {}
         self.publications_dir = config.directory / PUBLICATIONS_DIR
         self.images_dir = config.directory / IMAGES_DIR
         self.system_counters = SystemCounters(self.counters)
-        self._next_client_id = 1
         self._next_image_id = 0
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self._next_timer_ns = now_ns
         self._udp_ready: set[int] = set()
-        """UDP sockets the last select found readable."""
-        self._unflushed: set[ClientSession] = set()
-        """Clients with driver messages their socket did not take yet."""
+        """UDP sockets the last socket wait found readable."""
+
+    @property
+    def network_publications(self) -> dict[int, NetworkPublication]:
+        """The sender agent's publications, by registration id."""
+        return self.sender.publications
+
+    @property
+    def receive_channels(self) -> dict[UdpEndpoint, ReceiveChannel]:
+        """The receiver agent's channels, by bound endpoint."""
+        return self.receiver.channels
+
+    @property
+    def clients(self) -> dict[int, ClientSession]:
+        """Clients past the handshake, by client id."""
+        return self.client_commands.clients
 
     # -- duty cycle -------------------------------------------------------------------------------
+
+    def do_work(self, now_ns: int, timeout_s: float = 0.0) -> int:
+        """One duty cycle of every agent; ``timeout_s`` lets an idle driver sleep in the socket wait itself."""
+        work = self._poll_sockets(now_ns, timeout_s)
+        work += self._on_client_commands(now_ns)
+        work += self._ipc_work(now_ns)
+        sent, finished = self.sender.do_work(now_ns, self._udp_ready, self.counters)
+        work += sent + self._retire_network_publications(finished, now_ns)
+        work += self.receiver.do_work(now_ns, self._udp_ready, self.counters)
+        work += self._on_image_events(now_ns)
+        return work + self._on_timer(now_ns)
 
     def park(self, timeout_s: float) -> int:
         """Sleep until a client speaks (commands, doorbell), a datagram arrives, or ``timeout_s``.
@@ -136,149 +144,75 @@ class DriverConductor:
         finally:
             parked[PARKED_INDEX] = 0
 
-    def _register(self, fd: int, what: ClientSession | str | None) -> None:
-        self._epoll.register(fd, select.EPOLLIN)
-        self._watched[fd] = what
-
-    def _unregister(self, fd: int) -> None:
-        if self._watched.pop(fd, False) is not False:
-            with contextlib.suppress(OSError):
-                self._epoll.unregister(fd)
-
-    def _watch(self, sock: socket.socket) -> None:
-        self._register(sock.fileno(), "udp")
-
-    def _unwatch(self, sock: socket.socket | UdpSocket) -> None:
-        self._unregister(sock.fileno())
-
-    def do_work(self, now_ns: int, timeout_s: float = 0.0) -> int:
-        """One duty cycle; ``timeout_s`` lets an idle driver sleep in the socket wait itself."""
-        work = self._poll_sockets(now_ns, timeout_s)
-        if self.publications:
-            for publication in list(self.publications.values()):
-                work += publication.update_limit(self.counters)
-                if publication.state is PublicationState.DRAINING:
-                    work += self._check_drained(publication, now_ns)
-        ready, counters = self._udp_ready, self.counters
-        retired: list[NetworkPublication] = []
-        # Nothing in this loop adds or removes publications (retirement waits for its end), so it
-        # iterates the dict itself. Image events may close a client, and with it a channel: that
-        # loop takes a copy.
-        for network in self.network_publications.values():
-            work += network.do_work(now_ns, network.sock.fd in ready, counters)
-            if network.state is PublicationState.DRAINING and network.is_done:
-                retired.append(network)
-        for network in retired:
-            self._retire_network_publication(network, now_ns)
-            work += 1
-        for channel in list(self.receive_channels.values()):
-            work += self._receive_work(channel, now_ns)
-        if now_ns >= self._next_timer_ns:
-            self._next_timer_ns = now_ns + self.config.timer_interval_ns
-            self.cnc.heartbeat_ms = time.time_ns() // 1_000_000
-            work += self._check_liveness(now_ns)
-            self._record_invalid_packets()
-            self._update_stream_counters()
-            self.system_counters.update(self)
-        return work
-
     def _poll_sockets(self, now_ns: int, timeout_s: float) -> int:
+        """Wait for readable sockets: clients' bytes go to the command adapter, UDP sockets are noted
+        for the agents (only sockets with datagrams cost a receive call)."""
         work = 0
         ready = self._udp_ready
         ready.clear()
-        watched = self._watched
-        for fd, _ in self._epoll.poll(timeout_s if timeout_s > 0 else 0):
-            what = watched.get(fd, False)
-            if what is None:
-                work += self._accept(now_ns)
-            elif isinstance(what, ClientSession):
-                work += self._read_client(what, now_ns)
-            elif what == "udp":
-                ready.add(fd)  # read by do_work: only sockets with datagrams cost a receive call
-        if self._unflushed:
-            for client in list(self._unflushed):
-                self._flush(client)
+        commands = self.client_commands
+        for fd, what in self.poller.poll(timeout_s):
+            if what == "udp":
+                ready.add(fd)
+            else:
+                work += commands.on_readable(cast(ClientSession | None, what), now_ns)
+        commands.flush()
         return work
 
-    def _accept(self, now_ns: int) -> int:
-        accepted = 0
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return accepted
-            except OSError as exc:
-                log.warning("accept failed: %s", exc)
-                return accepted
-            sock.setblocking(False)
-            client = ClientSession(sock, cmd.client_decoder(), now_ns)
-            self._register(sock.fileno(), client)
-            accepted += 1
+    def _watch(self, sock: socket.socket) -> None:
+        self.poller.register(sock.fileno(), "udp")
 
-    def _read_client(self, client: ClientSession, now_ns: int) -> int:
-        try:
-            data = client.sock.recv(_RECV_CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return 0
-        except OSError:
-            data = b""
-        if not data:
-            self._close_client(client, now_ns, "connection closed")
-            return 1
-        client.last_seen_ns = now_ns
-        try:
-            messages = client.decoder.feed(data)
-        except cmd.CommandError as exc:
-            self.record_error(f"client pid {client.pid} sent an invalid command: {exc}")
-            self._close_client(client, now_ns, f"protocol error: {exc}")
-            return 1
-        for message in messages:
+    def _unwatch(self, sock: socket.socket | UdpSocket) -> None:
+        self.poller.unregister(sock.fileno())
+
+    def _on_client_commands(self, now_ns: int) -> int:
+        """Act on what clients sent: release the clients that went away, then run each command."""
+        adapter = self.client_commands
+        if adapter.errors:
+            for text in adapter.errors:
+                self.record_error(text)
+            adapter.errors.clear()
+        self._release_closed_clients(now_ns)
+        for client, message in adapter.take_commands():
             if client.closed:
-                break
+                continue
             try:
                 self._on_message(client, message, now_ns)
             except Exception as exc:  # a bug must cost one command, never the driver
                 log.exception("command %r failed", message)
                 correlation_id = getattr(message, "correlation_id", 0)
                 self._error(client, correlation_id, "INTERNAL", f"{type(message).__name__} failed: {exc!r}")
-        return 1
+        self._release_closed_clients(now_ns)  # clients closed meanwhile (one that stopped reading)
+        return 0
+
+    def _ipc_work(self, now_ns: int) -> int:
+        """IPC publications: publisher limits from subscriber positions; closed ones retire once drained."""
+        work = 0
+        if self.publications:
+            for publication in list(self.publications.values()):
+                work += publication.update_limit(self.counters)
+                if publication.state is PublicationState.DRAINING:
+                    work += self._check_drained(publication, now_ns)
+        return work
+
+    def _on_timer(self, now_ns: int) -> int:
+        """Every ``timer_interval_ns``: heartbeat, client liveness, error log and counters."""
+        if now_ns < self._next_timer_ns:
+            return 0
+        self._next_timer_ns = now_ns + self.config.timer_interval_ns
+        self.cnc.heartbeat_ms = time.time_ns() // 1_000_000
+        work = self._check_liveness(now_ns)
+        self._record_invalid_packets()
+        self._update_stream_counters()
+        self.system_counters.update(self.sender.publications.values(), self.receiver.channels.values())
+        return work
 
     def _send(self, client: ClientSession, message: cmd.DriverMessage) -> None:
-        if client.closed:
-            return
-        client.outbox += cmd.encode(message)
-        self._flush(client)
-        if len(client.outbox) > _MAX_OUTBOX:
-            self._close_client(client, 0, "client does not read the driver's messages")
-
-    def _flush(self, client: ClientSession) -> None:
-        """Send what the client's socket takes; the rest waits in ``_unflushed`` for the next cycles."""
-        try:
-            sent = client.sock.send(client.outbox)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            client.outbox.clear()
-            sent = 0
-        del client.outbox[:sent]
-        if client.outbox and not client.closed:
-            self._unflushed.add(client)
-        else:
-            self._unflushed.discard(client)
+        self.client_commands.send(client, message)
 
     # -- commands ---------------------------------------------------------------------------------
 
     def _on_message(self, client: ClientSession, message: cmd.ClientMessage, now_ns: int) -> None:
-        if client.client_id == 0:
-            if not isinstance(message, cmd.Hello) or message.version != cmd.PROTOCOL_VERSION:
-                self._close_client(client, now_ns, "first message was not a compatible Hello")
-                return
-            client.client_id = self._next_client_id
-            self._next_client_id += 1
-            client.pid = message.pid
-            self.clients[client.client_id] = client
-            self._send(client, cmd.Welcome(os.getpid(), self.config.client_liveness_timeout_ns, client.client_id))
-            return
         match message:
             case cmd.Keepalive() | cmd.Wake():
                 pass
@@ -329,107 +263,32 @@ class DriverConductor:
         return uri
 
     def _add_publication(self, client: ClientSession, message: cmd.AddPublication, now_ns: int) -> None:
+        """A new publication: where it sends, its session, its socket and log file, then its driver side.
+        Each step answers the client with an error and stops if it fails."""
         correlation_id = message.correlation_id
         if not self._check_correlation(client, correlation_id):
             return
         uri = self._parse_channel(client, correlation_id, message.channel, message.stream_id)
         if uri is None:
             return
-        config = self.config
-        endpoint: UdpEndpoint | None = None
-        control_mode = uri.control_mode if uri.is_udp else None
-        if control_mode == "response":
-            self._error(
-                client, correlation_id, "UNSUPPORTED_CHANNEL", f"{message.channel}: response channels are not supported"
-            )
+        placement = self._publication_endpoint(client, message, uri)
+        if placement is None:
             return
-        if uri.is_udp:
-            # Unicast: connect to the endpoint. MDC: bind the control address (or an ephemeral port for
-            # manual mode without one) and send to each destination.
-            target = uri.control if control_mode is not None else uri.endpoint
-            if target is None and control_mode != "manual":
-                self._error(
-                    client,
-                    correlation_id,
-                    "INVALID_CHANNEL",
-                    f"{message.channel}: a UDP publication needs endpoint=host:port, or control=host:port with "
-                    "control-mode=dynamic|manual",
-                )
-                return
-            try:
-                endpoint = (
-                    resolve(target, "control" if control_mode else "endpoint") if target else resolve("0.0.0.0:0")
-                )
-            except ValueError as exc:
-                self._error(client, correlation_id, "INVALID_CHANNEL", str(exc))
-                return
-        term_length = uri.term_length or (config.ipc_term_length if endpoint is None else config.udp_term_length)
-        mtu = uri.mtu or (config.ipc_mtu if endpoint is None else config.udp_mtu)
-        session_id = uri.session_id
-        all_publications: list[IpcPublication | NetworkPublication] = [
-            *self.publications.values(),
-            *self.network_publications.values(),
-        ]
-        key = _channel_key(uri)
-        if session_id is not None and any(
-            p.session_id == session_id
-            and p.stream_id == message.stream_id
-            and p.state is PublicationState.ACTIVE
-            and _channel_key(ChannelUri.parse(p.channel)) == key
-            for p in all_publications
-        ):
-            self._error(
-                client,
-                correlation_id,
-                "SESSION_IN_USE",
-                f"session id {session_id} is already used on stream {message.stream_id}",
-            )
-            return
+        endpoint, control_mode = placement
+        session_id = self._publication_session_id(client, message, uri)
         if session_id is None:
-            session_id = self._allocate_session_id(message.stream_id)
-        start = uri.start_position
-        if start is not None:
-            initial_term_id, term_id, term_offset = start.initial_term_id, start.term_id, start.term_offset
-        else:
-            initial_term_id = wrap_i32(self._rng.getrandbits(32))
-            term_id, term_offset = initial_term_id, 0
-        window = term_length // 2
-        if uri.pub_wnd is not None:
-            window = min(window, uri.pub_wnd)
-        elif endpoint is None and config.ipc_publication_window is not None:
-            window = min(window, config.ipc_publication_window)
-        sock = None
+            return
+        sock: socket.socket | None = None
         if endpoint is not None:
-            rcvbuf, sndbuf = uri.so_rcvbuf or config.so_rcvbuf, uri.so_sndbuf or config.so_sndbuf
-            try:
-                if control_mode is None:
-                    sock = open_socket(endpoint.family, connect=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=sndbuf)
-                else:
-                    sock = open_socket(endpoint.family, bind=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=sndbuf)
-            except OSError as exc:
-                self._error(client, correlation_id, "RESOURCE", f"{message.channel}: cannot open socket: {exc}")
+            sock = self._publication_socket(client, message, uri, endpoint, control_mode)
+            if sock is None:
                 return
-        path = self.publications_dir / f"{correlation_id}.logbuffer"
-        try:
-            mapping = map_file(path, compute_log_length(term_length), create=True)
-        except OSError as exc:
+        created = self._publication_log(client, message, uri, session_id, ipc=endpoint is None)
+        if created is None:
             if sock is not None:
                 sock.close()
-            self._error(client, correlation_id, "RESOURCE", f"cannot create {path}: {exc}")
             return
-        logbuffers = LogBuffers(memoryview(mapping), term_length)
-        logbuffers.initialize(
-            initial_term_id=initial_term_id,
-            term_id=term_id,
-            term_offset=term_offset,
-            session_id=session_id,
-            stream_id=message.stream_id,
-            mtu=mtu,
-            correlation_id=correlation_id,
-            publication_window=window,
-            linger_ns=uri.linger_ns or 0,
-            signal_eos=uri.eos if uri.eos is not None else True,
-        )
+        path, mapping, logbuffers, window = created
         label = f"pub-lmt: {correlation_id} {session_id} {message.stream_id} {message.channel}"
         limit_id = self.counters.allocate(
             label,
@@ -443,30 +302,16 @@ class DriverConductor:
             correlation_id, correlation_id, session_id, message.stream_id, str(path), limit_id, message.channel
         )
         client.publications.add(correlation_id)
+        args = (correlation_id, client.client_id, session_id, message.stream_id, message.channel, message.exclusive)
         if sock is not None:
-            sender_config = SenderConfig(
-                linger_timeout_ns=uri.linger_ns if uri.linger_ns is not None else config.publication_linger_ns,
-                receiver_window=uri.rcv_wnd or config.receiver_window,
-                signal_eos=uri.eos if uri.eos is not None else True,
-                group=control_mode is not None,
-                # A Python duty cycle costs more than Aeron's: send more per cycle to amortise it
-                # (with GSO, a full batch is one system call).
-                max_messages_per_send=GSO_MAX_SEGMENTS if config.udp_gso else 16,
-                max_resend=uri.max_resend or SenderConfig().max_resend,
-            )
             network = NetworkPublication(
-                correlation_id,
-                client.client_id,
-                session_id,
-                message.stream_id,
-                message.channel,
-                message.exclusive,
+                *args,
                 path,
                 mapping,
                 logbuffers,
                 limit_id,
-                NetworkPublicationSender(logbuffers, sender_config),
-                UdpSocket(sock, offload=config.udp_gso),
+                NetworkPublicationSender(logbuffers, self._sender_config(uri, control_mode)),
+                UdpSocket(sock, offload=self.config.udp_gso),
                 control_mode=control_mode,
             )
             self.network_publications[correlation_id] = network
@@ -489,19 +334,7 @@ class DriverConductor:
             self._send(client, ready)
             network.update_limit(self.counters)
             return
-        publication = IpcPublication(
-            correlation_id,
-            client.client_id,
-            session_id,
-            message.stream_id,
-            message.channel,
-            message.exclusive,
-            path,
-            mapping,
-            logbuffers,
-            limit_id,
-            window,
-        )
+        publication = IpcPublication(*args, path, mapping, logbuffers, limit_id, window)
         self.publications[correlation_id] = publication
         publication.position_counters[PUBLISHER_POSITION_TYPE_ID] = self._stream_counter(
             "pub-pos",
@@ -518,6 +351,139 @@ class DriverConductor:
             if link.receive_channel is None and self._matches(link, publication):
                 self._link(link, publication, now_ns)
         publication.update_limit(self.counters)
+
+    def _publication_endpoint(
+        self, client: ClientSession, message: cmd.AddPublication, uri: ChannelUri
+    ) -> tuple[UdpEndpoint | None, str | None] | None:
+        """Where a publication sends, and its MDC control mode: (None, None) for IPC; None if refused.
+
+        Unicast connects to the endpoint. MDC binds the control address (or an ephemeral port for
+        manual mode without one) and sends to each destination."""
+        correlation_id = message.correlation_id
+        if not uri.is_udp:
+            return None, None
+        control_mode = uri.control_mode
+        if control_mode == "response":
+            self._error(
+                client, correlation_id, "UNSUPPORTED_CHANNEL", f"{message.channel}: response channels are not supported"
+            )
+            return None
+        target = uri.control if control_mode is not None else uri.endpoint
+        if target is None and control_mode != "manual":
+            self._error(
+                client,
+                correlation_id,
+                "INVALID_CHANNEL",
+                f"{message.channel}: a UDP publication needs endpoint=host:port, or control=host:port with "
+                "control-mode=dynamic|manual",
+            )
+            return None
+        try:
+            endpoint = resolve(target, "control" if control_mode else "endpoint") if target else resolve("0.0.0.0:0")
+        except ValueError as exc:
+            self._error(client, correlation_id, "INVALID_CHANNEL", str(exc))
+            return None
+        return endpoint, control_mode
+
+    def _publication_session_id(
+        self, client: ClientSession, message: cmd.AddPublication, uri: ChannelUri
+    ) -> int | None:
+        """The channel's ``session-id`` unless an active publication of the stream uses it, else a free one."""
+        session_id = uri.session_id
+        if session_id is None:
+            return self._allocate_session_id(message.stream_id)
+        all_publications: list[IpcPublication | NetworkPublication] = [
+            *self.publications.values(),
+            *self.network_publications.values(),
+        ]
+        key = _channel_key(uri)
+        if any(
+            p.session_id == session_id
+            and p.stream_id == message.stream_id
+            and p.state is PublicationState.ACTIVE
+            and _channel_key(ChannelUri.parse(p.channel)) == key
+            for p in all_publications
+        ):
+            self._error(
+                client,
+                message.correlation_id,
+                "SESSION_IN_USE",
+                f"session id {session_id} is already used on stream {message.stream_id}",
+            )
+            return None
+        return session_id
+
+    def _publication_socket(
+        self,
+        client: ClientSession,
+        message: cmd.AddPublication,
+        uri: ChannelUri,
+        endpoint: UdpEndpoint,
+        control_mode: str | None,
+    ) -> socket.socket | None:
+        """Unicast: connected to the endpoint; MDC: bound to the control address."""
+        config = self.config
+        rcvbuf, sndbuf = uri.so_rcvbuf or config.so_rcvbuf, uri.so_sndbuf or config.so_sndbuf
+        try:
+            if control_mode is None:
+                return open_socket(endpoint.family, connect=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=sndbuf)
+            return open_socket(endpoint.family, bind=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=sndbuf)
+        except OSError as exc:
+            self._error(client, message.correlation_id, "RESOURCE", f"{message.channel}: cannot open socket: {exc}")
+            return None
+
+    def _publication_log(
+        self, client: ClientSession, message: cmd.AddPublication, uri: ChannelUri, session_id: int, *, ipc: bool
+    ) -> tuple[Path, mmap.mmap, LogBuffers, int] | None:
+        """The publication's log file, mapped and initialized, and its publication window."""
+        config = self.config
+        correlation_id = message.correlation_id
+        term_length = uri.term_length or (config.ipc_term_length if ipc else config.udp_term_length)
+        mtu = uri.mtu or (config.ipc_mtu if ipc else config.udp_mtu)
+        start = uri.start_position
+        if start is not None:
+            initial_term_id, term_id, term_offset = start.initial_term_id, start.term_id, start.term_offset
+        else:
+            initial_term_id = wrap_i32(self._rng.getrandbits(32))
+            term_id, term_offset = initial_term_id, 0
+        window = term_length // 2
+        if uri.pub_wnd is not None:
+            window = min(window, uri.pub_wnd)
+        elif ipc and config.ipc_publication_window is not None:
+            window = min(window, config.ipc_publication_window)
+        path = self.publications_dir / f"{correlation_id}.logbuffer"
+        try:
+            mapping = map_file(path, compute_log_length(term_length), create=True)
+        except OSError as exc:
+            self._error(client, correlation_id, "RESOURCE", f"cannot create {path}: {exc}")
+            return None
+        logbuffers = LogBuffers(memoryview(mapping), term_length)
+        logbuffers.initialize(
+            initial_term_id=initial_term_id,
+            term_id=term_id,
+            term_offset=term_offset,
+            session_id=session_id,
+            stream_id=message.stream_id,
+            mtu=mtu,
+            correlation_id=correlation_id,
+            publication_window=window,
+            linger_ns=uri.linger_ns or 0,
+            signal_eos=uri.eos if uri.eos is not None else True,
+        )
+        return path, mapping, logbuffers, window
+
+    def _sender_config(self, uri: ChannelUri, control_mode: str | None) -> SenderConfig:
+        config = self.config
+        return SenderConfig(
+            linger_timeout_ns=uri.linger_ns if uri.linger_ns is not None else config.publication_linger_ns,
+            receiver_window=uri.rcv_wnd or config.receiver_window,
+            signal_eos=uri.eos if uri.eos is not None else True,
+            group=control_mode is not None,
+            # A Python duty cycle costs more than Aeron's: send more per cycle to amortise it
+            # (with GSO, a full batch is one system call).
+            max_messages_per_send=GSO_MAX_SEGMENTS if config.udp_gso else 16,
+            max_resend=uri.max_resend or SenderConfig().max_resend,
+        )
 
     def _allocate_session_id(self, stream_id: int) -> int:
         low, high = self.config.reserved_session_id_low, self.config.reserved_session_id_high
@@ -658,7 +624,7 @@ class DriverConductor:
         if not endpoint.address[1]:  # ephemeral: keyed by the port the OS chose
             endpoint = UdpEndpoint(endpoint.family, sock.getsockname()[: len(endpoint.address)])
         udp = UdpSocket(sock, offload=config.udp_gso)
-        channel_state = ReceiveChannel(endpoint, udp, ReceiveEndpoint(receiver_config), self.images_dir, control)
+        channel_state = ReceiveChannel(endpoint, udp, receiver_config, self.images_dir, control)
         self.receive_channels[endpoint] = channel_state
         self._watch(sock)
         return channel_state
@@ -718,29 +684,29 @@ class DriverConductor:
             ),
         )
 
-    def _receive_work(self, channel: ReceiveChannel, now_ns: int) -> int:
-        """Datagrams in, subscriber positions in, datagrams out, then image events to clients."""
-        get = self.counters.get
-        for image in channel.images.values():
-            subscribers = image.subscribers
-            if subscribers and not image.removed:
-                # Every duty cycle: one subscriber (the common case) without building a map and a min.
-                positions = subscribers.values()
-                image.receiver.on_consumption(get(*positions) if len(subscribers) == 1 else min(map(get, positions)))
-        work = channel.do_work(now_ns, channel.sock.fd in self._udp_ready)
-        if not channel.receive.has_events:
-            return work
-        for event in channel.receive.take_events():
-            work += 1
+    def _on_image_events(self, now_ns: int) -> int:
+        """Images appeared, went or lost data: link them to subscriptions, tell clients, count."""
+        if not self.receiver.image_events:
+            return 0
+        events = self.receiver.take_image_events()
+        channels = self.receiver.channels
+        for channel, event in events:
+            if channels.get(channel.endpoint) is not channel:
+                continue  # the channel closed meanwhile (its last subscriber's client went away)
             match event:
                 case ImageCreated():
-                    path, mapping = channel.claim_log(event.image.log)
+                    receiver = channel.receive.image_by_id(event.image_id)
+                    if receiver is None:  # released in the cycle it was made: nothing to tell anyone
+                        continue
+                    log_file = channel.claim_log(receiver)
                     source = cast(tuple[str, int], event.source)
                     host = f"[{source[0]}]" if ":" in source[0] else source[0]
                     self._next_image_id += 1
-                    image = DriverImage(self._next_image_id, event.image, path, mapping, f"{host}:{source[1]}")
-                    channel.images[id(event.image)] = image
-                    name = f"aeron:udp?endpoint={channel.endpoint.host_port}"
+                    image = DriverImage(
+                        self._next_image_id, receiver, log_file.path, log_file.mapping, f"{host}:{source[1]}"
+                    )
+                    channel.images[event.image_id] = image
+                    name = channel.endpoint.channel
                     for label, type_id in (("rcv-hwm", RECEIVER_HWM_TYPE_ID), ("rcv-pos", RECEIVER_POSITION_TYPE_ID)):
                         image.position_counters[type_id] = self._stream_counter(
                             label, type_id, image.correlation_id, event.session_id, event.stream_id, name, 0, now_ns
@@ -750,21 +716,23 @@ class DriverConductor:
                         if link is not None and self._image_matches(link, image):
                             self._link_image(link, image, event.join_position, now_ns)
                 case ImageRemoved():
-                    removed = channel.images.get(id(event.image))
+                    removed = channel.images.get(event.image_id)
                     if removed is not None and not removed.removed:
                         removed.removed = True
                         self._unlink_image(removed, now_ns, notify=True)
                 case ImageReleased():
-                    released = channel.images.pop(id(event.image), None)
+                    released = channel.images.pop(event.image_id, None)
                     if released is not None:
                         self._unlink_image(released, now_ns, notify=True)
                         self._free_stream_counters(released.position_counters, now_ns)
                         released.close()
                 case LossDetected():
                     self._record_loss(channel, event)
-                case _:
-                    pass
-        return work
+                case ImageEndOfStream():
+                    pass  # written to the image log's metadata, where subscribers read it
+                case GapFilled():
+                    pass  # the loss was reported by LossDetected; the fill is counted by the image
+        return len(events)
 
     def _unlink_image(self, image: DriverImage, now_ns: int, notify: bool) -> None:
         for registration_id, counter_id in list(image.subscribers.items()):
@@ -774,13 +742,16 @@ class DriverConductor:
                 self._send(link.client, cmd.ImageUnavailable(registration_id, image.correlation_id))
         image.subscribers.clear()
 
-    def _retire_network_publication(self, publication: NetworkPublication, now_ns: int) -> None:
-        self.network_publications.pop(publication.registration_id, None)
-        self._unwatch(publication.sock)
-        self.system_counters.retire_sender(publication)
-        self.counters.free(publication.limit_counter_id, now_ns // 1_000_000)
-        self._free_stream_counters(publication.position_counters, now_ns)
-        publication.close()
+    def _retire_network_publications(self, finished: list[NetworkPublication], now_ns: int) -> int:
+        """Publications whose sender finished: counters freed, socket closed, log released."""
+        for publication in finished:
+            self.network_publications.pop(publication.registration_id, None)
+            self._unwatch(publication.sock)
+            self.system_counters.retire_sender(publication)
+            self.counters.free(publication.limit_counter_id, now_ns // 1_000_000)
+            self._free_stream_counters(publication.position_counters, now_ns)
+            publication.close()
+        return len(finished)
 
     def _remove_subscription(
         self, client: ClientSession, correlation_id: int, registration_id: int, now_ns: int
@@ -866,36 +837,31 @@ class DriverConductor:
     def _check_liveness(self, now_ns: int) -> int:
         work = 0
         timeout = self.config.client_liveness_timeout_ns
-        for client in list(self.clients.values()):
-            if now_ns - client.last_seen_ns > timeout:
-                self.system_counters.client_timeouts += 1
-                self._close_client(client, now_ns, f"no keep-alive for {timeout / 1e9:.1f} s")
-                work += 1
+        for client in self.client_commands.timed_out(now_ns):
+            self.system_counters.client_timeouts += 1
+            self._close_client(client, now_ns, f"no keep-alive for {timeout / 1e9:.1f} s")
+            work += 1
         return work
 
     def _close_client(self, client: ClientSession, now_ns: int, reason: str) -> None:
-        """Release everything a client held: its subscriptions stop holding publishers back at once,
-        its publications end their streams so subscribers still get every byte before the image goes."""
-        if client.closed:
-            return
-        client.closed = True
-        self._unflushed.discard(client)
-        if client.client_id:
-            log.info("client %d (pid %d) removed: %s", client.client_id, client.pid, reason)
-        self.clients.pop(client.client_id, None)
-        for registration_id in list(client.subscriptions):
-            link = self.subscriptions.get(registration_id)
-            if link is not None:
-                self._drop_subscription(link, now_ns)
-        for registration_id in list(client.publications):
-            publication = self.publications.get(registration_id) or self.network_publications.get(registration_id)
-            if publication is not None:
-                publication.start_draining(now_ns)
-        client.publications.clear()
-        with contextlib.suppress(OSError, ValueError):
-            self._unregister(client.sock.fileno())
-        with contextlib.suppress(OSError):
-            client.sock.close()
+        """Close a client's connection and release what it held."""
+        self.client_commands.close(client, reason)
+        self._release_closed_clients(now_ns)
+
+    def _release_closed_clients(self, now_ns: int) -> None:
+        """Release everything closed clients held: their subscriptions stop holding publishers back at
+        once, their publications end their streams so subscribers still get every byte before the image
+        goes."""
+        for client, _ in self.client_commands.take_closed():
+            for registration_id in list(client.subscriptions):
+                link = self.subscriptions.get(registration_id)
+                if link is not None:
+                    self._drop_subscription(link, now_ns)
+            for registration_id in list(client.publications):
+                publication = self.publications.get(registration_id) or self.network_publications.get(registration_id)
+                if publication is not None:
+                    publication.start_draining(now_ns)
+            client.publications.clear()
 
     # -- observability --------------------------------------------------------------------------
 
@@ -950,10 +916,7 @@ class DriverConductor:
         sources: list[tuple[int, int, str]] = [
             (id(p), p.sender.invalid_packets, p.channel) for p in self.network_publications.values()
         ]
-        sources += [
-            (id(c), c.receive.invalid_packets, f"aeron:udp?endpoint={c.endpoint.host_port}")
-            for c in self.receive_channels.values()
-        ]
+        sources += [(id(c), c.receive.invalid_packets, c.endpoint.channel) for c in self.receive_channels.values()]
         seen = self._invalid_seen
         for key, count, channel in sources:
             delta = count - seen.get(key, 0)
@@ -978,17 +941,14 @@ class DriverConductor:
             time.time_ns() // 1_000_000,
             event.session_id,
             event.stream_id,
-            f"aeron:udp?endpoint={channel.endpoint.host_port}",
+            channel.endpoint.channel,
             source,
         )
 
     def close(self) -> None:
         """Tear everything down: clients see the socket close, files are removed."""
-        for client in list(self.clients.values()):
-            self._close_client(client, 0, "driver closing")
-        for what in list(self._watched.values()):
-            if isinstance(what, ClientSession):
-                self._close_client(what, 0, "driver closing")
+        self.client_commands.close_all("driver closing")
+        self._release_closed_clients(0)
         for publication in list(self.publications.values()):
             publication.close()
         self.publications.clear()
@@ -998,7 +958,7 @@ class DriverConductor:
         for channel in list(self.receive_channels.values()):
             channel.close()
         self.receive_channels.clear()
-        self._epoll.close()
+        self.poller.close()
 
 
 def _channel_key(uri: ChannelUri) -> tuple[str, str | None, str | None]:

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 from ..files.counters import CountersManager
 from ..protocol.sender import NetworkPublicationSender
+from ..wire.address import SocketAddress
 from ..wire.constants import HDR_TYPE_SM, SM_LENGTH
 from .ipc_publication import DriverPublication, PublicationState
-from .udp_channel import Address, UdpSocket
+from .udp_channel import UdpSocket
 
 _RECV_BUDGET = 64
 DESTINATION_TIMEOUT_NS = 5_000_000_000
@@ -28,7 +29,7 @@ class NetworkPublication(DriverPublication):
     state: PublicationState = PublicationState.ACTIVE
     control_mode: str | None = None
     """None for unicast (connected socket); "dynamic" or "manual" for multi-destination-cast."""
-    destinations: dict[Address, int] = field(default_factory=dict)
+    destinations: dict[SocketAddress, int] = field(default_factory=dict)
     """MDC destinations -> time of their last status message (manual ones never expire)."""
     position_counters: dict[int, int] = field(default_factory=dict)
     """Type id -> counter id of the per-stream position counters the driver keeps current."""
@@ -75,11 +76,11 @@ class NetworkPublication(DriverPublication):
         for destination in expired:
             del self.destinations[destination]
 
-    def add_destination(self, address: Address) -> None:
+    def add_destination(self, address: SocketAddress) -> None:
         """Manual MDC: a destination that stays until removed."""
         self.destinations[address] = 1 << 62
 
-    def remove_destination(self, address: Address) -> bool:
+    def remove_destination(self, address: SocketAddress) -> bool:
         return self.destinations.pop(address, None) is not None
 
     def update_limit(self, counters: CountersManager) -> int:
@@ -95,10 +96,6 @@ class NetworkPublication(DriverPublication):
         if self.state is PublicationState.ACTIVE:
             self.state = PublicationState.DRAINING
             self.sender.close()
-
-    @property
-    def is_done(self) -> bool:
-        return self.sender.is_done
 
     def close(self) -> None:
         self.state = PublicationState.DONE

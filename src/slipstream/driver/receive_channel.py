@@ -18,14 +18,25 @@ from typing import cast
 
 from ..files.directory import close_mapping, map_file
 from ..logbuffer import LogBuffers, compute_log_length
-from ..protocol.receiver import ImageParams, PublicationImageReceiver, ReceiveEndpoint
+from ..protocol.config import ReceiverConfig
+from ..protocol.image import ImageLog, ImageParams, PublicationImageReceiver
+from ..protocol.receive_endpoint import ReceiveEndpoint
+from ..wire.address import SocketAddress
 from ..wire.constants import SM_SEND_SETUP_FLAG
 from ..wire.frames import StatusMessage
-from .udp_channel import Address, UdpEndpoint, UdpSocket
+from .udp_channel import UdpEndpoint, UdpSocket
 
 _RECV_BUDGET = 64
 MDC_REGISTRATION_INTERVAL_NS = 1_000_000_000
 """How often a dynamic MDC subscription (re)registers at the publication's control address."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageLogFile:
+    """The log factory's handle for an image log: the file subscribers map and the driver's mapping."""
+
+    path: Path
+    mapping: mmap.mmap
 
 
 @dataclass(slots=True, eq=False)
@@ -56,7 +67,7 @@ class ReceiveChannel:
         self,
         endpoint: UdpEndpoint,
         sock: UdpSocket,
-        receive: ReceiveEndpoint,
+        config: ReceiverConfig,
         images_dir: Path,
         control: UdpEndpoint | None = None,
     ) -> None:
@@ -65,26 +76,29 @@ class ReceiveChannel:
         """Dynamic MDC: the publication's control address, where this endpoint registers and reports."""
         self._next_registration_ns = 0
         self.sock = sock
-        self.receive = receive
         self.images_dir = images_dir
+        self._name = f"{os.getpid()}-{endpoint.address[1]}-{id(self):x}"
+        self._pending_logs: dict[Path, ImageLogFile] = {}
+        """Logs mapped for images the driver has not taken over yet (or whose SETUP failed after all)."""
+        self.receive = ReceiveEndpoint(config, log_factory=self._map_log)
         self.subscriptions: set[int] = set()
         self.images: dict[int, DriverImage] = {}
-        """By the receiver object's id: the endpoint's events carry the receiver."""
-        self._pending_logs: dict[int, tuple[Path, mmap.mmap]] = {}
-        self._next_log = 0
-        receive.log_factory = self._map_log
+        """By the endpoint's image id, as its events carry it."""
 
-    def _map_log(self, params: ImageParams) -> LogBuffers:
+    def _map_log(self, params: ImageParams) -> ImageLog:
         """Image logs are files, so subscriber processes can map them."""
-        self._next_log += 1
-        path = self.images_dir / f"{os.getpid()}-{id(self)}-{self._next_log}.logbuffer"
+        path = self.images_dir / f"{self._name}-{params.image_id}.logbuffer"
         mapping = map_file(path, compute_log_length(params.term_length), create=True)
-        log = LogBuffers(memoryview(mapping), params.term_length)
-        self._pending_logs[id(log)] = (path, mapping)
-        return log
+        handle = ImageLogFile(path, mapping)
+        self._pending_logs[path] = handle
+        return ImageLog(LogBuffers(memoryview(mapping), params.term_length), handle)
 
-    def claim_log(self, log: LogBuffers) -> tuple[Path, mmap.mmap]:
-        return self._pending_logs.pop(id(log))
+    def claim_log(self, image: PublicationImageReceiver) -> ImageLogFile:
+        """The file of a new image's log, which the driver now owns."""
+        handle = image.log_handle
+        assert isinstance(handle, ImageLogFile)
+        del self._pending_logs[handle.path]
+        return handle
 
     def do_work(self, now_ns: int, readable: bool = True) -> int:
         """Datagrams in (if the socket has any), then what the endpoint wants sent."""
@@ -104,7 +118,7 @@ class ReceiveChannel:
                 image.control_address = control.address  # image SMs and NAKs go to the control address too
         if receive.poll_due(now_ns):
             for datagram, destination in receive.poll(now_ns):
-                self.sock.send([datagram], cast(Address, destination))
+                self.sock.send([datagram], cast(SocketAddress, destination))
                 work += 1
         return work
 
@@ -122,7 +136,7 @@ class ReceiveChannel:
         for image in self.images.values():
             image.close()
         self.images.clear()
-        for path, mapping in self._pending_logs.values():
-            close_mapping(mapping)
+        for pending in self._pending_logs.values():
+            close_mapping(pending.mapping)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+                os.unlink(pending.path)

@@ -7,14 +7,12 @@ totals never go backwards.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections.abc import Iterable
+from typing import Final
 
 from ..files.counters import SYSTEM_COUNTER_TYPE_ID, CountersManager
-
-if TYPE_CHECKING:
-    from .conductor import DriverConductor
-    from .network_publication import NetworkPublication
-    from .receive_channel import ReceiveChannel
+from .network_publication import NetworkPublication
+from .receive_channel import ReceiveChannel
 
 # (id, label) in Aeron's order; ids above 24 are slipstream's own.
 SYSTEM_COUNTERS: Final = (
@@ -118,10 +116,11 @@ class SystemCounters:
     def retire_receiver(self, channel: ReceiveChannel) -> None:
         self._retire(_receiver_totals(channel))
 
-    def update(self, conductor: DriverConductor) -> None:
+    def update(self, publications: Iterable[NetworkPublication], channels: Iterable[ReceiveChannel]) -> None:
+        """Write the totals over the live publications and channels plus what retired ones counted."""
         totals = dict(self._retired)
-        sources = [_sender_totals(p) for p in conductor.network_publications.values()]
-        sources += [_receiver_totals(c) for c in conductor.receive_channels.values()]
+        sources = [_sender_totals(p) for p in publications]
+        sources += [_receiver_totals(c) for c in channels]
         for source in sources:
             for key, value in source.items():
                 totals[key] = totals.get(key, 0) + value

@@ -20,20 +20,24 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..wire.address import SocketAddress
 from ..wire.uri import ChannelUri, parse_endpoint
-
-Address = tuple[str, int] | tuple[str, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
 class UdpEndpoint:
     family: socket.AddressFamily
-    address: Address
+    address: SocketAddress
 
     @property
     def host_port(self) -> str:
         host, port = self.address[0], self.address[1]
         return f"[{host}]:{port}" if self.family == socket.AF_INET6 else f"{host}:{port}"
+
+    @property
+    def channel(self) -> str:
+        """The channel URI that names this endpoint in counters, the loss report and the error log."""
+        return f"aeron:udp?endpoint={self.host_port}"
 
 
 def resolve(text: str, parameter: str = "endpoint") -> UdpEndpoint:
@@ -51,8 +55,8 @@ def resolve(text: str, parameter: str = "endpoint") -> UdpEndpoint:
 def open_socket(
     family: socket.AddressFamily,
     *,
-    bind: Address | None = None,
-    connect: Address | None = None,
+    bind: SocketAddress | None = None,
+    connect: SocketAddress | None = None,
     so_rcvbuf: int | None = None,
     so_sndbuf: int | None = None,
 ) -> socket.socket:
@@ -144,7 +148,7 @@ class UdpSocket:
     def fileno(self) -> int:
         return self.fd
 
-    def receive_batches(self, budget: int) -> Iterator[tuple[memoryview, int, Address]]:
+    def receive_batches(self, budget: int) -> Iterator[tuple[memoryview, int, SocketAddress]]:
         """Up to ``budget`` receive calls' worth of what waits on the socket: ``(data, segment, source)``,
         where ``data`` holds datagrams from ``source`` back to back, each ``segment`` bytes but the last
         (several only when the kernel coalesced them, GRO). Errors end the batch: on a connected socket
@@ -168,7 +172,7 @@ class UdpSocket:
             if calls == 0 and size < LONE_DATAGRAM and not self._queued.poll(0):
                 return
 
-    def receive(self, budget: int) -> Iterator[tuple[memoryview, Address]]:
+    def receive(self, budget: int) -> Iterator[tuple[memoryview, SocketAddress]]:
         """Like ``receive_batches``, one datagram at a time."""
         for data, segment, source in self.receive_batches(budget):
             size = len(data)
@@ -178,7 +182,7 @@ class UdpSocket:
             for start in range(0, size, segment):
                 yield data[start : start + segment], source
 
-    def send(self, datagrams: list[bytes], destination: Address | None = None) -> None:
+    def send(self, datagrams: list[bytes], destination: SocketAddress | None = None) -> None:
         """Send datagrams in order: runs of equal size (the last one may be shorter) in one GSO call each.
         ``destination`` None sends on the connected socket."""
         count = len(datagrams)
@@ -202,7 +206,7 @@ class UdpSocket:
                 self._send_one(datagram, destination)
             index = end
 
-    def _send_segmented(self, run: list[bytes], size: int, destination: Address | None) -> bool:
+    def _send_segmented(self, run: list[bytes], size: int, destination: SocketAddress | None) -> bool:
         """One GSO send; False when the kernel or route refuses GSO (then it stays off for this socket)."""
         control = [(SOL_UDP, UDP_SEGMENT, size.to_bytes(2, _BYTE_ORDER))]
         try:
@@ -221,7 +225,7 @@ class UdpSocket:
             self._failed(exc)
         return True
 
-    def _send_one(self, datagram: bytes, destination: Address | None) -> None:
+    def _send_one(self, datagram: bytes, destination: SocketAddress | None) -> None:
         try:
             sent = self.sock.send(datagram) if destination is None else self.sock.sendto(datagram, destination)
         except (BlockingIOError, InterruptedError):

@@ -7,8 +7,8 @@ and a one-time pad protecting the duologue's session id. :mod:`.messages` is the
 """
 
 from . import messages, take1, take2
+from .common import EchoError, SendError
 from .messages import ECHO_STREAM_ID
-from .take1 import EchoError, SendError
 from .take2 import EchoClientRejectedError, EchoClientTimedOutError, EchoServerConfiguration
 
 __all__ = [

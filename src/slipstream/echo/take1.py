@@ -5,7 +5,7 @@ opens a publication back to the client's source address at that port and echoes 
 It works on an open network and fails behind NAT: the server's datagrams to the announced port are
 unsolicited as far as the client's router knows, so they are dropped there. Take 2 fixes that.
 
-The small helpers here (channel strings, sending with retries, waiting) are shared with take 2.
+What both takes share (channel strings, sending with retries, waiting, pacing) is in ``common``.
 """
 
 from __future__ import annotations
@@ -15,99 +15,38 @@ import queue
 import random
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from ..client import (
-    ADMIN_ACTION,
     BackoffIdleStrategy,
-    Context,
     DriverError,
     ExclusivePublication,
     FragmentAssembler,
     Header,
     Image,
     Subscription,
-    result_name,
 )
 from ..driver.config import DriverConfig
-from ..wire.uri import ChannelUri, ChannelUriError, ParamValue, parse_endpoint
+from .common import (
+    POLL_PAUSE_S,
+    ClientPacing,
+    ContextOwner,
+    EchoError,
+    SendError,
+    channel,
+    host_of,
+    join_host_port,
+    open_context,
+    send_text,
+    wait_for,
+)
 from .messages import ECHO_STREAM_ID, MessageError, decode, format_hello_port, parse_hello_port
 
 __all__ = ["EchoClient", "EchoError", "EchoServer", "SendError", "channel", "host_of", "join_host_port"]
 
 log = logging.getLogger("slipstream.echo.take1")
-
-POLL_PAUSE_S = 0.01
-"""How long a client sleeps between polls; echo is about correctness, not latency."""
-
-
-class EchoError(Exception):
-    """A client cannot go on (timed out, rejected, lost the server); the message says why."""
-
-
-class SendError(EchoError):
-    """A message could not be offered after the allowed attempts (the code is in the message)."""
-
-
-def join_host_port(host: str, port: int) -> str:
-    """``host:port`` for a channel URI; IPv6 literals get brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def host_of(source_identity: str) -> str | None:
-    """The address part of an image's ``source_identity`` (``host:port`` or ``[v6]:port``)."""
-    try:
-        return parse_endpoint(source_identity)[0]
-    except ChannelUriError:
-        return None
-
-
-def channel(**params: ParamValue) -> str:
-    """A validated ``aeron:udp`` channel; keyword ``control_mode`` is ``control-mode`` and so on."""
-    return str(ChannelUri("udp", {name.replace("_", "-"): value for name, value in params.items()}))
-
-
-def send_text(
-    publication: ExclusivePublication, text: str, *, attempts: int = 5, pause_s: float = 0.1, logger: logging.Logger
-) -> int:
-    """Offer ``text`` as UTF-8, retrying ``attempts`` times ``pause_s`` apart (the guide's policy);
-    returns the new position or raises SendError naming the last refusal."""
-    data = text.encode()
-    logger.debug("[%d] send: %s", publication.session_id, text)
-    result = 0
-    tries = 0
-    while tries < attempts:
-        try:
-            result = publication.offer(data)
-        except ValueError as exc:  # longer than the publication's maximum message length
-            raise SendError(f"could not send: {exc}") from None
-        if result >= 0:
-            return result
-        if result != ADMIN_ACTION:  # a term rotation: retry at once, it is not a refusal
-            tries += 1
-            if tries < attempts:
-                time.sleep(pause_s)
-    raise SendError(f"could not send: {result_name(result)}")
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, stop: threading.Event | None = None) -> bool:
-    """Poll ``condition`` until it holds (True) or ``timeout_s`` passes or ``stop`` is set (False)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
-            return False
-        time.sleep(POLL_PAUSE_S)
-    return True
-
-
-def open_context(directory: str | Path | None, driver_config: DriverConfig | None = None) -> Context:
-    """Attach to the driver of ``directory`` or start one embedded (the guide's ``create``)."""
-    return Context(directory, driver_config=driver_config)
-
 
 # -- server -----------------------------------------------------------------------------------------
 
@@ -132,7 +71,7 @@ class _ServerClient:
             self.publication = None
 
 
-class EchoServer:
+class EchoServer(ContextOwner):
     """Take 1 server: one subscription at ``local_address:local_port``; a publication per client.
 
     Image callbacks arrive on the client library's thread; they only queue events, and ``run``
@@ -237,19 +176,13 @@ class EchoServer:
         for client in self.clients.values():
             client.close()
         self.clients.clear()
-        self.context.close()
-
-    def __enter__(self) -> EchoServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
 
 # -- client -----------------------------------------------------------------------------------------
 
 
-class EchoClient:
+class EchoClient(ContextOwner):
     """Take 1 client: a subscription at ``local_address:local_port`` for the echoes, a publication to
     the server, ``HELLO <local_port>``, then a random number per ``interval_s``.
 
@@ -270,19 +203,19 @@ class EchoClient:
         timeout_s: float = 10.0,
         driver_config: DriverConfig | None = None,
     ) -> None:
-        if count < 0 or interval_s < 0 or timeout_s <= 0:
-            raise ValueError("need count >= 0, interval >= 0 and timeout > 0")
+        self.pacing = ClientPacing(count, interval_s, timeout_s)
         self.local_address = local_address
         self.local_port = local_port
         self.remote_address = remote_address
         self.remote_port = remote_port
-        self.count = count
-        self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.context = open_context(directory, driver_config)
-        self.received = 0
-        self._outstanding: deque[str] = deque(maxlen=1024)  # bounded: a silent server must not grow it
         self._random = random.SystemRandom()
+
+    @property
+    def received(self) -> int:
+        """Responses received so far."""
+        return self.pacing.received
 
     def run(self, stop: threading.Event) -> None:
         """Talk to the server; raises EchoError when it cannot (or, with ``count``, echoes are missing)."""
@@ -296,31 +229,25 @@ class EchoClient:
             raise EchoError(f"no server answered at {pub_uri} within {self.timeout_s:g} s")
         send_text(pub, format_hello_port(self.local_port), logger=log)
         assembler = FragmentAssembler(self._on_response)
-        sent = 0
-        next_send = time.monotonic()
-        last_send = next_send
+        pacing = self.pacing
         while not stop.is_set():
             now = time.monotonic()
-            if now >= next_send and (self.count == 0 or sent < self.count):
+            if pacing.due(now):
                 number = str(self._random.getrandbits(32))
                 try:
                     send_text(pub, number, logger=log)
                 except SendError as exc:
                     log.error("%s", exc)  # the guide's take 1 logs and carries on
+                    pacing.on_sent(None, now)
                 else:
-                    self._outstanding.append(number)
-                    sent += 1
-                    last_send = now
-                next_send = now + self.interval_s
+                    pacing.on_sent(number, now)
             if sub.poll(assembler, 10) == 0:
                 time.sleep(POLL_PAUSE_S)
-            if self.count and sent >= self.count:
-                if not self._outstanding:
-                    return
-                if time.monotonic() - last_send > self.timeout_s:
-                    raise EchoError(
-                        f"no echo for {len(self._outstanding)} of {self.count} messages within {self.timeout_s:g} s"
-                    )
+            if pacing.finished():
+                return
+            overdue = pacing.overdue(time.monotonic())
+            if overdue is not None:
+                raise EchoError(overdue)
 
     def _on_response(self, payload: memoryview, header: Header) -> None:
         text = decode(payload)
@@ -328,15 +255,4 @@ class EchoClient:
             log.warning("response that is not UTF-8 ignored")
             return
         log.debug("response: %s", text)
-        self.received += 1
-        if text in self._outstanding:
-            self._outstanding.remove(text)
-
-    def close(self) -> None:
-        self.context.close()
-
-    def __enter__(self) -> EchoClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.pacing.on_answer(text)

@@ -19,7 +19,6 @@ import queue
 import random
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +33,18 @@ from ..client import (
     Subscription,
 )
 from ..driver.config import DriverConfig
+from .common import (
+    POLL_PAUSE_S,
+    ClientPacing,
+    ContextOwner,
+    EchoError,
+    SendError,
+    channel,
+    host_of,
+    join_host_port,
+    send_text,
+    wait_for,
+)
 from .messages import (
     ECHO_STREAM_ID,
     ERROR_BAD_MESSAGE,
@@ -63,7 +74,6 @@ from .messages import (
     parse_hello,
     parse_initial_response,
 )
-from .take1 import POLL_PAUSE_S, EchoError, SendError, channel, host_of, join_host_port, send_text, wait_for
 
 __all__ = [
     "DUOLOGUE_LINGER",
@@ -225,7 +235,7 @@ _Event = tuple[bool, int | None, Image]
 """(available?, duologue session or None for the all-clients channel, image)."""
 
 
-class EchoServer:
+class EchoServer(ContextOwner):
     """The Echo 2.0 server. ``run`` serves until its ``stop`` event is set; ``close`` releases all."""
 
     def __init__(self, configuration: EchoServerConfiguration, *, rng: random.Random | None = None) -> None:
@@ -485,19 +495,13 @@ class EchoServer:
             except DriverError as exc:
                 log.warning("[%d] closing duologue: %s", duologue.session_id, exc)
         self.duologues.clear()
-        self.context.close()
-
-    def __enter__(self) -> EchoServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
 
 # -- client -----------------------------------------------------------------------------------------
 
 
-class EchoClient:
+class EchoClient(ContextOwner):
     """The Echo 2.0 client: HELLO on the all-clients channel, then ECHO on its own duologue.
 
     ``count`` > 0 stops after that many ECHO messages and their answers; 0 runs until stopped. Every
@@ -517,24 +521,24 @@ class EchoClient:
         reserved_session_id_low: int = RESERVED_SESSION_ID_LOW,
         reserved_session_id_high: int = RESERVED_SESSION_ID_HIGH,
     ) -> None:
-        if count < 0 or interval_s < 0 or timeout_s <= 0:
-            raise ValueError("need count >= 0, interval >= 0 and timeout > 0")
+        self.pacing = ClientPacing(count, interval_s, timeout_s)
         self.remote_address = remote_address
         self.remote_initial_port = remote_initial_port
         self.remote_initial_control_port = remote_initial_control_port
-        self.count = count
-        self.interval_s = interval_s
         self.timeout_s = timeout_s
         config = driver_config(reserved_session_id_low, reserved_session_id_high)
         self.context = Context(directory, driver_config=config)
         self.session_id: int | None = None
         """This client's session on the all-clients channel, once its publication exists."""
         self.duologue: ConnectResponse | None = None
-        self.received = 0
         self._key = 0
-        self._outstanding: deque[str] = deque(maxlen=1024)
         self._error: str | None = None
         self._random = random.SystemRandom()
+
+    @property
+    def received(self) -> int:
+        """ECHO answers received so far."""
+        return self.pacing.received
 
     def _remote(self, port: int) -> str:
         return join_host_port(self.remote_address, port)
@@ -621,28 +625,21 @@ class EchoClient:
 
     def _echo_loop(self, t: Subscription, u: ExclusivePublication, session: int, stop: threading.Event) -> None:
         assembler = FragmentAssembler(lambda payload, header: self._on_echo_response(session, payload))
-        sent = 0
-        next_send = time.monotonic()
-        last_send = next_send
+        pacing = self.pacing
         while not stop.is_set():
             now = time.monotonic()
-            if now >= next_send and (self.count == 0 or sent < self.count):
+            if pacing.due(now):
                 text = f"{self._random.getrandbits(64):x}"
                 send_text(u, format_echo(text), logger=log)  # SendError: the server is gone
-                self._outstanding.append(text)
-                sent += 1
-                last_send = now
-                next_send = now + self.interval_s
+                pacing.on_sent(text, now)
             polled = t.poll(assembler, 100)
             if self._error is not None:
                 raise EchoClientRejectedError(f"server returned an error: {self._error}")
-            if self.count and sent >= self.count:
-                if not self._outstanding:
-                    return
-                if time.monotonic() - last_send > self.timeout_s:
-                    raise EchoClientTimedOutError(
-                        f"no echo for {len(self._outstanding)} of {self.count} messages within {self.timeout_s:g} s"
-                    )
+            if pacing.finished():
+                return
+            overdue = pacing.overdue(time.monotonic())
+            if overdue is not None:
+                raise EchoClientTimedOutError(overdue)
             if polled == 0:
                 if t.image_count == 0:
                     raise EchoError("the server closed the duologue")
@@ -665,17 +662,5 @@ class EchoClient:
             return
         assert isinstance(response, EchoResponse)
         log.debug("[%d] ECHO %s", session, response.message)
-        self.received += 1
-        if response.message in self._outstanding:
-            self._outstanding.remove(response.message)
-        else:
+        if not self.pacing.on_answer(response.message):
             log.warning("[%d] echo of something this client did not send: %s", session, response.message)
-
-    def close(self) -> None:
-        self.context.close()
-
-    def __enter__(self) -> EchoClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -11,22 +11,16 @@ sections 2.2-2.5), so a reference Aeron subscription sees the same behaviour.
 Datagrams from the network are untrusted: they are decoded with the shared codec, checked against
 the reference bounds, counted and dropped when bad; nothing they say sizes an allocation.
 
-Where this differs from the C driver, on purpose:
-
-- A NAK is answered as it arrives, as in C, but with at most ``max_retransmit_datagrams_per_poll``
-  datagrams (they leave with the next ``poll``); the rest of a long retransmission (up to 16
-  receiver windows) follows over successive polls instead of in one loop.
-- A retransmission never goes beyond the sender position (C may resend log data the sender has not
-  sent yet, past the flow-control limit), and a NAK outside the resend window is counted and dropped
-  before it takes the retransmit action.
-- Receiver liveness is tracked for at most ``max_tracked_receivers`` receiver ids.
+NAKs are served by its :class:`~slipstream.protocol.retransmit.RetransmitHandler` and status
+messages set its limit through :class:`~slipstream.protocol.flow_control.FlowControl`, as Aeron splits
+them out of its publication; both modules say where they differ from the C driver on purpose. What
+happens to the publication (connected, disconnected, an ERR frame, end-of-stream sent, finished)
+comes out of ``take_events()`` as pure data.
 """
 
 from __future__ import annotations
 
-import enum
 import struct
-from dataclasses import dataclass
 
 from ..logbuffer import LogBuffers, is_equal_run, scan_term
 from ..wire.constants import (
@@ -47,119 +41,21 @@ from ..wire.frames import (
     StatusMessage,
     decode_datagram,
 )
-from ..wire.positions import compute_position, compute_term_id, index_by_position, max_message_length
-from .defaults import (
-    MAX_RESEND_DEFAULT,
-    MAX_RESEND_MAX,
-    PUBLICATION_CONNECTION_TIMEOUT_NS,
-    PUBLICATION_HEARTBEAT_TIMEOUT_NS,
-    PUBLICATION_LINGER_TIMEOUT_NS,
-    PUBLICATION_SETUP_TIMEOUT_NS,
-    RECEIVER_WINDOW_DEFAULT,
-    RETRANSMIT_MULTICAST_RECEIVER_WINDOW_MULTIPLE,
-    RETRANSMIT_UNICAST_DELAY_NS,
-    RETRANSMIT_UNICAST_LINGER_NS,
-    RETRANSMIT_UNICAST_MAX_ACTIONS,
-    RETRANSMIT_UNICAST_RECEIVER_WINDOW_MULTIPLE,
-    SENDER_MAX_MESSAGES_PER_SEND,
+from ..wire.positions import compute_position, compute_term_id, index_by_position
+from .config import SenderConfig
+from .events import (
+    PublicationConnected,
+    PublicationDisconnected,
+    PublicationEndOfStreamSent,
+    PublicationErrorReceived,
+    PublicationFinished,
+    SenderEvent,
 )
+from .flow_control import FlowControl
+from .lifecycle import SenderState
+from .retransmit import RetransmitHandler
 
 __all__ = ["NetworkPublicationSender", "SenderConfig", "SenderState"]
-
-
-class SenderState(enum.Enum):
-    """Lifecycle of a network publication, as in the C driver."""
-
-    ACTIVE = "active"
-    DRAINING = "draining"
-    """Closed by the application; still sending what it appended."""
-    LINGER = "linger"
-    """Everything sent (or nobody left to send to); answering NAKs until an EOS SM or the linger timeout."""
-    DONE = "done"
-
-
-@dataclass(frozen=True, slots=True)
-class SenderConfig:
-    """Timing and limits of a sender. Defaults are the C driver's unicast defaults (durations in ns)."""
-
-    setup_timeout_ns: int = PUBLICATION_SETUP_TIMEOUT_NS
-    heartbeat_timeout_ns: int = PUBLICATION_HEARTBEAT_TIMEOUT_NS
-    blocked_heartbeat_ns: int = 1_000_000
-    """Heartbeat period while data waits behind an exhausted window. If the datagrams just before the
-    window's end were lost, only a heartbeat (which raises the receiver's high-water mark) reveals the
-    gap; waiting the idle period (100 ms) for it would stall a lossy stream. Heartbeats are legal at
-    any time on the wire, so peers see nothing new."""
-    connection_timeout_ns: int = PUBLICATION_CONNECTION_TIMEOUT_NS
-    linger_timeout_ns: int = PUBLICATION_LINGER_TIMEOUT_NS
-    retransmit_delay_ns: int = RETRANSMIT_UNICAST_DELAY_NS
-    retransmit_linger_ns: int = RETRANSMIT_UNICAST_LINGER_NS
-    group: bool = False
-    """Group (multicast/MDC) semantics: SETUP carries the GROUP flag, up to ``max_resend`` retransmit
-    actions run at once and the retransmit clamp uses the smaller group window multiple."""
-    max_resend: int = MAX_RESEND_DEFAULT
-    receiver_window: int = RECEIVER_WINDOW_DEFAULT
-    """Expected receiver window (``rcv-wnd``); with the window multiple it caps one retransmission."""
-    max_messages_per_send: int = SENDER_MAX_MESSAGES_PER_SEND
-    max_retransmit_datagrams_per_poll: int = 16
-    max_pending_replies: int = 16
-    """RTTM replies waiting for the next poll; beyond this, probes are dropped (a flood costs nothing)."""
-    max_tracked_receivers: int = 64
-    """Receiver ids kept for liveness; bounds memory whatever receiver ids peers invent."""
-    signal_eos: bool = True
-    ttl: int = 0
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad setting."""
-        for name in (
-            "setup_timeout_ns",
-            "heartbeat_timeout_ns",
-            "blocked_heartbeat_ns",
-            "connection_timeout_ns",
-            "retransmit_linger_ns",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive: {getattr(self, name)}")
-        for name in ("linger_timeout_ns", "retransmit_delay_ns", "ttl"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative: {getattr(self, name)}")
-        if not 1 <= self.max_resend <= MAX_RESEND_MAX:
-            raise ValueError(f"max_resend must be in [1, {MAX_RESEND_MAX}]: {self.max_resend}")
-        for name in (
-            "receiver_window",
-            "max_messages_per_send",
-            "max_retransmit_datagrams_per_poll",
-            "max_pending_replies",
-            "max_tracked_receivers",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive: {getattr(self, name)}")
-
-
-_INACTIVE, _DELAYED, _LINGERING = 0, 1, 2
-
-
-class _RetransmitAction:
-    """One NAK being served: delayed, then resent (possibly over several polls), then lingering."""
-
-    __slots__ = ("end", "expiry_ns", "length", "next_position", "started", "state", "term_id", "term_offset")
-
-    def __init__(self) -> None:
-        self.state = _INACTIVE
-        self.term_id = 0
-        self.term_offset = 0
-        self.length = 0
-        self.expiry_ns = 0
-        self.next_position = 0
-        self.end = 0
-        """Resend still owed: stream positions [next_position, end)."""
-        self.started = False
-
-    def overlaps(self, term_id: int, term_offset: int) -> bool:
-        return (
-            self.state != _INACTIVE
-            and self.term_id == term_id
-            and self.term_offset <= term_offset < self.term_offset + self.length
-        )
 
 
 class NetworkPublicationSender:
@@ -173,6 +69,9 @@ class NetworkPublicationSender:
             for datagram in sender.poll(now_ns):
                 sock.send(datagram)
             pub_lmt = sender.publisher_limit()  # the appender may append below this position
+        if sender.has_events:
+            for event in sender.take_events():
+                ...  # connected, disconnected, ERR received, end of stream sent, finished (retire it)
 
     Counters are plain ints that only grow, for the driver to mirror into its counters file.
     """
@@ -191,20 +90,11 @@ class NetworkPublicationSender:
         self._mask = log.term_length - 1
         self.term_window = log.publication_window or log.term_length // 2
         """How far ahead of the sender position the application may append (``pub-wnd``)."""
-        self._max_message_length = max_message_length(log.term_length)
-        if config.group:
-            multiple = RETRANSMIT_MULTICAST_RECEIVER_WINDOW_MULTIPLE
-        else:
-            multiple = RETRANSMIT_UNICAST_RECEIVER_WINDOW_MULTIPLE
-        self._max_retransmit_length = min(config.receiver_window, log.term_length // 2) * multiple
-        actions = config.max_resend if config.group else RETRANSMIT_UNICAST_MAX_ACTIONS
-        self._actions = tuple(_RetransmitAction() for _ in range(actions))
-        self._retransmitting = False
-        """Some retransmit action is not inactive (so ``poll`` runs them)."""
+        self._retransmit = RetransmitHandler(log, config)
 
         start = log.producer_position()
         self._snd_pos = start
-        self._snd_lmt = start
+        self._flow = FlowControl(config, start)
         self.state = SenderState.ACTIVE
         self._has_initial_connection = False
         self._setup_elicited = False
@@ -217,10 +107,10 @@ class NetworkPublicationSender:
         self._blocked = False
         """Data is waiting but the receiver window is exhausted (see ``blocked_heartbeat_ns``)."""
         self._linger_start_ns = 0
-        self._receivers: dict[int, int] = {}
-        """receiver_id -> time of its last status message."""
-        self._receivers_expiry_ns = 1 << 62
-        """No tracked receiver can time out before this (checked every poll, so kept cheap)."""
+        self._receivers = self._flow.receivers
+        """receiver_id -> time of its last status message (the flow control's)."""
+        self._eos_sent = False
+        self._events: list[SenderEvent] = []
         self._replies: list[bytes] = []
         self._resends: list[bytes] = []
         """Retransmissions made as NAKs arrived, for the next poll: at most four polls' retransmit budget."""
@@ -236,14 +126,7 @@ class NetworkPublicationSender:
         self.bytes_sent = 0
         """Bytes of new data sent (retransmissions and heartbeats excluded)."""
         self.datagrams_sent = 0
-        self.retransmits_sent = 0
-        self.retransmitted_bytes = 0
         self.naks_received = 0
-        self.naks_ignored = 0
-        """NAKs overlapping a retransmission in progress or lingering (reference: 10 ms linger)."""
-        self.naks_outside_window = 0
-        """Valid NAKs for data no longer (or not yet) in the resend window: nothing to resend."""
-        self.retransmit_overflows = 0
         self.status_messages_received = 0
         self.status_messages_rejected = 0
         """SMs whose position is more than half a term from the sender position."""
@@ -259,6 +142,30 @@ class NetworkPublicationSender:
         self.last_error: str | None = None
         """Text of the last ERR frame received (e.g. a receiver rejected the image)."""
 
+    # -- retransmit counters (kept by the retransmit handler) ------------------------------------
+
+    @property
+    def retransmits_sent(self) -> int:
+        return self._retransmit.retransmits_sent
+
+    @property
+    def retransmitted_bytes(self) -> int:
+        return self._retransmit.retransmitted_bytes
+
+    @property
+    def naks_ignored(self) -> int:
+        """NAKs overlapping a retransmission in progress or lingering (reference: 10 ms linger)."""
+        return self._retransmit.naks_ignored
+
+    @property
+    def naks_outside_window(self) -> int:
+        """Valid NAKs for data no longer (or not yet) in the resend window: nothing to resend."""
+        return self._retransmit.naks_outside_window
+
+    @property
+    def retransmit_overflows(self) -> int:
+        return self._retransmit.retransmit_overflows
+
     # -- state for the driver -------------------------------------------------------------------
 
     @property
@@ -269,7 +176,7 @@ class NetworkPublicationSender:
     @property
     def sender_limit(self) -> int:
         """``snd-lmt``: the flow-control limit, max(sm_position + receiver_window) over status messages."""
-        return self._snd_lmt
+        return self._flow.sender_limit
 
     @property
     def is_connected(self) -> bool:
@@ -286,7 +193,7 @@ class NetworkPublicationSender:
 
     @property
     def is_done(self) -> bool:
-        """True once lingering ended: the driver may free the publication and its log."""
+        """True once lingering ended (also reported once as ``PublicationFinished``)."""
         return self.state is SenderState.DONE
 
     @property
@@ -310,6 +217,22 @@ class NetworkPublicationSender:
         if self.state is SenderState.ACTIVE:
             self.state = SenderState.DRAINING
             self._wake_ns = 0
+
+    @property
+    def deadline_ns(self) -> int:
+        """When ``poll`` is next due without input (0: now). An append to the log also makes it due
+        while the window is open; ``poll_due`` checks that too."""
+        return self._wake_ns
+
+    def take_events(self) -> list[SenderEvent]:
+        """What happened since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+    @property
+    def has_events(self) -> bool:
+        """Whether ``take_events`` would return any: lets a duty cycle skip it cheaply."""
+        return bool(self._events)
 
     def poll_due(self, now_ns: int) -> bool:
         """False when ``poll(now_ns)`` would return nothing and change nothing, so an idle duty cycle
@@ -367,44 +290,25 @@ class NetworkPublicationSender:
         if abs(position - self._snd_pos) > term_length // 2:
             self.status_messages_rejected += 1
             return
-        if sm.flags & SM_EOS_FLAG:
-            self._receivers.pop(sm.receiver_id, None)
+        eos = bool(sm.flags & SM_EOS_FLAG)
+        if eos:
             # One receiver leaving ends the linger only on unicast; a group has others.
             self._received_eos = self._received_eos or not self.config.group
-        else:
-            self._track_receiver(sm.receiver_id, now_ns)
+        self._flow.on_status_message(sm.receiver_id, position + window, eos, now_ns)
         self._has_initial_connection = True
-        edge = position + window
-        if edge > self._snd_lmt:
-            self._snd_lmt = edge
         self._update_connected(now_ns)
 
-    def _track_receiver(self, receiver_id: int, now_ns: int) -> None:
-        receivers = self._receivers
-        if receiver_id not in receivers and len(receivers) >= self.config.max_tracked_receivers:
-            self._expire_receivers(now_ns)
-            if len(receivers) >= self.config.max_tracked_receivers:
-                del receivers[min(receivers, key=receivers.__getitem__)]
-        receivers[receiver_id] = now_ns
-        expiry = now_ns + self.config.connection_timeout_ns
-        if expiry < self._receivers_expiry_ns:
-            self._receivers_expiry_ns = expiry
-
-    def _expire_receivers(self, now_ns: int) -> None:
-        if now_ns < self._receivers_expiry_ns:
-            return
-        timeout = self.config.connection_timeout_ns
-        deadline = now_ns - timeout
-        for receiver_id in [r for r, t in self._receivers.items() if t <= deadline]:
-            del self._receivers[receiver_id]
-        self._receivers_expiry_ns = min(self._receivers.values(), default=(1 << 62) - timeout) + timeout
-
     def _update_connected(self, now_ns: int) -> None:
-        self._expire_receivers(now_ns)
+        self._flow.expire(now_ns)
         connected = bool(self._receivers)
         if connected != self._is_connected:
-            self._is_connected = connected
-            self.log.is_connected = connected
+            self._set_connected(connected)
+
+    def _set_connected(self, connected: bool) -> None:
+        self._is_connected = connected
+        self.log.is_connected = connected
+        event = PublicationConnected if connected else PublicationDisconnected
+        self._events.append(event(self.session_id, self.stream_id))
 
     def _on_nak(self, nak: Nak, now_ns: int) -> None:
         if not self._is_mine(nak.session_id, nak.stream_id):
@@ -417,64 +321,7 @@ class NetworkPublicationSender:
         self.naks_received += 1
         if length == 0:
             return
-        position = compute_position(nak.term_id, offset, self._bits, self.initial_term_id)
-        if not self._in_resend_window(position):
-            self.naks_outside_window += 1
-            return
-        action = self._assign_action(nak.term_id, offset)
-        if action is None:
-            return
-        action.term_id = nak.term_id
-        action.term_offset = offset
-        action.length = min(length, self._max_retransmit_length)
-        self._retransmitting = True
-        if self.config.retransmit_delay_ns == 0:
-            # Answered now, as the C driver does: NAKs for several gaps in one batch are all served,
-            # and a NAK taking over the action cannot cancel the previous one's retransmission.
-            self._start_resend(action, now_ns)
-            room = self.config.max_retransmit_datagrams_per_poll * 4 - len(self._resends)
-            if action.next_position < action.end and room > 0:
-                self._resend(action, self._resends, min(room, self.config.max_retransmit_datagrams_per_poll))
-        else:
-            action.state = _DELAYED
-            action.expiry_ns = now_ns + self.config.retransmit_delay_ns
-            action.next_position = action.end = 0
-
-    def _assign_action(self, term_id: int, term_offset: int) -> _RetransmitAction | None:
-        """A free action for this NAK, or None when one overlapping it is active (or none is free).
-
-        Unicast keeps one action and a NAK that does not overlap it simply takes it over; group
-        channels keep several and count an overflow when all are busy.
-        """
-        available: _RetransmitAction | None = None
-        for action in self._actions:
-            if action.overlaps(term_id, term_offset):
-                self.naks_ignored += 1
-                return None
-            if action.state == _INACTIVE and available is None:
-                available = action
-        if available is None:
-            if self.config.group:
-                self.retransmit_overflows += 1
-                return None
-            available = self._actions[0]
-        return available
-
-    def _in_resend_window(self, position: int) -> bool:
-        bottom = self._snd_pos - self.term_length // 2 - self._max_message_length
-        return bottom <= position < self._snd_pos
-
-    def _start_resend(self, action: _RetransmitAction, now_ns: int) -> None:
-        position = compute_position(action.term_id, action.term_offset, self._bits, self.initial_term_id)
-        action.state = _LINGERING
-        action.expiry_ns = now_ns + self.config.retransmit_linger_ns
-        action.started = False
-        if self._in_resend_window(position):
-            action.next_position = position
-            # Never resend beyond what was sent: that data is still subject to flow control.
-            action.end = min(position + action.length, self._snd_pos)
-        else:
-            action.next_position = action.end = 0
+        self._retransmit.on_nak(nak.term_id, offset, length, self._snd_pos, now_ns, self._resends)
 
     def _on_rttm(self, rttm: RttMeasurement) -> None:
         if not self._is_mine(rttm.session_id, rttm.stream_id) or not rttm.flags & RTTM_REPLY_FLAG:
@@ -490,7 +337,12 @@ class NetworkPublicationSender:
             return
         self.errors_received += 1
         self.last_error = f"code {error.error_code}: {error.error_text}"
-        self._receivers.pop(error.receiver_id, None)
+        self._events.append(
+            PublicationErrorReceived(
+                self.session_id, self.stream_id, error.receiver_id, error.error_code, error.error_text
+            )
+        )
+        self._flow.remove(error.receiver_id)
         self._update_connected(now_ns)
 
     # -- output ---------------------------------------------------------------------------------
@@ -512,8 +364,8 @@ class NetworkPublicationSender:
         if self._send_data(now_ns, out) == 0:
             self._heartbeat_check(now_ns, out)
             self._update_connected(now_ns)
-        if self._retransmitting:
-            self._process_retransmits(now_ns, out)
+        if self._retransmit.active:
+            self._retransmit.process(now_ns, self._snd_pos, out)
         if self.state is not SenderState.ACTIVE:
             self._on_time_event(now_ns)
         self.datagrams_sent += len(out)
@@ -552,14 +404,13 @@ class NetworkPublicationSender:
             last = self._last_data_or_heartbeat_ns
             timeout = config.blocked_heartbeat_ns if self._blocked else config.heartbeat_timeout_ns
             wake = min(wake, now_ns if last is None else last + timeout + 1)
-        if self._receivers and self._receivers_expiry_ns < wake:
-            wake = self._receivers_expiry_ns
-        if self._retransmitting:
-            for action in self._actions:
-                if action.next_position < action.end:
-                    return now_ns
-                if action.state != _INACTIVE:
-                    wake = min(wake, action.expiry_ns + 1)
+        if self._receivers and self._flow.expiry_ns < wake:
+            wake = self._flow.expiry_ns
+        if self._retransmit.active:
+            owed, retransmit_wake = self._retransmit.deadline(now_ns)
+            if owed:
+                return now_ns
+            wake = min(wake, retransmit_wake)
         return wake
 
     def _position_fields(self) -> tuple[int, int]:
@@ -600,11 +451,14 @@ class NetworkPublicationSender:
         out.append(DataFrame.heartbeat(term_offset, self.session_id, self.stream_id, term_id, eos=eos).encode())
         self.heartbeats_sent += 1
         self._last_data_or_heartbeat_ns = now_ns
+        if eos and not self._eos_sent:
+            self._eos_sent = True
+            self._events.append(PublicationEndOfStreamSent(self.session_id, self.stream_id, self._snd_pos))
 
     def _send_data(self, now_ns: int, out: list[bytes]) -> int:
         """Send up to ``max_messages_per_send`` datagrams of new data within the window; return bytes consumed."""
         snd_pos = self._snd_pos
-        window = self._snd_lmt - snd_pos
+        window = self._flow.sender_limit - snd_pos
         index = index_by_position(snd_pos, self._bits)
         term, term_i32 = self.log.terms[index], self.log.terms_i32[index]
         term_length = self.term_length
@@ -681,50 +535,6 @@ class NetworkPublicationSender:
         self.bytes_sent += end - offset
         return end - offset
 
-    def _process_retransmits(self, now_ns: int, out: list[bytes]) -> None:
-        budget = self.config.max_retransmit_datagrams_per_poll
-        busy = False
-        for action in self._actions:
-            if action.state == _DELAYED and now_ns > action.expiry_ns:
-                self._start_resend(action, now_ns)
-            if action.next_position < action.end and budget > 0:
-                budget = self._resend(action, out, budget)
-            if action.state == _LINGERING and now_ns > action.expiry_ns and action.next_position >= action.end:
-                action.state = _INACTIVE
-            busy = busy or action.state != _INACTIVE
-        self._retransmitting = busy
-
-    def _resend(self, action: _RetransmitAction, out: list[bytes], budget: int) -> int:
-        """Send the next datagrams of a retransmission from the log; return the budget left.
-
-        A retransmission longer than the budget continues at the next poll; it is abandoned when the
-        log has nothing to send there or the range fell out of the resend window meanwhile.
-        """
-        position = action.next_position
-        bottom = self._snd_pos - self.term_length // 2 - self._max_message_length
-        while position < action.end:
-            if budget == 0:
-                action.next_position = position
-                return 0
-            if position < bottom:
-                break
-            index = index_by_position(position, self._bits)
-            offset = position & self._mask
-            term = self.log.terms[index]
-            max_length = min(self.mtu, action.end - position)
-            available, padding = scan_term(term, self.log.terms_i32[index], offset, max_length)
-            if available <= 0:
-                break
-            out.append(bytes(term[offset : offset + available]))
-            if not action.started:
-                action.started = True
-                self.retransmits_sent += 1
-            self.retransmitted_bytes += available
-            position += available + padding
-            budget -= 1
-        action.next_position = action.end = position
-        return budget
-
     def _on_time_event(self, now_ns: int) -> None:
         state = self.state
         if state is SenderState.DRAINING:
@@ -739,5 +549,8 @@ class NetworkPublicationSender:
             self._received_eos or now_ns > self._linger_start_ns + self.config.linger_timeout_ns
         ):
             self.state = SenderState.DONE
-            self._is_connected = False
-            self.log.is_connected = False
+            if self._is_connected:
+                self._set_connected(False)
+            else:
+                self.log.is_connected = False
+            self._events.append(PublicationFinished(self.session_id, self.stream_id))
