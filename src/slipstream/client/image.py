@@ -103,8 +103,9 @@ class Image:
 
     def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int:
         """Deliver the whole frames available from this image's position, up to ``block_length_limit``
-        bytes and the end of the term, to ``handler`` in one call (Aeron's ``blockPoll``); returns the
-        bytes delivered. For recorders and bridges that copy frames, not messages: no per-message call."""
+        bytes (or the first frame, if longer) and the end of the term, to ``handler`` in one call
+        (Aeron's ``blockPoll``); returns the bytes delivered. For recorders and bridges that copy
+        frames, not messages: no call per message."""
         if self._closed:
             return 0
         position = self._position
@@ -112,7 +113,9 @@ class Image:
         index = (position >> self._bits) % 3
         term = self._terms[index]
         term_i32 = self._terms_i32[index]
-        limit = min(block_length_limit, len(term) - offset)
+        # A frame longer than the limit still goes alone (else the image could never move past it).
+        first_length = term_i32[offset >> 2]
+        limit = min(max(block_length_limit, (first_length + 31) & -32), len(term) - offset)
         length = padding = 0
         while length < limit:
             frame_offset = offset + length

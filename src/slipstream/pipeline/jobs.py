@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,9 @@ RECORDED_KINDS = (
     "loss_report",
     "error_log",
 )
+_COLUMNS = {"captured": ("timestamp_ns", "channel", "stream_id", "session_id", "size", "message_type")}
+"""Columns the jobs read, where a kind has columns they never need."""
+
 TABLES = (
     "sessions",
     "rejected_handshakes",
@@ -45,9 +48,13 @@ TABLES = (
 
 
 
-def load(spark: SparkSession, root: str | Path, kind: str) -> DataFrame:
-    """One recorded kind as a DataFrame (empty, with its schema, when nothing of it was recorded)."""
-    return spark.read.format("slipstream").option("kind", kind).load(str(root))
+def load(spark: SparkSession, root: str | Path, kind: str, columns: Sequence[str] | None = None) -> DataFrame:
+    """One recorded kind as a DataFrame (empty, with its schema, when nothing of it was recorded);
+    ``columns`` reads only those (the report never needs captured payloads)."""
+    reader = spark.read.format("slipstream").option("kind", kind)
+    if columns is not None:
+        reader = reader.option("columns", ",".join(columns))
+    return reader.load(str(root))
 
 
 def _pct(column: str, q: float) -> Column:
@@ -291,7 +298,7 @@ def build_tables(
     result = TablesResult()
     for kind in RECORDED_KINDS:
         result.input_rows[kind] = sum(segment.rows for segment in recording.segments(kind))
-    frames = {kind: load(spark, input_dir, kind) for kind in RECORDED_KINDS}
+    frames = {kind: load(spark, input_dir, kind, _COLUMNS.get(kind)) for kind in RECORDED_KINDS}
     events = frames["connection_events"]
     jobs: dict[str, Callable[[], DataFrame]] = {
         "sessions": lambda: sessions(events, frames["connection_stats"]),

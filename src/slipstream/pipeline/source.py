@@ -118,6 +118,7 @@ class SlipstreamDataSource(DataSource):
     """``format("slipstream")``: see the module docstring for options and guarantees.
 
     Read options: ``path`` (the recording root, or ``load(DIR)``), ``kind`` (default ``captured``),
+    ``columns`` (comma-separated: read only these),
     ``rowsPerPartition`` (default 1000000), ``maxRecordsPerTrigger`` (streaming). Write options:
     ``channel``, ``stream``, ``dir`` (driver directory), ``type`` (the tag value, default ``Row``),
     ``tagField`` (default ``type``), ``connectTimeout`` (seconds, default 10), ``sinkState``.
@@ -138,7 +139,16 @@ class SlipstreamDataSource(DataSource):
         return str(self.options.get("kind", DEFAULT_KIND))
 
     def schema(self) -> StructType:
-        return spark_schema(self._recording().schema(self.kind))
+        full = spark_schema(self._recording().schema(self.kind))
+        wanted = self.options.get("columns")
+        if not wanted:
+            return full
+        # The Python data source API has no column pruning: this option is it (payloads are big).
+        names = [name.strip() for name in wanted.split(",") if name.strip()]
+        unknown = [name for name in names if name not in full.fieldNames()]
+        if unknown:
+            raise SlipstreamSourceError(f"option 'columns': {unknown} not in kind {self.kind!r} ({full.fieldNames()})")
+        return StructType([full[name] for name in names])
 
     def reader(self, schema: StructType) -> DataSourceReader:
         per_partition = _option_int(self.options, "rowsPerPartition", DEFAULT_ROWS_PER_PARTITION)
