@@ -108,11 +108,21 @@ def sessions(events: DataFrame, stats: DataFrame) -> DataFrame:
     )
 
 
+def host(address: Column) -> Column:
+    """The host of ``host:port`` or ``[v6]:port`` (anything else unchanged): a peer that is refused
+    reconnects from new ephemeral ports, so refusals are counted, and listed, per host."""
+    return (
+        F.when(address.rlike(r"^\[.*\]:[0-9]+$"), F.regexp_extract(address, r"^\[(.*)\]:[0-9]+$", 1))
+        .when(address.rlike(r"^[^:]*:[0-9]+$"), F.regexp_extract(address, r"^([^:]*):[0-9]+$", 1))
+        .otherwise(address)
+    )
+
+
 def rejected_handshakes(events: DataFrame) -> DataFrame:
-    """Refused handshakes by address and reason, most frequent first."""
+    """Refused handshakes by host and reason, most frequent first."""
     return (
         events.where(F.col("event") == "handshake_rejected")
-        .groupBy("address", F.coalesce(F.col("reason"), F.lit("unknown")).alias("reason"))
+        .groupBy(host(F.col("address")).alias("address"), F.coalesce(F.col("reason"), F.lit("unknown")).alias("reason"))
         .agg(
             F.count(F.lit(1)).alias("rejections"),
             F.min("timestamp_ns").alias("first_ns"),
@@ -123,10 +133,10 @@ def rejected_handshakes(events: DataFrame) -> DataFrame:
 
 
 def abuse_list(events: DataFrame, threshold: int) -> DataFrame:
-    """Addresses with at least ``threshold`` refused handshakes: what a server should refuse outright."""
+    """Hosts with at least ``threshold`` refused handshakes: what a server should refuse outright."""
     return (
         events.where(F.col("event") == "handshake_rejected")
-        .groupBy("address")
+        .groupBy(host(F.col("address")).alias("address"))
         .agg(
             F.count(F.lit(1)).alias("rejections"),
             F.concat_ws(",", F.array_sort(F.collect_set(F.coalesce(F.col("reason"), F.lit("unknown"))))).alias(
@@ -241,13 +251,18 @@ class Progress:
         self._last = line
 
     def _run(self) -> None:
+        last_detail = ""
+        last_emit = time.monotonic()
         while not self._stop.wait(self.interval_s):
             try:
                 line = self._line()
             except Exception:  # the tracker can race with the job's end; progress is best effort
                 continue
-            if not self.tty and line.split(" (")[0] == self._last.split(" (")[0] and "(" not in line:
-                continue
+            if not self.tty:  # a log: a line when the stages move, or every 5 s, not every tick
+                detail = line.partition(" s")[2]
+                if detail == last_detail and time.monotonic() - last_emit < 5.0:
+                    continue
+                last_detail, last_emit = detail, time.monotonic()
             self._emit(line)
 
     @contextmanager

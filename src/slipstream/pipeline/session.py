@@ -36,6 +36,8 @@ def spark_session(
     if not under_spark_submit():  # Python workers (and data source planning) use this interpreter's packages
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        if (master or DEFAULT_MASTER).startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode binds nothing else
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
@@ -61,5 +63,10 @@ def spark_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    register(spark)
+    if id(spark) not in _REGISTERED:  # getOrCreate hands back the same session: register once
+        register(spark)
+        _REGISTERED.add(id(spark))
     return spark
+
+
+_REGISTERED: set[int] = set()

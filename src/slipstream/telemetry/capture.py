@@ -209,9 +209,9 @@ class StreamCapture:
         return pa.Table.from_arrays(
             [
                 pa.array(timestamps, pa.int64()),
-                pa.array([self.channel] * n, pa.string()),
-                pa.array([self.stream_id] * n, pa.int64()),
-                pa.array([run.session_id] * n, pa.int64()),
+                pa.repeat(pa.scalar(self.channel, pa.string()), n),  # constants: no Python list per row
+                pa.repeat(pa.scalar(self.stream_id, pa.int64()), n),
+                pa.repeat(pa.scalar(run.session_id, pa.int64()), n),
                 pa.array(positions, pa.int64()),
                 pa.array(sizes, pa.int64()),
                 payloads,
@@ -238,9 +238,10 @@ class StreamCapture:
                 frames = np.frombuffer(data, dtype=np.uint8).reshape(n, aligned)
                 size = first - _HEADER_LENGTH
                 payload = np.ascontiguousarray(frames[:, _HEADER_LENGTH:first])
-                payloads = pa.FixedSizeBinaryArray.from_buffers(
-                    pa.binary(size), n, [None, pa.py_buffer(payload)]
-                ).cast(pa.binary())
+                value_offsets = np.arange(0, (n + 1) * size, size, dtype=np.int32)
+                payloads = pa.BinaryArray.from_buffers(
+                    pa.binary(), n, [None, pa.py_buffer(value_offsets), pa.py_buffer(payload)]
+                )
                 offsets = aligned * np.arange(n, dtype=np.int64)
                 positions = block.position + aligned + offsets
                 return self._columns(block, offsets, positions, np.full(n, size, dtype=np.int64), payloads)
