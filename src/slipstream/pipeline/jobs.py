@@ -259,7 +259,7 @@ class Progress:
             except Exception:  # the tracker can race with the job's end; progress is best effort
                 continue
             if not self.tty:  # a log: a line when the stages move, or every 5 s, not every tick
-                detail = line.partition(" s")[2]
+                detail = line.partition(" s (")[2]  # the stages' part, without the elapsed time
                 if detail == last_detail and time.monotonic() - last_emit < 5.0:
                     continue
                 last_detail, last_emit = detail, time.monotonic()
