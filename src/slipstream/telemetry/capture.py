@@ -314,7 +314,7 @@ class StreamCapture:
         index = table.schema.get_field_index("message_type")
         return table.set_column(index, "message_type", pa.array(names, pa.string()))
 
-    def run(self, stop: threading.Event, *, idle_s: float = 0.0005) -> None:
+    def run(self, stop: threading.Event, *, idle_s: float = 0.001) -> None:
         """Poll until ``stop`` is set, sleeping ``idle_s`` when there was nothing to read."""
         while not stop.is_set():
             if self.poll() == 0:
