@@ -347,6 +347,8 @@ def run_recording_part(scratch: Path, count: int, rounds: int) -> dict[str, Any]
             "median_without": base,
             "median_with": with_rec,
             "overhead_percent": 100 * (1 - with_rec / base),
+            "paired_ratio_median": statistics.median(w / p for w, p in zip(recorded, plain, strict=True)),
+            "spread_without": [min(plain), max(plain)],
             "recorder_cpu_s": cpu,
             "recorder_cpu_us_per_message": 1e6 * statistics.median(cpu) / count if cpu else None,
             "recorder_lines": notes,
@@ -391,12 +393,24 @@ def main(argv: list[str] | None = None) -> int:
         for entry in report["sizes"]:
             print(f"{entry['rows']:>12,} {entry['spark_s']:>13.1f} s {entry['pyarrow_s']:>13.2f} s "
                   f"{entry['ratio_spark_over_pyarrow']:>13.1f}x")  # fmt: skip
+        sizes = report["sizes"]
+        if len(sizes) >= 2:
+            a, b = sizes[-2], sizes[-1]
+            per_m = 1e6 / (b["rows"] - a["rows"])
+            spark_slope = (b["spark_s"] - a["spark_s"]) * per_m
+            arrow_slope = (b["pyarrow_s"] - a["pyarrow_s"]) * per_m
+            report["marginal_s_per_million_rows"] = {"spark": spark_slope, "pyarrow": arrow_slope}
+            print(f"marginal cost per extra million rows: Spark {spark_slope:.2f} s, pyarrow {arrow_slope:.2f} s "
+                  f"(pyarrow holds the kind in memory; Spark streams it and can use more machines)")  # fmt: skip
     if "recording" in result:
         rec = result["recording"]
         print(f"IPC 32 B: {rec['median_without'] / 1e6:.2f} M msg/s without recording, "
               f"{rec['median_with'] / 1e6:.2f} M msg/s while `slipstream record` captures it: "
               f"overhead {rec['overhead_percent']:.1f} % (target <= 10 %); the recorder process used "
               f"{rec['recorder_cpu_us_per_message']:.2f} us of CPU per message, start-up included")  # fmt: skip
+        low, high = rec["spread_without"]
+        print(f"  paired rounds (with/without) median {rec['paired_ratio_median']:.2f}; rounds without recording "
+              f"ranged {low / 1e6:.2f}-{high / 1e6:.2f} M msg/s on this machine")  # fmt: skip
     out = args.out or RESULTS / f"pipeline-{datetime.now():%Y-%m-%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))
