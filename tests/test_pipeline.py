@@ -21,25 +21,70 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from slipstream import Context
+from slipstream import Context, RegistrationError
+from slipstream.files import observe
+from slipstream.files.loss_report import LossReport
 from slipstream.pipeline.demo import RunSummary, abuse_loop, record_run
 from slipstream.pipeline.jobs import TABLES
 from slipstream.pipeline.options import ReportOptions
 from slipstream.pipeline.run import ReportOutcome, generate_report
 from slipstream.pipeline.submit import SUBMIT_SCRIPT
-from slipstream.telemetry import Recorder, RecorderConfig, Recording, StreamStats
+from slipstream.telemetry import DriverSampler, Recorder, RecorderConfig, Recording, StreamStats
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("SLIPSTREAM_ARTIFACTS", ROOT / "test-artifacts"))
 MESSAGES = 3000
 
 
+BAD_REGISTRATIONS = 3
+GARBAGE_DATAGRAMS = 4
+
+
+def _record_driver_errors_and_loss(recording: Path, driver_dir: Path) -> None:
+    """A second driver's files in the same recording: real errors (refused registrations, garbage
+    datagrams on a receive endpoint) and loss-report entries (refilled after it stopped, as the
+    observe tests do: loopback loses nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with Recorder(recording, writer_id="errors") as recorder:
+        sampler = DriverSampler(recorder, driver_dir)
+        with Context(driver_dir, driver="embedded") as context:
+            for _ in range(BAD_REGISTRATIONS):
+                with pytest.raises(RegistrationError):
+                    context.add_publication("aeron:bogus", 1)
+            context.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 5)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                for _ in range(GARBAGE_DATAGRAMS):
+                    sock.sendto(b"\xff" * 7, ("127.0.0.1", port))
+            deadline = time.monotonic() + 20
+            expected = BAD_REGISTRATIONS + GARBAGE_DATAGRAMS
+            while sum(e.observation_count for e in observe.errors(driver_dir)) < expected:
+                assert time.monotonic() < deadline, observe.errors(driver_dir)
+                time.sleep(0.05)
+            sampler.sample()
+        report = LossReport(driver_dir)
+        try:
+            report.record("image", 64, 1_000, 77, 1001, "aeron:udp?endpoint=127.0.0.1:40121", "127.0.0.1:43450")
+            report.record("image", 32, 2_000, 77, 1001, "aeron:udp?endpoint=127.0.0.1:40121", "127.0.0.1:43450")
+        finally:
+            report.close()
+        sampler.sample()
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunSummary]:
     """A real IPC + UDP run through an embedded driver, recorded; connection events synthesized
-    through the public recording API (the network layer is not there yet)."""
+    through the public recording API (the network layer is not there yet); and a second driver's
+    real errors and loss entries."""
     recording = tmp_path_factory.mktemp("run") / "recording"
-    return recording, record_run(recording, messages=MESSAGES)
+    summary = record_run(recording, messages=MESSAGES)
+    driver_dir = Path("/dev/shm") / f"slipstream-test-errors-{os.getpid()}"
+    try:
+        _record_driver_errors_and_loss(recording, driver_dir)
+    finally:
+        shutil.rmtree(driver_dir, ignore_errors=True)
+    return recording, summary
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +128,13 @@ def test_report_tables_agree_with_what_the_run_counted(
         assert session["cause"] == "closed" and session["loss_rate"] == 0.0
     counters = {row["label"]: row["value"] for row in rows["driver_counters"]}
     assert any(label.startswith("sub-pos") for label in counters)
+    assert len({row["driver"] for row in rows["driver_counters"]}) == 2
+    # The second driver's real errors and its loss report, as the test caused them.
+    errors = {row["text"]: row["observation_count"] for row in rows["errors"]}
+    assert errors["INVALID_CHANNEL: unknown media 'bogus' (expected udp or ipc)"] == BAD_REGISTRATIONS
+    assert sum(n for text, n in errors.items() if text.startswith("invalid datagrams dropped")) == GARBAGE_DATAGRAMS
+    (loss,) = rows["loss"]
+    assert (loss["observation_count"], loss["total_bytes_lost"], loss["session_id"]) == (2, 96, 77)
     assert report.tables.input_rows["captured"] == 2 * MESSAGES
 
 

@@ -177,36 +177,36 @@ def message_types(captured: DataFrame) -> DataFrame:
 def driver_counters(samples: DataFrame) -> DataFrame:
     """Each counter's last sampled value."""
     return (
-        samples.groupBy("counter_id", "registration_id", "type_name")
+        samples.groupBy("driver", "counter_id", "registration_id", "type_name")
         .agg(F.max_by("label", "timestamp_ns").alias("label"), F.max_by("value", "timestamp_ns").alias("value"))
-        .orderBy("counter_id", "registration_id")
+        .orderBy("driver", "counter_id", "registration_id")
     )
 
 
 def loss(samples: DataFrame) -> DataFrame:
     """Each loss-report entry's last state."""
     return (
-        samples.groupBy("session_id", "stream_id", "channel", "source")
+        samples.groupBy("driver", "session_id", "stream_id", "channel", "source")
         .agg(
             F.max("observation_count").alias("observation_count"),
             F.max("total_bytes_lost").alias("total_bytes_lost"),
             F.min("first_observation_ms").alias("first_observation_ms"),
             F.max("last_observation_ms").alias("last_observation_ms"),
         )
-        .orderBy(F.desc("total_bytes_lost"), "session_id", "stream_id", "channel", "source")
+        .orderBy(F.desc("total_bytes_lost"), "driver", "session_id", "stream_id", "channel", "source")
     )
 
 
 def errors(samples: DataFrame) -> DataFrame:
     """Each distinct error's last state."""
     return (
-        samples.groupBy("text")
+        samples.groupBy("driver", "text")
         .agg(
             F.max("observation_count").alias("observation_count"),
             F.min("first_observation_ms").alias("first_observation_ms"),
             F.max("last_observation_ms").alias("last_observation_ms"),
         )
-        .orderBy(F.desc("observation_count"), "text")
+        .orderBy(F.desc("observation_count"), "driver", "text")
     )
 
 

@@ -361,6 +361,7 @@ class DriverSampler:
     def sample(self) -> None:
         """Take one sample now (the thread calls this; tests may too)."""
         now = time.time_ns()
+        driver = str(self.driver_dir)
         try:
             snapshot = counters(self.driver_dir)
             losses = loss(self.driver_dir)
@@ -373,6 +374,7 @@ class DriverSampler:
             rows.append(
                 CounterSample(
                     now,
+                    driver,
                     info.counter_id,
                     info.type_id,
                     COUNTER_TYPE_NAMES.get(info.type_id, str(info.type_id)),
@@ -392,6 +394,7 @@ class DriverSampler:
                 self.recorder.record(
                     LossSample(
                         now,
+                        driver,
                         entry.observation_count,
                         entry.total_bytes_lost,
                         entry.first_observation_ms,
@@ -407,7 +410,12 @@ class DriverSampler:
                 self._errors_seen[error.text] = error.observation_count
                 self.recorder.record(
                     ErrorSample(
-                        now, error.observation_count, error.first_observation_ms, error.last_observation_ms, error.text
+                        now,
+                        driver,
+                        error.observation_count,
+                        error.first_observation_ms,
+                        error.last_observation_ms,
+                        error.text,
                     )
                 )
         self.samples += 1

@@ -244,6 +244,8 @@ class CounterSample(Record):
     VERSION: ClassVar[int] = 1
 
     timestamp_ns: int
+    driver: str
+    """The driver directory sampled: one recording may hold several drivers."""
     counter_id: int
     type_id: int
     type_name: str
@@ -263,6 +265,8 @@ class LossSample(Record):
     VERSION: ClassVar[int] = 1
 
     timestamp_ns: int
+    driver: str
+    """The driver directory sampled: one recording may hold several drivers."""
     observation_count: int
     total_bytes_lost: int
     first_observation_ms: int
@@ -281,6 +285,8 @@ class ErrorSample(Record):
     VERSION: ClassVar[int] = 1
 
     timestamp_ns: int
+    driver: str
+    """The driver directory sampled: one recording may hold several drivers."""
     observation_count: int
     first_observation_ms: int
     last_observation_ms: int
