@@ -362,3 +362,12 @@ def test_standalone_driver_records_its_counters_by_configuration(driver_dir: Pat
     samples = Recording(out).read("driver_counters").to_pylist()
     assert len({r["timestamp_ns"] for r in samples}) >= 3  # several samples, each of every counter
     assert any(r["type_name"] == "system" for r in samples)
+
+
+def test_a_damaged_segment_file_is_skipped_and_reported_not_fatal(tmp_path: Path) -> None:
+    with Recorder(tmp_path, writer_id="w") as recorder:
+        recorder.record(StreamStats(1, "aeron:ipc", 1, 2, "pub", 0, 0, 0))
+    (tmp_path / "w" / "stream_stats" / "00000009.parquet").write_bytes(b"PAR1 not really parquet")
+    recording = Recording(tmp_path)
+    assert recording.read("stream_stats").num_rows == 1
+    assert recording.unreadable == [str(tmp_path / "w" / "stream_stats" / "00000009.parquet")]

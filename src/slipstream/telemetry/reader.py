@@ -9,6 +9,7 @@ segment lacks come back null); a segment from a newer version is refused with
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from .segments import (
     read_journal,
     writer_dirs,
 )
+
+log = logging.getLogger("slipstream.telemetry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,8 @@ class Recording:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self.unreadable: list[str] = []
+        """Segment files that could not be read (damaged on disk, not written by a recorder); skipped."""
 
     def writers(self) -> list[str]:
         return [path.name for path in writer_dirs(self.root)]
@@ -81,6 +86,7 @@ class Recording:
 
     def segments(self, kind: str, writers: Sequence[str] | None = None) -> list[Segment]:
         """The finalized segments of ``kind``, by writer then sequence (the order offsets follow)."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         found: list[Segment] = []
@@ -88,7 +94,13 @@ class Recording:
             if writers is not None and writer_dir.name not in writers:
                 continue
             for seq, path in finalized_segments(writer_dir / kind):
-                rows = pq.read_metadata(path).num_rows
+                try:
+                    rows = pq.read_metadata(path).num_rows
+                except (pa.ArrowException, OSError) as exc:  # a damaged file is data: skipped, counted, said
+                    if str(path) not in self.unreadable:
+                        self.unreadable.append(str(path))
+                        log.warning("skipping unreadable segment %s: %s", path, exc)
+                    continue
                 found.append(Segment(writer_dir.name, kind, seq, str(path), rows))
         return found
 
