@@ -182,7 +182,7 @@ def pyarrow_tables(root: Path, threshold: int) -> dict[str, Any]:
     }
 
 
-def run_report_part(sizes: list[int], scratch: Path, threshold: int) -> dict[str, Any]:
+def run_report_part(sizes: list[int], scratch: Path, threshold: int, *, stop: bool = True) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from slipstream.pipeline.jobs import build_tables
@@ -225,7 +225,8 @@ def run_report_part(sizes: list[int], scratch: Path, threshold: int) -> dict[str
         log(f"{rows:,} rows: Spark local[2] {spark_s:.1f} s, pyarrow {arrow_s:.1f} s, totals agree: {agree}")
         results["sizes"].append(entry)
         shutil.rmtree(root, ignore_errors=True)
-    spark.stop()
+    if stop:
+        spark.stop()
     return results
 
 
