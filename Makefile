@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean system-deps
+.PHONY: demo pipeline-demo test bench lint clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP) system-deps
 	$(VENV)/bin/slipstream demo
+
+# The recording + Spark half of the tour: a real IPC/UDP run recorded, the report, the live abuse-list loop.
+pipeline-demo: $(STAMP) system-deps
+	$(VENV)/bin/slipstream pipeline demo --output demo-output
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

@@ -377,3 +377,39 @@ def test_report_command_names_a_missing_input(tmp_path: Path) -> None:
          str(tmp_path / "out")], capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert proc.returncode == 2 and "--input" in proc.stderr and "nope" in proc.stderr
+
+
+def test_streaming_sink_skips_a_batch_replayed_after_a_restart(driver: Any, driver_dir: Path, tmp_path: Path) -> None:
+    """The stream writer's commit, as Spark calls it on the driver, with ``sinkState``: a batch id
+    published before (Spark replays the last batch when its commit did not reach the checkpoint)
+    is not published again."""
+    from slipstream.pipeline.source import SlipstreamDataSource
+
+    options = {"channel": "aeron:ipc", "stream": "2002", "dir": str(driver_dir), "type": "Score",
+               "sinkState": str(tmp_path / "sink-state")}  # fmt: skip
+    writer = SlipstreamDataSource(options).streamWriter(None, False)
+    encoder = msgspec.msgpack.Encoder()
+    received: list[Score] = []
+    decoder = msgspec.msgpack.Decoder(Score)
+    with Context(driver_dir, driver="external") as context:
+        subscription = context.add_subscription("aeron:ipc", 2002)
+
+        def commit(batch_id: int, *points: int) -> None:
+            from slipstream.pipeline.source import _Encoded
+
+            payloads = [encoder.encode(Score(f"p{p}", p)) for p in points]
+            writer.commit([_Encoded(payloads)], batch_id)
+
+        def drain(expected: int) -> None:
+            deadline = time.monotonic() + 10
+            while len(received) < expected and time.monotonic() < deadline:
+                subscription.poll(lambda buffer, header: received.append(decoder.decode(buffer)), 100)
+            time.sleep(0.2)
+            subscription.poll(lambda buffer, header: received.append(decoder.decode(buffer)), 100)
+
+        commit(0, 1, 2)
+        drain(2)
+        commit(0, 1, 2)  # replayed after a restart: skipped
+        commit(1, 3)
+        drain(3)
+    assert [s.points for s in received] == [1, 2, 3]

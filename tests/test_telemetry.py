@@ -371,3 +371,24 @@ def test_a_damaged_segment_file_is_skipped_and_reported_not_fatal(tmp_path: Path
     recording = Recording(tmp_path)
     assert recording.read("stream_stats").num_rows == 1
     assert recording.unreadable == [str(tmp_path / "w" / "stream_stats" / "00000009.parquet")]
+
+
+def test_closing_the_recorder_before_the_capture_still_writes_what_was_captured(
+    driver_dir: Path, tmp_path: Path
+) -> None:
+    recorder = Recorder(tmp_path, writer_id="w", config=RecorderConfig(flush_interval_s=3600))
+    with Context(driver_dir, driver="embedded") as context:
+        capture = StreamCapture(context, "aeron:ipc", 3, recorder)
+        publication = context.add_publication("aeron:ipc", 3)
+        deadline = time.monotonic() + 10
+        for i in range(100):
+            while publication.offer(i.to_bytes(2, "little") * 16) < 0:
+                assert time.monotonic() < deadline
+        read = 0
+        while read < 100 * 64:
+            assert time.monotonic() < deadline
+            read += capture.poll()
+        recorder.close()  # the capture's blocks are converted by the close's last flush
+        capture.subscription.close()
+    payloads = Recording(tmp_path).read("captured").column("payload").to_pylist()
+    assert [int.from_bytes(p[:2], "little") for p in payloads] == list(range(100))

@@ -127,6 +127,8 @@ class Recorder:
         self.last_error: BaseException | None = None
         """The writer thread's last I/O error (disk full, say); recording goes on and retries."""
         self._closed = False
+        self._final_flush = False
+        """True during close's last flush: flush hooks (a capture converting its last blocks) still add."""
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"slipstream-recorder:{self.writer_id}", daemon=True)
         self._thread.start()
@@ -158,7 +160,7 @@ class Recorder:
         """Record rows of ``schema`` (tuples in column order): one lock for a whole batch. False if
         they were dropped because ``max_pending_rows`` rows are already waiting."""
         with self._lock:
-            if self._closed:
+            if self._closed and not self._final_flush:
                 raise RecorderClosedError(f"recorder {self.writer_id} is closed")
             kind = self._kinds.get(schema.kind)
             if kind is None or kind.schema is not schema:
@@ -177,7 +179,7 @@ class Recorder:
         ``bounded=False`` is for flush hooks: their table is written by the flush that called them, and
         the producer bounds its own backlog (the capture's ``max_pending_bytes``)."""
         with self._lock:
-            if self._closed:
+            if self._closed and not self._final_flush:
                 raise RecorderClosedError(f"recorder {self.writer_id} is closed")
             kind = self._kinds.get(schema.kind)
             if kind is None or kind.schema is not schema:
@@ -299,9 +301,11 @@ class Recorder:
             self._closed = True
         self._wake.set()
         self._thread.join()
+        self._final_flush = True
         try:
             self.flush(finalize=True)
         finally:
+            self._final_flush = False
             for kind in self._kinds.values():
                 if kind.open is not None:
                     with contextlib.suppress(Exception):
