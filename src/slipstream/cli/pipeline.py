@@ -11,6 +11,7 @@ from typing import Any
 
 
 def register(commands: Any) -> None:
+    """Add ``pipeline report`` and ``pipeline demo`` to the command line."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "pipeline", help="Spark jobs over recordings: tables and an HTML report", description=__doc__
     )

@@ -25,6 +25,7 @@ from ..telemetry import Decoder, DriverSampler, Recorder, RecorderConfig, Stream
 
 
 def register(commands: Any) -> None:
+    """Add ``record`` to the command line."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "record",
         help="capture a stream into Parquet segments",
@@ -58,6 +59,7 @@ def _load_decoder(spec: str) -> Decoder:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Capture until a signal or ``--duration``; exit code 2 on bad options."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -83,6 +83,7 @@ ConnectionSource = Callable[[Recorder, RunSummary], None]
 
 
 def say(text: str) -> None:
+    """Print a line of the tour at once (it runs for a while)."""
     print(text, flush=True)
 
 
@@ -228,6 +229,7 @@ def abuse_loop(output: Path, recording: Path, *, master: str | None, threshold: 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``pipeline demo`` options."""
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="default ./slipstream-demo-<time>")
     parser.add_argument("--messages", type=int, default=20_000, help="typed messages per stream (default 20000)")
     parser.add_argument("--master", default=None, metavar="URL", help="Spark master (default local[*])")
@@ -236,6 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the three steps; exit code 0 when the loop refused the new offender."""
     from .run import generate_report
 
     output: Path = args.output or Path.cwd() / time.strftime("slipstream-demo-%Y%m%d-%H%M%S")

@@ -45,6 +45,7 @@ def _no_data(ax: Any, text: str) -> None:
 
 
 def plot_throughput(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """Messages per bucket over time, one line per stream (at most ten)."""
     fig, ax = _figure()
     series: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for row in rows:
@@ -66,6 +67,7 @@ def plot_throughput(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def plot_message_types(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """The ten most frequent message types."""
     fig, ax = _figure()
     top = list(rows)[:10]
     if not top:
@@ -78,6 +80,7 @@ def plot_message_types(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def plot_rejections(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """Refused handshakes per reason."""
     fig, ax = _figure()
     by_reason: dict[str, int] = defaultdict(int)
     for row in rows:
@@ -93,6 +96,7 @@ def plot_rejections(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def plot_rtt(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """RTT p50/p95/p99 per session (the first twenty with samples)."""
     fig, ax = _figure()
     measured = [r for r in rows if r.get("rtt_p50_ns") is not None][:20]
     if not measured:

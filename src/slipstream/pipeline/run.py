@@ -70,6 +70,7 @@ def generate_report(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``pipeline report`` options (also the spark-submit script's)."""
     parser.add_argument("--input", type=Path, required=True, metavar="DIR", help="recording directory")
     parser.add_argument("--output", type=Path, required=True, metavar="DIR", help="where tables and report go")
     parser.add_argument(
@@ -87,6 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the report from parsed options; exit code 2 on bad input."""
     try:
         options = ReportOptions(abuse_threshold=args.abuse_threshold, bucket_s=args.bucket)
         outcome = generate_report(

@@ -126,6 +126,7 @@ class SlipstreamDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        """The format name: ``slipstream``."""
         return NAME
 
     def _recording(self) -> Recording:
@@ -136,9 +137,11 @@ class SlipstreamDataSource(DataSource):
 
     @property
     def kind(self) -> str:
+        """The recorded kind read (option ``kind``, default ``captured``)."""
         return str(self.options.get("kind", DEFAULT_KIND))
 
     def schema(self) -> StructType:
+        """The kind's schema (or the ``columns`` option's subset of it)."""
         full = spark_schema(self._recording().schema(self.kind))
         wanted = self.options.get("columns")
         if not wanted:
@@ -151,10 +154,12 @@ class SlipstreamDataSource(DataSource):
         return StructType([full[name] for name in names])
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        """Batch reads: one partition per segment slice of ``rowsPerPartition`` rows."""
         per_partition = _option_int(self.options, "rowsPerPartition", DEFAULT_ROWS_PER_PARTITION)
         return _BatchReader(self._recording(), self.kind, schema, per_partition)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """Streaming reads with ``{writer: [segment, row]}`` offsets."""
         max_rows = self.options.get("maxRecordsPerTrigger")
         return _StreamReader(
             self._recording(),
@@ -165,9 +170,11 @@ class SlipstreamDataSource(DataSource):
         )
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """Batch writes: tasks encode, the commit publishes."""
         return _BatchWriter(_SinkOptions.parse(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """Streaming writes: each micro-batch published by its commit."""
         return _StreamWriter(_SinkOptions.parse(self.options))
 
 

@@ -14,6 +14,7 @@ SUBMIT_SCRIPT = str(Path(__file__).resolve())
 
 
 def main() -> int:
+    """Run the report with this process's arguments."""
     from slipstream.pipeline.run import main as run_main
 
     return run_main(sys.argv[1:])

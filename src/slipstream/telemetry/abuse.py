@@ -69,6 +69,7 @@ class AbuseListSubscriber:
             self.on_listed(entry)
 
     def poll(self, fragment_limit: int = 64) -> int:
+        """Read what has arrived; returns the fragments read."""
         return self.subscription.poll(self._assembler, fragment_limit)
 
     def admit(self, address: str) -> bool:
@@ -76,6 +77,7 @@ class AbuseListSubscriber:
         return address not in self.entries and _host(address) not in self._hosts
 
     def start(self, idle_s: float = 0.005) -> AbuseListSubscriber:
+        """Poll on a daemon thread until :meth:`close`."""
         def run() -> None:
             while not self._stop.is_set():
                 if self.poll() == 0:
@@ -86,6 +88,7 @@ class AbuseListSubscriber:
         return self
 
     def close(self) -> None:
+        """Stop the thread (if any) and close the subscription."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

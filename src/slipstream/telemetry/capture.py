@@ -421,6 +421,7 @@ class DriverSampler:
         self.samples += 1
 
     def start(self) -> DriverSampler:
+        """Sample every ``interval_s`` on a daemon thread until :meth:`stop`."""
         self._thread = threading.Thread(target=self._run, name="slipstream-driver-sampler", daemon=True)
         self._thread.start()
         return self

@@ -34,6 +34,7 @@ class RecordingConfig:
 
     @property
     def enabled(self) -> bool:
+        """True when a directory is set."""
         return self.directory is not None
 
     def open(self, role: str) -> Recorder | None:

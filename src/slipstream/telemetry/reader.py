@@ -78,6 +78,7 @@ class Recording:
         """Segment files that could not be read (damaged on disk, not written by a recorder); skipped."""
 
     def writers(self) -> list[str]:
+        """The writer directories (one per recorder that ever wrote here), sorted."""
         return [path.name for path in writer_dirs(self.root)]
 
     def kinds(self) -> list[str]:

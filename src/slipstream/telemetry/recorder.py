@@ -198,12 +198,14 @@ class Recorder:
             self._hooks.append(hook)
 
     def remove_flush_hook(self, hook: Callable[[], object]) -> None:
+        """Stop calling ``hook`` (a capture that closes removes its own)."""
         with self._lock:
             if hook in self._hooks:
                 self._hooks.remove(hook)
 
     @property
     def pending_rows(self) -> int:
+        """Rows waiting for the writer thread."""
         return self._pending_rows
 
     # -- the writer's side --------------------------------------------------------------------------
@@ -314,6 +316,7 @@ class Recorder:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` was called."""
         return self._closed
 
     def __enter__(self) -> Recorder:

@@ -60,6 +60,7 @@ class KindSchema:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The column names, in order."""
         return tuple(name for name, _, _ in self.columns)
 
 

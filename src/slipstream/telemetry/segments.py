@@ -51,10 +51,12 @@ def check_writer_id(writer_id: str) -> str:
 
 
 def segment_name(seq: int) -> str:
+    """File name of finalized segment ``seq``."""
     return f"{seq:0{SEQ_DIGITS}d}{SEGMENT_SUFFIX}"
 
 
 def journal_name(seq: int) -> str:
+    """File name of the journal of open segment ``seq``."""
     return f"{seq:0{SEQ_DIGITS}d}{JOURNAL_SUFFIX}"
 
 
@@ -90,6 +92,7 @@ def writer_dirs(root: Path) -> list[Path]:
 
 
 def kind_dirs(writer_dir: Path) -> list[Path]:
+    """The kind directories of a writer directory, sorted."""
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         return sorted(Path(e.path) for e in os.scandir(writer_dir) if e.is_dir() and not e.name.startswith("."))
     return []
@@ -112,6 +115,7 @@ def try_lock(writer_dir: Path) -> int | None:
 
 
 def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -123,6 +127,7 @@ def fsync_dir(path: Path) -> None:
 
 
 def arrow_type(name: str) -> Any:
+    """The Arrow type of a column type name."""
     import pyarrow as pa
 
     return {
