@@ -75,6 +75,7 @@ class Recording:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.unreadable: list[str] = []
+        self._rows: dict[Path, int] = {}
         """Segment files that could not be read (damaged on disk, not written by a recorder); skipped."""
 
     def writers(self) -> list[str]:
@@ -95,8 +96,12 @@ class Recording:
             if writers is not None and writer_dir.name not in writers:
                 continue
             for seq, path in finalized_segments(writer_dir / kind):
+                rows = self._rows.get(path)
+                if rows is not None:  # finalized segments never change: their footer is read once
+                    found.append(Segment(writer_dir.name, kind, seq, str(path), rows))
+                    continue
                 try:
-                    rows = pq.read_metadata(path).num_rows
+                    rows = self._rows[path] = pq.read_metadata(path).num_rows
                 except (pa.ArrowException, OSError) as exc:  # a damaged file is data: skipped, counted, said
                     if str(path) not in self.unreadable:
                         self.unreadable.append(str(path))
