@@ -185,6 +185,10 @@ def write_report(
         ("Generated", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())),
         ("Spark", f"{spark_version} on {master}"),
         ("Jobs took", f"{elapsed_s:.1f} s"),
+        ("Sessions", f"{len(result.rows.get('sessions', [])):,}"),
+        ("Messages captured", f"{sum(r['messages'] for r in result.rows.get('message_types', [])):,}"),
+        ("Refused handshakes", f"{sum(r['rejections'] for r in result.rows.get('rejected_handshakes', [])):,}"),
+        ("Abuse-listed hosts", ", ".join(r["address"] for r in result.rows.get("abuse_list", [])) or "none"),
         ("Abuse threshold", f"{options.abuse_threshold} rejected handshakes"),
         *((f"Input rows: {kind}", f"{rows:,}") for kind, rows in result.input_rows.items()),
     ]
