@@ -148,6 +148,7 @@ class StreamCapture:
         self._convert_lock = threading.Lock()
         self._blocks: list[_Block] = []
         self._pending_bytes = 0
+        self._flush_requested = False
         self._partial: dict[int, bytearray] = {}
         self._now = 0
         self._image_position = 0
@@ -173,6 +174,9 @@ class StreamCapture:
         for image in self.subscription.images:
             self._image_position = image.position
             read += image.block_poll(self._on_block, self.block_length_limit)
+        if self._pending_bytes >= self.max_pending_bytes >> 2 and not self._flush_requested:
+            self._flush_requested = True  # a fast stream: convert before the backlog stops the capture
+            self.recorder.request_flush()
         return read
 
     def convert(self) -> None:
@@ -182,6 +186,7 @@ class StreamCapture:
             with self._lock:
                 blocks, self._blocks = self._blocks, []
                 self._pending_bytes = 0
+                self._flush_requested = False
             if not blocks:
                 return
             import pyarrow as pa

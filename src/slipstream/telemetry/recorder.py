@@ -203,6 +203,11 @@ class Recorder:
             if hook in self._hooks:
                 self._hooks.remove(hook)
 
+    def request_flush(self) -> None:
+        """Ask the writer thread to flush now rather than at the next interval (a producer whose
+        backlog grows fast calls it; cheap, never blocks)."""
+        self._wake.set()
+
     @property
     def pending_rows(self) -> int:
         """Rows waiting for the writer thread."""
