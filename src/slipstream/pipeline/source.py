@@ -14,8 +14,10 @@ Writing (``df.write.format("slipstream").option("channel", ...).option("stream",
 publishes each row as one msgpack message (a map of the row's columns plus a type tag, what a tagged
 ``msgspec.Struct`` decodes). Tasks only encode; the rows are published by the commit on the Spark
 driver, after every task succeeded, so a batch write delivers each row exactly once even when a task
-is retried. A streaming write commits each micro-batch the same way; with the ``sinkState`` option it
-also remembers the last published batch id and skips a batch Spark replays after a restart.
+is retried. The price: every row passes through the Spark driver's memory, which suits answers
+(abuse lists, alerts, aggregates), not bulk exports. A streaming write commits each micro-batch the
+same way; with the ``sinkState`` option it also remembers the last published batch id and skips a
+batch Spark replays after a restart.
 """
 
 from __future__ import annotations
