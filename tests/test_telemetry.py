@@ -220,7 +220,7 @@ def test_sigkill_loses_at_most_one_flush_interval_and_no_finalized_segment(tmp_p
     positions = table.column("position").to_pylist()
     assert positions == list(range(len(positions))), "rows lost or duplicated in the middle"
     last_ns = max(table.column("timestamp_ns").to_pylist())
-    slack_s = 0.5  # scheduling and fsync on a shared 2-core machine
+    slack_s = 0.75  # the writer thread's scheduling and fsync on a loaded 2-core machine
     assert killed_ns - last_ns <= (flush_s + slack_s) * 1e9, f"lost {(killed_ns - last_ns) / 1e9:.2f} s of rows"
 
 
