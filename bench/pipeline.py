@@ -1,11 +1,12 @@
 """``python -m bench.pipeline``: the Spark report against single-process pyarrow, and the cost of recording.
 
-Two parts, both by default (``--part report|recording|all``):
+Three parts, all by default (``--part report|recording|api|all``):
 
 * **report**: synthetic telemetry (captured messages, connection events, connection stats) written
   as real recording segments, then the report's tables computed by Spark on ``local[2]`` (through
   the ``slipstream`` source) and by pyarrow in this one process (through ``telemetry``'s reader), at
   each ``--rows`` size, so the crossover shows. Spark's cold start-up is timed on its own.
+* **api**: what ``Recorder.record`` / ``append`` cost the calling thread (the network layer's hot path).
 * **recording**: a 32-byte-message IPC stream (publisher and subscriber processes, a standalone
   driver) with and without ``slipstream record`` capturing the same stream; interleaved rounds,
   median throughput, and the overhead in percent (target <= 10 %).
@@ -363,9 +364,39 @@ def run_recording_part(scratch: Path, count: int, rounds: int) -> dict[str, Any]
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def run_api_part(scratch: Path, count: int = 200_000) -> dict[str, Any]:
+    """What recording one row costs: the call on the caller's thread (``record(record)`` for a dataclass,
+    ``append(schema, row)`` for a tuple), and the writer's conversion and write per row, which runs on
+    another thread but shares the GIL (so in CPython it is the process's cost too)."""
+    from slipstream.telemetry import ConnectionStats, Recorder, RecorderConfig
+
+    schema = ConnectionStats.SCHEMA
+    results: dict[str, Any] = {"calls": count}
+    config = RecorderConfig(flush_interval_s=3600, max_pending_rows=4 * count)
+    with Recorder(scratch / "api", writer_id="api", config=config) as recorder:
+        stats = [ConnectionStats(i, 7, "10.0.0.1:4000", "bench", i, i, 32 * i, 32 * i, rtt_ns=40_000)
+                 for i in range(count)]  # fmt: skip
+        started = time.perf_counter()
+        for record in stats:
+            recorder.record(record)
+        results["record_ns_per_call"] = (time.perf_counter() - started) / count * 1e9
+        started = time.perf_counter()
+        recorder.flush()
+        results["writer_ns_per_row_record"] = (time.perf_counter() - started) / count * 1e9
+        rows = [record.row() for record in stats]
+        started = time.perf_counter()
+        for row in rows:
+            recorder.append(schema, row)
+        results["append_ns_per_call"] = (time.perf_counter() - started) / count * 1e9
+        results["dropped"] = recorder.dropped_rows
+    log(f"Recorder.record {results['record_ns_per_call']:.0f} ns/call, append {results['append_ns_per_call']:.0f} "
+        f"ns/call; the writer {results['writer_ns_per_row_record']:.0f} ns/row")  # fmt: skip
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("report", "recording", "all"), default="all")
+    parser.add_argument("--part", choices=("report", "recording", "api", "all"), default="all")
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000],
                         help="report sizes in rows (default 100000 1000000 10000000)")  # fmt: skip
     parser.add_argument("--messages", type=int, default=2_000_000, help="messages per recording round (default 2M)")
@@ -383,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             result["report"] = run_report_part(args.rows, scratch, threshold=5)
         if args.part in ("recording", "all"):
             result["recording"] = run_recording_part(scratch, args.messages, args.rounds)
+        if args.part in ("api", "all"):
+            result["api"] = run_api_part(scratch, 20_000 if args.quick else 200_000)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print("\nslipstream pipeline benchmark")
@@ -412,6 +445,11 @@ def main(argv: list[str] | None = None) -> int:
         low, high = rec["spread_without"]
         print(f"  paired rounds (with/without) median {rec['paired_ratio_median']:.2f}; rounds without recording "
               f"ranged {low / 1e6:.2f}-{high / 1e6:.2f} M msg/s on this machine")  # fmt: skip
+    if "api" in result:
+        api = result["api"]
+        print(f"recording one row: Recorder.record {api['record_ns_per_call']:.0f} ns, Recorder.append "
+              f"{api['append_ns_per_call']:.0f} ns on the caller's thread; the writer thread then spends "
+              f"{api['writer_ns_per_row_record']:.0f} ns per row (Arrow conversion, journal, fsync)")  # fmt: skip
     out = args.out or RESULTS / f"pipeline-{datetime.now():%Y-%m-%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))

@@ -17,9 +17,11 @@ max) sample, so a lost sample costs resolution, never correctness.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal
 
@@ -103,13 +105,25 @@ class Record:
     VERSION: ClassVar[int]
     SCHEMA: ClassVar[KindSchema]
 
+    _GETTER: ClassVar[Callable[[Any], tuple[object, ...]]]
+
     def row(self) -> tuple[object, ...]:
-        """The record's values in column order."""
-        return tuple(getattr(self, name) for name in self.SCHEMA.names)
+        """The record's values in column order (one C-level attrgetter call: this is the hot path)."""
+        return type(self)._GETTER(self)
 
 
 def _finish(cls: type[Record]) -> None:
     cls.SCHEMA = KindSchema(cls.KIND, cls.VERSION, columns_of(cls))
+    names = cls.SCHEMA.names
+    if len(names) > 1:
+        cls._GETTER = operator.attrgetter(*names)
+    else:  # attrgetter of one name returns the value itself, not a 1-tuple
+        single = operator.attrgetter(names[0])
+
+        def one(record: Any) -> tuple[object, ...]:
+            return (single(record),)
+
+        cls._GETTER = one
 
 
 # -- connection events ------------------------------------------------------------------------------
