@@ -366,8 +366,8 @@ def run_recording_part(scratch: Path, count: int, rounds: int) -> dict[str, Any]
 
 def run_api_part(scratch: Path, count: int = 200_000) -> dict[str, Any]:
     """What recording one row costs: the call on the caller's thread (making a ``ConnectionStats`` and
-    ``record`` -ing it, or ``append(schema, row)`` with a tuple), and the writer's conversion and write per row, which runs on
-    another thread but shares the GIL (so in CPython it is the process's cost too)."""
+    ``record`` -ing it, or ``append(schema, row)`` with a tuple), and the writer's conversion and write
+    per row, which runs on another thread but shares the GIL (in CPython, the process's cost too)."""
     from slipstream.telemetry import ConnectionStats, Recorder, RecorderConfig
 
     schema = ConnectionStats.SCHEMA
