@@ -54,6 +54,11 @@ def plot_throughput(rows: Sequence[dict[str, Any]], path: Path) -> None:
         )
     if not series:
         _no_data(ax, "no captured streams")
+    elif max(len(points) for points in series.values()) < 3:  # a short run: one bar per stream reads better
+        labels = sorted(series)[:10]
+        ax.barh(labels, [sum(m for _, m in series[label]) for label in labels])
+        ax.set_xlabel("messages (the run is shorter than three buckets)")
+        ax.tick_params(axis="y", labelsize="x-small")
     else:
         start = min(t for points in series.values() for t, _ in points)
         for label, points in sorted(series.items())[:10]:
@@ -152,8 +157,8 @@ img { display: block; margin: 0.5em 0; border: 1px solid #ddd; }
 
 SECTIONS = (
     ("Sessions", "sessions", "rtt", "Per connection: duration, messages and bytes each way, throughput, RTT, loss."),
-    ("Rejected handshakes", "rejected_handshakes", "rejections", "Refused handshakes by address and reason."),
-    ("Abuse list", "abuse_list", None, "Addresses at or over the rejection threshold."),
+    ("Rejected handshakes", "rejected_handshakes", "rejections", "Refused handshakes by host and reason."),
+    ("Abuse list", "abuse_list", None, "Hosts at or over the rejection threshold: what servers should refuse."),
     ("Stream throughput", "stream_throughput", "throughput", "Captured messages per stream per time bucket."),
     ("Message types", "message_types", "message_types", "Top message types and their sizes."),
     ("Driver counters", "driver_counters", None, "Each counter's last sampled value."),
