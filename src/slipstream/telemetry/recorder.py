@@ -125,7 +125,8 @@ class Recorder:
         """Rows made durable in journals so far."""
         self.segments_finalized = 0
         self.last_error: BaseException | None = None
-        """The writer thread's last I/O error (disk full, say); recording goes on and retries."""
+        """The writer thread's last I/O error (disk full, say). Recording goes on; the rows of the failed
+        flush are counted in ``dropped_rows``."""
         self._closed = False
         self._final_flush = False
         """True during close's last flush: flush hooks (a capture converting its last blocks) still add."""
@@ -231,7 +232,10 @@ class Recorder:
         """Make every pending row durable now (and finalize the open segments if ``finalize``)."""
         with self._flush_lock:
             for hook in list(self._hooks):
-                hook()
+                try:
+                    hook()
+                except Exception:  # one producer's bug must not stop everyone's rows
+                    log.exception("recorder %s: flush hook %r failed", self.writer_id, hook)
             with self._lock:
                 batches = [(kind, kind.pending, kind.tables) for kind in self._kinds.values()
                            if kind.pending or kind.tables]  # fmt: skip
@@ -239,8 +243,16 @@ class Recorder:
                     kind.pending = []
                     kind.tables = []
                 self._pending_rows = 0
+            failure: BaseException | None = None
             for kind, rows, tables in batches:
-                self._write(kind, rows, tables)
+                try:
+                    self._write(kind, rows, tables)
+                except Exception as exc:  # disk full, say: these rows are lost, and counted as such
+                    self.dropped_rows += len(rows) + sum(t.num_rows for t in tables)
+                    self._abandon(kind)
+                    failure = exc
+            if failure is not None:
+                raise failure
             now = time.monotonic()
             for kind in list(self._kinds.values()):
                 segment = kind.open
@@ -284,6 +296,14 @@ class Recorder:
         writer = pa.ipc.new_stream(file, kind.arrow)
         kind.open = _OpenSegment(seq, path, file, writer, time.monotonic())
         return kind.open
+
+    def _abandon(self, kind: _Kind) -> None:
+        """Stop appending to a journal a failed write may have torn: its complete batches are finalized
+        by the next recorder's recovery, and the next rows go to a new segment."""
+        segment, kind.open = kind.open, None
+        if segment is not None:
+            with contextlib.suppress(Exception):
+                segment.file.close()
 
     def _finalize(self, kind: _Kind) -> None:
         import pyarrow as pa
