@@ -392,3 +392,23 @@ def test_closing_the_recorder_before_the_capture_still_writes_what_was_captured(
         capture.subscription.close()
     payloads = Recording(tmp_path).read("captured").column("payload").to_pylist()
     assert [int.from_bytes(p[:2], "little") for p in payloads] == list(range(100))
+
+
+def test_stats_sampler_records_periodically_and_the_final_totals(tmp_path: Path) -> None:
+    from slipstream.telemetry import StatsSampler
+
+    sent = [0]
+
+    def collect(now_ns: int) -> list[ConnectionStats]:
+        return [ConnectionStats(now_ns, 7, "10.0.0.1:4000", "c", sent[0], 0, 32 * sent[0], 0)]
+
+    with Recorder(tmp_path, writer_id="w") as recorder, StatsSampler(recorder, collect, interval_s=0.05) as sampler:
+        deadline = time.monotonic() + 10
+        while sampler.samples < 3:
+            assert time.monotonic() < deadline
+            sent[0] += 1
+            time.sleep(0.01)
+        sent[0] = 1000
+    rows = list(Recording(tmp_path).records("connection_stats"))
+    assert len(rows) >= 4 and rows[-1].messages_sent == 1000  # the last sample, taken at stop
+    assert [r.timestamp_ns for r in rows] == sorted(r.timestamp_ns for r in rows)

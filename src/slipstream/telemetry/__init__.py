@@ -31,6 +31,7 @@ from .records import (
     handshake_rejected,
     typed_schema,
 )
+from .sampling import StatsSampler
 from .segments import recover
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "RecordingLockedError",
     "SchemaVersionError",
     "Segment",
+    "StatsSampler",
     "StreamCapture",
     "StreamStats",
     "TelemetryError",
