@@ -21,7 +21,15 @@ from typing import Any
 from ..client import Context
 from ..errors import DriverError
 from ..files.directory import default_directory
-from ..telemetry import Decoder, DriverSampler, Recorder, RecorderConfig, StreamCapture, TelemetryError
+from ..telemetry import (
+    Decoder,
+    DriverSampler,
+    Recorder,
+    RecorderConfig,
+    StreamCapture,
+    TelemetryError,
+    default_writer_id,
+)
 
 
 def register(commands: Any) -> None:
@@ -70,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         decoder = _load_decoder(args.decoder) if args.decoder else None
         config = RecorderConfig(flush_interval_s=args.flush_interval, segment_max_age_s=args.segment_age)
-        recorder = Recorder(args.output, writer_id=args.writer_id or None, config=config)
+        recorder = Recorder(args.output, writer_id=args.writer_id or default_writer_id("capture"), config=config)
     except (ValueError, ImportError, AttributeError, TelemetryError) as exc:
         print(f"slipstream record: {exc}", file=sys.stderr)
         return 2
