@@ -4,24 +4,29 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean system-deps
+.PHONY: demo pipeline-demo test bench lint clean system-deps
 
 # One environment with the dev extras serves both `demo` and `test`, so `make test` after `make demo`
 # installs nothing more. The demo alone needs only the core dependencies: `pip install . && slipstream demo`.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,pipeline]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) system-deps
 	$(VENV)/bin/slipstream demo
+
+# The recording + Spark half of the tour: a real IPC/UDP run recorded, the report, the live abuse-list loop.
+pipeline-demo: $(STAMP) system-deps
+	$(VENV)/bin/slipstream pipeline demo --output demo-output
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
-# System packages the tests need (nft, ip for the netns test hosts); no apt call when present.
+# System packages the tests need (nft, ip for the netns test hosts; Java 17 for Spark, chromium for the
+# report check); no apt call when present.
 system-deps:
 	bash scripts/ensure-system-deps.sh
 

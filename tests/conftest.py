@@ -87,3 +87,14 @@ def peers():  # type: ignore[no-untyped-def]
     yield make
     for peer in made:
         peer.kill()
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """One local Spark (local[2], UI off) for the whole test run: start-up costs ~10 s, paid once."""
+    pytest.importorskip("pyspark")
+    from slipstream.pipeline.session import spark_session
+
+    session = spark_session("local[2]", app_name="slipstream-tests")
+    yield session
+    session.stop()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import SlipstreamError
-from . import demo, driver, echo, observe, samples
+from . import demo, driver, echo, observe, pipeline, record, samples
 
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     driver.register(commands)
     echo.register(commands)
     observe.register(commands)
+    pipeline.register(commands)
+    record.register(commands)
     samples.register(commands)
     _verbose_everywhere(commands.choices.values())
     return parser

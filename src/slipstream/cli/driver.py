@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -43,6 +44,16 @@ def register(commands: Any) -> None:
         "--client-liveness-timeout", type=float, default=None, help="seconds before a silent client is dropped"
     )
     parser.add_argument("--idle", default=None, help="idle strategy: spin, yield, backoff (default), sleep")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="record the driver's counters, loss report and error log into DIR (Parquet segments)",
+    )
+    parser.add_argument(
+        "--record-interval", type=float, default=1.0, metavar="S", help="seconds between samples (default 1)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -88,5 +99,22 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     print(f"media driver running in {driver.directory} (Ctrl-C to stop)", flush=True)
-    driver.run()
+    if args.record is None:
+        driver.run()
+    else:
+        from ..telemetry import DriverSampler, Recorder, TelemetryError
+
+        try:
+            recorder = Recorder(args.record, writer_id=f"driver-{os.getpid()}")
+            sampler = DriverSampler(recorder, driver.directory, interval_s=args.record_interval).start()
+        except (TelemetryError, ValueError, ImportError) as exc:
+            driver.stop()
+            print(f"slipstream driver: --record: {exc}", file=sys.stderr)
+            return 2
+        print(f"recording counters, loss report and errors into {recorder.writer_dir}", flush=True)
+        try:
+            driver.run()
+        finally:
+            sampler.stop()
+            recorder.close()
     return 0

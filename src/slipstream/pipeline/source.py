@@ -1,0 +1,410 @@
+"""The ``slipstream`` Spark data source: recordings in (batch and streaming), slipstream streams out.
+
+Reading (``spark.read.format("slipstream").option("kind", "captured").load(DIR)``) goes through
+:mod:`slipstream.telemetry`'s reader only: the Spark driver lists finalized segments, executors read
+slices of them as Arrow record batches (no per-row conversion). Typed kinds (``typed.<Type>``) come
+out with the message's fields as typed columns.
+
+Streaming offsets are ``{"writers": {writer: [seq, row]}}``: for each writer directory, every segment
+before ``seq`` and the first ``row`` rows of segment ``seq`` have been read. Finalized segments never
+change and a writer finalizes them in sequence order, so an offset names the same rows forever: a
+query restarted from its checkpoint resumes exactly where its last committed batch ended.
+
+Writing (``df.write.format("slipstream").option("channel", ...).option("stream", ...).save()``)
+publishes each row as one msgpack message (a map of the row's columns plus a type tag, what a tagged
+``msgspec.Struct`` decodes). Tasks only encode; the rows are published by the commit on the Spark
+driver, after every task succeeded, so a batch write delivers each row exactly once even when a task
+is retried. The price: every row passes through the Spark driver's memory, which suits answers
+(abuse lists, alerts, aggregates), not bulk exports. A streaming write commits each micro-batch the
+same way; with the ``sinkState`` option it also remembers the last published batch id and skips a
+batch Spark replays after a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from ..telemetry import Recording, Segment, read_segment
+
+NAME = "slipstream"
+DEFAULT_KIND = "captured"
+DEFAULT_ROWS_PER_PARTITION = 1_000_000
+
+
+class SlipstreamSourceError(ValueError):
+    """A bad option of the ``slipstream`` data source; the message names it."""
+
+
+def spark_schema(arrow_schema: Any) -> StructType:
+    """A Spark schema for an Arrow schema of the telemetry floor's column types."""
+    import pyarrow as pa
+
+    def convert(arrow_type: Any) -> DataType:
+        if pa.types.is_int64(arrow_type):
+            return LongType()
+        if pa.types.is_int32(arrow_type):
+            return IntegerType()
+        if pa.types.is_floating(arrow_type):
+            return DoubleType()
+        if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+            return StringType()
+        if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+            return BinaryType()
+        if pa.types.is_boolean(arrow_type):
+            return BooleanType()
+        raise SlipstreamSourceError(f"column type {arrow_type} has no Spark mapping")
+
+    return StructType([StructField(f.name, convert(f.type), f.nullable) for f in arrow_schema])
+
+
+@dataclass(frozen=True)
+class SegmentSlice(InputPartition):
+    """Rows ``[start, stop)`` of one finalized segment: what one task reads."""
+
+    segment: Segment
+    start: int
+    stop: int
+
+
+def _slices(segment: Segment, start: int, stop: int, per_partition: int) -> list[SegmentSlice]:
+    return [SegmentSlice(segment, s, min(stop, s + per_partition)) for s in range(start, stop, per_partition)]
+
+
+def _read_slice(partition: SegmentSlice, columns: list[str]) -> Iterator[Any]:
+    table = read_segment(partition.segment, partition.start, partition.stop, columns=columns)
+    yield from table.to_batches()
+
+
+def _option_int(options: Mapping[str, str], name: str, default: int) -> int:
+    text = options.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise SlipstreamSourceError(f"option {name!r}: expected an integer, got {text!r}") from None
+    if value < 1:
+        raise SlipstreamSourceError(f"option {name!r}: must be >= 1, got {value}")
+    return value
+
+
+class SlipstreamDataSource(DataSource):
+    """``format("slipstream")``: see the module docstring for options and guarantees.
+
+    Read options: ``path`` (the recording root, or ``load(DIR)``), ``kind`` (default ``captured``),
+    ``columns`` (comma-separated: read only these),
+    ``rowsPerPartition`` (default 1000000), ``maxRecordsPerTrigger`` (streaming). Write options:
+    ``channel``, ``stream``, ``dir`` (driver directory), ``type`` (the tag value, default ``Row``),
+    ``tagField`` (default ``type``), ``connectTimeout`` (seconds, default 10), ``sinkState``.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name: ``slipstream``."""
+        return NAME
+
+    def _recording(self) -> Recording:
+        path = self.options.get("path")
+        if not path:
+            raise SlipstreamSourceError("option 'path': give the recording directory, e.g. .load(DIR)")
+        return Recording(path)
+
+    @property
+    def kind(self) -> str:
+        """The recorded kind read (option ``kind``, default ``captured``)."""
+        return str(self.options.get("kind", DEFAULT_KIND))
+
+    def schema(self) -> StructType:
+        """The kind's schema (or the ``columns`` option's subset of it)."""
+        full = spark_schema(self._recording().schema(self.kind))
+        wanted = self.options.get("columns")
+        if not wanted:
+            return full
+        # The Python data source API has no column pruning: this option is it (payloads are big).
+        names = [name.strip() for name in wanted.split(",") if name.strip()]
+        unknown = [name for name in names if name not in full.fieldNames()]
+        if unknown:
+            raise SlipstreamSourceError(f"option 'columns': {unknown} not in kind {self.kind!r} ({full.fieldNames()})")
+        return StructType([full[name] for name in names])
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """Batch reads: one partition per segment slice of ``rowsPerPartition`` rows."""
+        per_partition = _option_int(self.options, "rowsPerPartition", DEFAULT_ROWS_PER_PARTITION)
+        return _BatchReader(self._recording(), self.kind, schema, per_partition)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """Streaming reads with ``{writer: [segment, row]}`` offsets."""
+        max_rows = self.options.get("maxRecordsPerTrigger")
+        return _StreamReader(
+            self._recording(),
+            self.kind,
+            schema,
+            _option_int(self.options, "rowsPerPartition", DEFAULT_ROWS_PER_PARTITION),
+            _option_int(self.options, "maxRecordsPerTrigger", 1) if max_rows is not None else None,
+        )
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """Batch writes: tasks encode, the commit publishes."""
+        return _BatchWriter(_SinkOptions.parse(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """Streaming writes: each micro-batch published by its commit."""
+        return _StreamWriter(_SinkOptions.parse(self.options))
+
+
+# -- reading ------------------------------------------------------------------------------------------
+
+
+class _BatchReader(DataSourceReader):
+    def __init__(self, recording: Recording, kind: str, schema: StructType, per_partition: int) -> None:
+        self.recording = recording
+        self.kind = kind
+        self.columns = [f.name for f in schema.fields]
+        self.per_partition = per_partition
+
+    def partitions(self) -> Sequence[InputPartition]:
+        slices: list[SegmentSlice] = []
+        for segment in self.recording.segments(self.kind):
+            slices.extend(_slices(segment, 0, segment.rows, self.per_partition))
+        return slices
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, SegmentSlice):  # Spark's placeholder when there is nothing to read
+            return iter(())
+        return _read_slice(partition, self.columns)
+
+
+Offset = dict[str, dict[str, list[int]]]
+
+
+class _StreamReader(DataSourceStreamReader):
+    """Offsets per writer: ``[seq, row]`` = everything before row ``row`` of segment ``seq`` is read."""
+
+    def __init__(
+        self, recording: Recording, kind: str, schema: StructType, per_partition: int, max_rows: int | None
+    ) -> None:
+        self.recording = recording
+        self.kind = kind
+        self.columns = [f.name for f in schema.fields]
+        self.per_partition = per_partition
+        self.max_rows = max_rows
+
+    def initialOffset(self) -> Offset:
+        return {"writers": {}}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows is not None else ReadAllAvailable()
+
+    def _pending(self, start: Offset) -> Iterator[tuple[Segment, int]]:
+        """Unread segments after ``start``, each with the first unread row, writer by writer."""
+        done = start.get("writers", {})
+        for segment in self.recording.segments(self.kind):
+            seq, row = done.get(segment.writer, [-1, 0])
+            if segment.seq < seq:
+                continue
+            first = row if segment.seq == seq else 0
+            if first < segment.rows:
+                yield segment, first
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        writers = {w: list(pos) for w, pos in start.get("writers", {}).items()}
+        for segment, first in self._pending(start):
+            take = segment.rows - first if budget is None else min(budget, segment.rows - first)
+            if take <= 0:
+                break
+            end = first + take
+            writers[segment.writer] = [segment.seq + 1, 0] if end == segment.rows else [segment.seq, end]
+            if budget is not None:
+                budget -= take
+        return {"writers": writers}
+
+    def reportLatestOffset(self) -> Offset:
+        return self.latestOffset(self.initialOffset(), ReadAllAvailable())
+
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+        stop_at = end.get("writers", {})
+        slices: list[SegmentSlice] = []
+        for segment, first in self._pending(start):
+            stop_seq, stop_row = stop_at.get(segment.writer, [-1, 0])
+            if segment.seq > stop_seq or (segment.seq == stop_seq and stop_row == 0):
+                continue
+            stop = segment.rows if segment.seq < stop_seq else min(stop_row, segment.rows)
+            if stop > first:
+                slices.extend(_slices(segment, first, stop, self.per_partition))
+        return slices
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, SegmentSlice):  # Spark's placeholder when there is nothing to read
+            return iter(())
+        return _read_slice(partition, self.columns)
+
+    def commit(self, end: Offset) -> None:
+        """Nothing to release: segments are files the recorder owns."""
+
+
+# -- writing ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _SinkOptions:
+    channel: str
+    stream_id: int
+    directory: str | None
+    type_name: str
+    tag_field: str
+    connect_timeout_s: float
+    state_path: str | None
+
+    @classmethod
+    def parse(cls, options: Any) -> _SinkOptions:
+        channel = options.get("channel")
+        if not channel:
+            raise SlipstreamSourceError("option 'channel': give the channel URI to publish on, e.g. aeron:ipc")
+        stream = options.get("stream")
+        try:
+            stream_id = int(stream)
+        except (TypeError, ValueError):
+            raise SlipstreamSourceError(f"option 'stream': expected an integer stream id, got {stream!r}") from None
+        try:
+            timeout = float(options.get("connectTimeout", "10"))
+        except ValueError:
+            text = options.get("connectTimeout")
+            raise SlipstreamSourceError(f"option 'connectTimeout': expected seconds, got {text!r}") from None
+        return cls(
+            channel,
+            stream_id,
+            options.get("dir") or None,
+            options.get("type", "Row"),
+            options.get("tagField", "type"),
+            timeout,
+            options.get("sinkState") or None,
+        )
+
+
+@dataclass(frozen=True)
+class _Encoded(WriterCommitMessage):
+    payloads: list[bytes]
+
+
+def _encode_rows(rows: Iterator[Any], options: _SinkOptions) -> _Encoded:
+    encoder = msgspec.msgpack.Encoder()
+    payloads = []
+    for row in rows:
+        message = row.asDict(recursive=True)
+        if options.tag_field in message:
+            raise SlipstreamSourceError(
+                f"column {options.tag_field!r} clashes with the type tag; rename it or set option 'tagField'"
+            )
+        message[options.tag_field] = options.type_name
+        payloads.append(encoder.encode(message))
+    return _Encoded(payloads)
+
+
+def publish(payloads: Sequence[bytes], options: _SinkOptions) -> int:
+    """Publish payloads in order on the sink's channel; waits for a subscriber (``connectTimeout``)
+    and through back-pressure, and returns how many were published."""
+    from ..client import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED, Context, result_name
+
+    if not payloads:
+        return 0
+    with Context(options.directory, driver="external") as context:
+        publication = context.add_exclusive_publication(options.channel, options.stream_id)
+        deadline = time.monotonic() + options.connect_timeout_s
+        while not publication.is_connected:
+            if time.monotonic() > deadline:
+                raise SlipstreamSourceError(
+                    f"no subscriber on {options.channel} stream {options.stream_id} "
+                    f"within {options.connect_timeout_s} s (option 'connectTimeout')"
+                )
+            time.sleep(0.005)
+        for payload in payloads:
+            deadline = time.monotonic() + options.connect_timeout_s
+            while True:
+                result = publication.offer(payload)
+                if result >= 0:
+                    break
+                if result not in (BACK_PRESSURED, ADMIN_ACTION, NOT_CONNECTED) or time.monotonic() > deadline:
+                    raise SlipstreamSourceError(
+                        f"publishing on {options.channel} stream {options.stream_id} failed: {result_name(result)}"
+                    )
+                time.sleep(0.0005)
+        publication.close()
+    return len(payloads)
+
+
+class _BatchWriter(DataSourceWriter):
+    def __init__(self, options: _SinkOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return _encode_rows(iterator, self.options)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        publish([p for m in messages if isinstance(m, _Encoded) for p in m.payloads], self.options)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing was published: tasks only encode."""
+
+
+class _StreamWriter(DataSourceStreamWriter):
+    def __init__(self, options: _SinkOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return _encode_rows(iterator, self.options)
+
+    def _last_batch(self) -> int:
+        if self.options.state_path is None:
+            return -1
+        try:
+            return int(Path(self.options.state_path).read_text().strip() or -1)
+        except FileNotFoundError:
+            return -1
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if batchId <= self._last_batch():
+            return  # published before a restart: Spark replays it, subscribers have it already
+        publish([p for m in messages if isinstance(m, _Encoded) for p in m.payloads], self.options)
+        if self.options.state_path is not None:
+            path = Path(self.options.state_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(str(batchId))
+            os.replace(tmp, path)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing was published: tasks only encode."""
+
+
+def register(spark: Any) -> None:
+    """Register ``format("slipstream")`` with a Spark session."""
+    spark.dataSource.register(SlipstreamDataSource)

@@ -1,0 +1,180 @@
+"""``Recording``: read a recording root back, as Arrow tables or as typed records.
+
+The reader sees finalized segments only (immutable, complete) unless asked for the open journals
+too; segments are addressed as ``(writer, seq)`` and rows within them by index, which is what the
+Spark source's replayable offsets are made of. Older schema versions are upgraded on read (columns a
+segment lacks come back null); a segment from a newer version is refused with
+:class:`SchemaVersionError` instead of being misread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import RecordError, SchemaVersionError
+from .records import BUILTIN_SCHEMAS, RECORD_TYPE_BY_KIND, KindSchema, Record
+from .segments import (
+    META_KIND,
+    META_VERSION,
+    arrow_schema,
+    finalized_segments,
+    journals,
+    kind_dirs,
+    read_journal,
+    writer_dirs,
+)
+
+log = logging.getLogger("slipstream.telemetry")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One finalized segment: where it is and how many rows it holds (from its Parquet footer)."""
+
+    writer: str
+    kind: str
+    seq: int
+    path: str
+    rows: int
+
+
+def _conform(table: Any, kind: str, path: object) -> Any:
+    """Check a table's version and bring it to the current schema of a built-in kind."""
+    import pyarrow as pa
+
+    metadata = table.schema.metadata or {}
+    stored_kind = metadata.get(META_KIND, b"").decode() or kind
+    if stored_kind != kind:
+        raise RecordError(f"{path}: holds kind {stored_kind!r}, expected {kind!r}")
+    current = BUILTIN_SCHEMAS.get(kind)
+    version = int(metadata.get(META_VERSION, b"1"))
+    if current is None:
+        return table.replace_schema_metadata(None)
+    if version > current.version:
+        raise SchemaVersionError(
+            f"{path}: kind {kind!r} version {version} is newer than this reader's {current.version}; "
+            "upgrade slipstream to read it"
+        )
+    target = arrow_schema(current)
+    arrays = []
+    for field in target:
+        if field.name in table.column_names:
+            arrays.append(table.column(field.name).cast(field.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, type=field.type))
+    return pa.Table.from_arrays(arrays, schema=target.remove_metadata())
+
+
+class Recording:
+    """A recording root: any number of writer directories, each with a directory per kind."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.unreadable: list[str] = []
+        self._rows: dict[Path, int] = {}
+        """Segment files that could not be read (damaged on disk, not written by a recorder); skipped."""
+
+    def writers(self) -> list[str]:
+        """The writer directories (one per recorder that ever wrote here), sorted."""
+        return [path.name for path in writer_dirs(self.root)]
+
+    def kinds(self) -> list[str]:
+        """Every kind any writer has recorded (finalized or not), sorted."""
+        return sorted({kind.name for writer in writer_dirs(self.root) for kind in kind_dirs(writer)})
+
+    def segments(self, kind: str, writers: Sequence[str] | None = None) -> list[Segment]:
+        """The finalized segments of ``kind``, by writer then sequence (the order offsets follow)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        found: list[Segment] = []
+        for writer_dir in writer_dirs(self.root):
+            if writers is not None and writer_dir.name not in writers:
+                continue
+            for seq, path in finalized_segments(writer_dir / kind):
+                rows = self._rows.get(path)
+                if rows is not None:  # finalized segments never change: their footer is read once
+                    found.append(Segment(writer_dir.name, kind, seq, str(path), rows))
+                    continue
+                try:
+                    rows = self._rows[path] = pq.read_metadata(path).num_rows
+                except (pa.ArrowException, OSError) as exc:  # a damaged file is data: skipped, counted, said
+                    if str(path) not in self.unreadable:
+                        self.unreadable.append(str(path))
+                        log.warning("skipping unreadable segment %s: %s", path, exc)
+                    continue
+                found.append(Segment(writer_dir.name, kind, seq, str(path), rows))
+        return found
+
+    def schema(self, kind: str) -> Any:
+        """The Arrow schema rows of ``kind`` come back with: the built-in one, or a typed kind's as
+        its first segment (or journal) recorded it."""
+        import pyarrow.parquet as pq
+
+        builtin = BUILTIN_SCHEMAS.get(kind)
+        if builtin is not None:
+            return arrow_schema(builtin).remove_metadata()
+        for writer_dir in writer_dirs(self.root):
+            for _, path in finalized_segments(writer_dir / kind):
+                return pq.read_schema(path).remove_metadata()
+            for _, path in journals(writer_dir / kind):
+                table = read_journal(path)
+                if table is not None:
+                    return table.schema.remove_metadata()
+        raise RecordError(f"{self.root}: no segment of kind {kind!r} (known kinds: {self.kinds()})")
+
+    def read(self, kind: str, *, include_open: bool = False, columns: Sequence[str] | None = None) -> Any:
+        """Every row of ``kind`` as one Arrow table: finalized segments, plus the open journals' flushed
+        rows if ``include_open`` (fresher, but not stable: they are not segments yet)."""
+        import pyarrow as pa
+
+        tables = [read_segment(segment, columns=columns) for segment in self.segments(kind)]
+        if include_open:
+            for writer_dir in writer_dirs(self.root):
+                for _, path in journals(writer_dir / kind):
+                    table = read_journal(path)
+                    if table is not None and table.num_rows:
+                        table = _conform(table, kind, path)
+                        tables.append(table.select(list(columns)) if columns is not None else table)
+        if not tables:
+            schema = self.schema(kind)
+            if columns is not None:
+                schema = pa.schema([schema.field(name) for name in columns])
+            return schema.empty_table()
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    def records(self, kind: str) -> Iterator[Record]:
+        """The rows of a built-in kind as typed records (for tools and tests; Spark reads tables)."""
+        cls = RECORD_TYPE_BY_KIND.get(kind)
+        if cls is None:
+            raise RecordError(f"kind {kind!r} has no record type (typed kinds are read as tables)")
+        for segment in self.segments(kind):
+            for row in read_segment(segment).to_pylist():
+                yield cls(**row)
+
+
+def read_segment(
+    segment: Segment, start_row: int = 0, stop_row: int | None = None, *, columns: Sequence[str] | None = None
+) -> Any:
+    """Rows ``[start_row, stop_row)`` of one finalized segment, conformed to the current schema.
+
+    Safe to call in another process (a Spark executor): it needs only the segment's fields.
+    """
+    import pyarrow.parquet as pq
+
+    table = _conform(pq.read_table(segment.path), segment.kind, segment.path)
+    if start_row or stop_row is not None:
+        stop = table.num_rows if stop_row is None else min(stop_row, table.num_rows)
+        table = table.slice(start_row, max(0, stop - start_row))
+    if columns is not None:
+        table = table.select(list(columns))
+    return table
+
+
+def kind_schema_of(kind: str) -> KindSchema | None:
+    """The built-in schema of a kind, or None for a typed kind."""
+    return BUILTIN_SCHEMAS.get(kind)

@@ -1,0 +1,415 @@
+"""slipstream.pipeline on a real local Spark (one session for the run): the report over a real recorded
+run, the ``slipstream`` source (batch, typed columns, streaming restart), the sink onto a real
+subscription, the live abuse-list loop, the report in headless Chromium, and a standalone cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("pyspark")
+
+from slipstream import Context, RegistrationError
+from slipstream.files import observe
+from slipstream.files.loss_report import LossReport
+from slipstream.pipeline.demo import RunSummary, abuse_loop, record_run
+from slipstream.pipeline.jobs import TABLES
+from slipstream.pipeline.options import ReportOptions
+from slipstream.pipeline.run import ReportOutcome, generate_report
+from slipstream.pipeline.submit import SUBMIT_SCRIPT
+from slipstream.telemetry import DriverSampler, Recorder, RecorderConfig, Recording, StreamStats
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(os.environ.get("SLIPSTREAM_ARTIFACTS", ROOT / "test-artifacts"))
+MESSAGES = 3000
+
+
+BAD_REGISTRATIONS = 3
+GARBAGE_DATAGRAMS = 4
+
+
+def _record_driver_errors_and_loss(recording: Path, driver_dir: Path) -> None:
+    """A second driver's files in the same recording: real errors (refused registrations, garbage
+    datagrams on a receive endpoint) and loss-report entries (refilled after it stopped, as the
+    observe tests do: loopback loses nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with Recorder(recording, writer_id="errors") as recorder:
+        sampler = DriverSampler(recorder, driver_dir)
+        with Context(driver_dir, driver="embedded") as context:
+            for _ in range(BAD_REGISTRATIONS):
+                with pytest.raises(RegistrationError):
+                    context.add_publication("aeron:bogus", 1)
+            context.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 5)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                for _ in range(GARBAGE_DATAGRAMS):
+                    sock.sendto(b"\xff" * 7, ("127.0.0.1", port))
+            deadline = time.monotonic() + 20
+            expected = BAD_REGISTRATIONS + GARBAGE_DATAGRAMS
+            while sum(e.observation_count for e in observe.errors(driver_dir)) < expected:
+                assert time.monotonic() < deadline, observe.errors(driver_dir)
+                time.sleep(0.05)
+            sampler.sample()
+        report = LossReport(driver_dir)
+        try:
+            report.record("image", 64, 1_000, 77, 1001, "aeron:udp?endpoint=127.0.0.1:40121", "127.0.0.1:43450")
+            report.record("image", 32, 2_000, 77, 1001, "aeron:udp?endpoint=127.0.0.1:40121", "127.0.0.1:43450")
+        finally:
+            report.close()
+        sampler.sample()
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunSummary]:
+    """A real IPC + UDP run through an embedded driver, recorded; connection events synthesized
+    through the public recording API (the network layer is not there yet); and a second driver's
+    real errors and loss entries."""
+    recording = tmp_path_factory.mktemp("run") / "recording"
+    summary = record_run(recording, messages=MESSAGES)
+    driver_dir = Path("/dev/shm") / f"slipstream-test-errors-{os.getpid()}"
+    try:
+        _record_driver_errors_and_loss(recording, driver_dir)
+    finally:
+        shutil.rmtree(driver_dir, ignore_errors=True)
+    return recording, summary
+
+
+@pytest.fixture(scope="module")
+def report(spark: Any, recorded: tuple[Path, RunSummary], tmp_path_factory: pytest.TempPathFactory) -> ReportOutcome:
+    out = tmp_path_factory.mktemp("report")
+    return generate_report(recorded[0], out, options=ReportOptions(abuse_threshold=5), show_progress=False)
+
+
+def test_report_tables_agree_with_what_the_run_counted(
+    report: ReportOutcome, recorded: tuple[Path, RunSummary]
+) -> None:
+    _, summary = recorded
+    rows = report.tables.rows
+    assert set(rows) == set(TABLES)
+    for name in TABLES:
+        assert pq.read_table(report.tables.paths[name]).num_rows == len(rows[name])
+    # Captured streams: every message each stream sent, with its bytes, by type.
+    per_stream: dict[str, list[int]] = {}
+    for row in rows["stream_throughput"]:
+        counts = per_stream.setdefault(row["channel"], [0, 0])
+        counts[0] += row["messages"]
+        counts[1] += row["bytes"]
+    assert per_stream == {channel: [summary.messages[channel], summary.bytes[channel]] for channel in summary.messages}
+    types = {row["message_type"]: row["messages"] for row in rows["message_types"]}
+    assert types == {"Quote": 2 * MESSAGES * 9 // 10, "Chat": 2 * MESSAGES // 10}
+    # Refused handshakes and the abuse list (threshold 5).
+    by_host = {address.rpartition(":")[0]: count for address, count in summary.rejected.items()}
+    rejected = {row["address"]: row["rejections"] for row in rows["rejected_handshakes"]}
+    assert rejected == by_host  # counted per host: a refused peer comes back from other ports
+    assert [row["address"] for row in rows["abuse_list"]] == [a for a, n in sorted(
+        by_host.items(), key=lambda item: -item[1]) if n >= 5]  # fmt: skip
+    # Sessions: the synthesized stats (see demo.synthetic_connections), RTT percentiles exact.
+    sessions = rows["sessions"]
+    assert len(sessions) == summary.connections == 5
+    for i, session in enumerate(sessions):
+        assert session["connection_id"] == 100 + i
+        assert session["messages_sent"] == 500 * (i + 1) and session["bytes_received"] == 16000 * (i + 1)
+        assert session["duration_s"] == pytest.approx(1.1)
+        assert session["rtt_p50_ns"] == pytest.approx(45_000 + 1000 * i)
+        assert session["rtt_p95_ns"] == pytest.approx(54_000 + 1000 * i)
+        assert session["cause"] == "closed" and session["loss_rate"] == 0.0
+    counters = {row["label"]: row["value"] for row in rows["driver_counters"]}
+    assert any(label.startswith("sub-pos") for label in counters)
+    assert len({row["driver"] for row in rows["driver_counters"]}) == 2
+    # The second driver's real errors and its loss report, as the test caused them.
+    errors = {row["text"]: row["observation_count"] for row in rows["errors"]}
+    assert errors["INVALID_CHANNEL: unknown media 'bogus' (expected udp or ipc)"] == BAD_REGISTRATIONS
+    assert sum(n for text, n in errors.items() if text.startswith("invalid datagrams dropped")) == GARBAGE_DATAGRAMS
+    (loss,) = rows["loss"]
+    assert (loss["observation_count"], loss["total_bytes_lost"], loss["session_id"]) == (2, 96, 77)
+    assert report.tables.input_rows["captured"] == 2 * MESSAGES
+
+
+def test_batch_source_reads_typed_columns_in_any_partitioning(spark: Any, recorded: tuple[Path, RunSummary]) -> None:
+    recording, _ = recorded
+    reader = spark.read.format("slipstream").option("kind", "typed.Quote")
+    quotes = reader.load(str(recording))
+    types = dict(quotes.dtypes)
+    assert types["bid"] == "double" and types["sequence"] == "bigint" and types["symbol"] == "string"
+    assert quotes.count() == 2 * MESSAGES * 9 // 10
+    small = reader.option("rowsPerPartition", "500").load(str(recording))
+    assert small.rdd.getNumPartitions() >= 2 * MESSAGES * 9 // 10 // 500
+    assert sorted(r.sequence for r in small.select("sequence").collect()) == sorted(
+        2 * [i for i in range(MESSAGES) if i % 10 != 9]
+    )
+
+
+def test_streaming_restart_from_checkpoint_matches_batch(spark: Any, tmp_path: Path) -> None:
+    """A live, growing recording; the query stops midway and restarts from its checkpoint: every row
+    exactly once, and the same totals as a batch read."""
+    recording, out, checkpoint = tmp_path / "rec", tmp_path / "out", tmp_path / "checkpoint"
+    total = 6000
+    config = RecorderConfig(flush_interval_s=0.1, segment_max_age_s=0.3)
+    half = threading.Event()
+    done = threading.Event()
+
+    def produce() -> None:
+        with Recorder(recording, writer_id="live", config=config) as recorder:
+            for i in range(total):
+                recorder.record(StreamStats(time.time_ns(), "aeron:ipc", 1, 7, "pub", i, i + 1, 32 * (i + 1)))
+                if i == total // 2:
+                    half.set()
+                if i % 200 == 0:
+                    time.sleep(0.05)
+        done.set()
+
+    def start() -> Any:
+        stream = spark.readStream.format("slipstream").option("kind", "stream_stats").option(
+            "maxRecordsPerTrigger", "1500").load(str(recording))  # fmt: skip
+        return (
+            stream.writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="0.5 seconds")
+            .start()
+        )
+
+    Recorder(recording, writer_id="live").close()  # the directory exists before the query starts
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    assert half.wait(60)
+    query = start()
+    deadline = time.monotonic() + 90
+    while sum(p["numInputRows"] for p in query.recentProgress) < 3000:  # two batches committed
+        assert query.exception() is None, query.exception()
+        assert time.monotonic() < deadline, "the first query processed nothing"
+        time.sleep(0.1)
+    query.stop()  # possibly in the middle of the third batch
+    first_run = spark.read.parquet(str(out)).count()
+    assert 0 < first_run < total, first_run
+    assert done.wait(60)
+    producer.join(10)
+    query = start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    streamed = sorted(r.position for r in spark.read.parquet(str(out)).select("position").collect())
+    assert streamed == list(range(total)), "duplicates or gaps across the restart"
+    batch = spark.read.format("slipstream").option("kind", "stream_stats").load(str(recording))
+    totals = ["count(*) AS n", "sum(bytes) AS bytes", "sum(messages) AS messages"]
+    assert spark.read.parquet(str(out)).selectExpr(*totals).collect() == batch.selectExpr(*totals).collect()
+
+
+class Score(msgspec.Struct, tag="Score", tag_field="type"):
+    player: str
+    points: int
+
+
+def test_sink_publishes_each_row_exactly_once_onto_a_real_subscription(
+    spark: Any, driver: Any, driver_dir: Path
+) -> None:
+    rows = [(f"player{i}", i) for i in range(1000)]
+    df = spark.createDataFrame(rows, "player string, points long").repartition(4)
+    received: list[Score] = []
+    decoder = msgspec.msgpack.Decoder(Score)
+    with Context(driver_dir, driver="external") as context:
+        subscription = context.add_subscription("aeron:ipc", 2001)
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set():
+                if subscription.poll(lambda buffer, header: received.append(decoder.decode(buffer)), 100) == 0:
+                    time.sleep(0.001)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        (df.write.format("slipstream").mode("append").option("channel", "aeron:ipc").option("stream", "2001")
+         .option("dir", str(driver_dir)).option("type", "Score").save())  # fmt: skip
+        deadline = time.monotonic() + 30
+        while len(received) < len(rows) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # anything extra (a duplicate) would arrive now
+        stop.set()
+        poller.join(5)
+    assert len(received) == len(rows)
+    assert sorted((s.player, s.points) for s in received) == sorted(rows)
+
+
+def test_abuse_list_loop_refuses_a_new_offender(spark: Any, recorded: tuple[Path, RunSummary], tmp_path: Path) -> None:
+    """The shipped example: the streaming query publishes the abuse list, a subscriber refuses listed addresses."""
+    recording = tmp_path / "recording"
+    shutil.copytree(recorded[0], recording)
+    assert abuse_loop(tmp_path, recording, master=None, threshold=5, timeout_s=90)
+
+
+CHECK_SCRIPT = """
+<script>
+window.addEventListener("load", () => {
+  const images = Array.from(document.images);
+  const loaded = images.filter((img) => img.complete && img.naturalWidth > 0).length;
+  document.body.setAttribute("data-images", loaded + "/" + images.length);
+});
+</script>
+"""
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--virtual-time-budget=10000",
+]
+
+
+def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess[str]:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.fail("chromium is missing: `make test` installs it (scripts/ensure-system-deps.sh)")
+    return subprocess.run(
+        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_report_opens_in_headless_chromium_with_every_plot_loaded(report: ReportOutcome, tmp_path: Path) -> None:
+    page = report.html.read_text()
+    assert page.count("<img ") == 4
+    check = report.html.with_name("check.html")
+    check.write_text(page.replace("</body>", CHECK_SCRIPT + "</body>"))
+    dom = _chromium(["--dump-dom", check.as_uri()], tmp_path / "profile1")
+    assert 'data-images="4/4"' in dom.stdout, dom.stdout[-2000:] + dom.stderr[-2000:]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "pipeline-report.png"
+    shot.unlink(missing_ok=True)
+    result = _chromium(
+        [f"--screenshot={shot}", "--window-size=1280,2400", report.html.as_uri()], tmp_path / "profile2"
+    )
+    assert shot.is_file() and shot.stat().st_size > 10_000, result.stderr[-2000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def standalone_cluster(tmp_path: Path) -> Iterator[str]:
+    """One Spark master and one worker on 127.0.0.1, started from the installed PySpark."""
+    import pyspark
+
+    spark_home = Path(pyspark.__file__).parent
+    port = _free_port()
+    env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1",
+           "SPARK_LOG_DIR": str(tmp_path / "logs"), "PYSPARK_PYTHON": sys.executable}  # fmt: skip
+    spark_class = str(spark_home / "bin" / "spark-class")
+    logs = [open(tmp_path / name, "w") for name in ("master.log", "worker.log")]  # noqa: SIM115
+    master = subprocess.Popen(
+        [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+         "--webui-port", str(_free_port())], env=env, stdout=logs[0], stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host", "127.0.0.1",
+         "--cores", "2", "--memory", "1g", "--webui-port", str(_free_port()), "--work-dir", str(tmp_path / "work")],
+        env=env, stdout=logs[1], stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while "Successfully registered with master" not in (tmp_path / "worker.log").read_text():
+            assert master.poll() is None and worker.poll() is None, (tmp_path / "master.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(0.25)
+        yield f"spark://127.0.0.1:{port}"
+    finally:
+        for proc in (worker, master):
+            proc.terminate()
+        for proc in (worker, master):
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
+
+
+def test_standalone_cluster_under_spark_submit_gives_the_same_tables(
+    report: ReportOutcome, recorded: tuple[Path, RunSummary], standalone_cluster: str, tmp_path: Path
+) -> None:
+    import pyspark
+
+    out = tmp_path / "cluster-report"
+    spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
+    proc = subprocess.run(
+        [str(spark_submit), "--master", standalone_cluster, "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.executor.memory=512m", "--conf", f"spark.executorEnv.PYTHONPATH={ROOT / 'src'}",
+         SUBMIT_SCRIPT, "--input", str(recorded[0]), "--output", str(out)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert f"spark: {standalone_cluster}" in proc.stdout
+    assert "[8/8] errors done" in proc.stderr + proc.stdout, proc.stderr[-3000:]  # the progress display
+    for name in TABLES:
+        cluster = pq.read_table(out / "tables" / name).to_pylist()
+        local = pq.read_table(report.tables.paths[name]).to_pylist()
+        assert cluster == local, name
+    assert Recording(recorded[0]).segments("captured")
+
+
+def test_report_command_names_a_missing_input(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "slipstream", "pipeline", "report", "--input", str(tmp_path / "nope"), "--output",
+         str(tmp_path / "out")], capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--input" in proc.stderr and "nope" in proc.stderr
+
+
+def test_streaming_sink_skips_a_batch_replayed_after_a_restart(driver: Any, driver_dir: Path, tmp_path: Path) -> None:
+    """The stream writer's commit, as Spark calls it on the driver, with ``sinkState``: a batch id
+    published before (Spark replays the last batch when its commit did not reach the checkpoint)
+    is not published again."""
+    from slipstream.pipeline.source import SlipstreamDataSource
+
+    options = {"channel": "aeron:ipc", "stream": "2002", "dir": str(driver_dir), "type": "Score",
+               "sinkState": str(tmp_path / "sink-state")}  # fmt: skip
+    writer = SlipstreamDataSource(options).streamWriter(None, False)
+    encoder = msgspec.msgpack.Encoder()
+    received: list[Score] = []
+    decoder = msgspec.msgpack.Decoder(Score)
+    with Context(driver_dir, driver="external") as context:
+        subscription = context.add_subscription("aeron:ipc", 2002)
+
+        def commit(batch_id: int, *points: int) -> None:
+            from slipstream.pipeline.source import _Encoded
+
+            payloads = [encoder.encode(Score(f"p{p}", p)) for p in points]
+            writer.commit([_Encoded(payloads)], batch_id)
+
+        def drain(expected: int) -> None:
+            deadline = time.monotonic() + 10
+            while len(received) < expected and time.monotonic() < deadline:
+                subscription.poll(lambda buffer, header: received.append(decoder.decode(buffer)), 100)
+            time.sleep(0.2)
+            subscription.poll(lambda buffer, header: received.append(decoder.decode(buffer)), 100)
+
+        commit(0, 1, 2)
+        drain(2)
+        commit(0, 1, 2)  # replayed after a restart: skipped
+        commit(1, 3)
+        drain(3)
+    assert [s.points for s in received] == [1, 2, 3]
