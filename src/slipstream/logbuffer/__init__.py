@@ -1,9 +1,22 @@
 """Log buffers: three term partitions plus metadata over any writable buffer, with append and read."""
 
-from .appender import BufferClaim, ExclusiveAppender, zero_buffer
+from .appender import BufferClaim, ExclusiveAppender, PyExclusiveAppender, zero_buffer
+from .fastpath import fast_path_active, fast_path_description
 from .header import Header
 from .layout import LogBufferError, LogBuffers, compute_log_length
-from .reader import FragmentHandler, is_equal_run, read_term, scan_term
+from .reader import (
+    BlockHandler,
+    FragmentHandler,
+    block_frames,
+    is_equal_run,
+    py_is_equal_run,
+    py_read_term,
+    py_scan_block,
+    py_scan_term,
+    read_term,
+    scan_block,
+    scan_term,
+)
 from .results import ADMIN_ACTION, BACK_PRESSURED, CLOSED, MAX_POSITION_EXCEEDED, NOT_CONNECTED, result_name
 
 __all__ = [
@@ -12,12 +25,22 @@ __all__ = [
     "CLOSED",
     "MAX_POSITION_EXCEEDED",
     "NOT_CONNECTED",
+    "BlockHandler",
     "BufferClaim",
     "ExclusiveAppender",
     "FragmentHandler",
     "Header",
     "LogBufferError",
     "LogBuffers",
+    "PyExclusiveAppender",
+    "block_frames",
+    "fast_path_active",
+    "fast_path_description",
+    "py_is_equal_run",
+    "py_read_term",
+    "py_scan_block",
+    "py_scan_term",
+    "scan_block",
     "compute_log_length",
     "read_term",
     "result_name",
