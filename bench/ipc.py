@@ -195,6 +195,9 @@ class ThroughputParams:
     """Both clients run the pure-Python log path (SLIPSTREAM_NO_EXTENSIONS=1 in their environment)."""
     block: bool = False
     """The subscriber takes runs of frames with ``block_poll`` and counts them per block (no Python per message)."""
+    drain: bool = False
+    """The subscriber starts only once the publisher has offered everything: it drains a backlog (the
+    ``count`` messages must fit the publication window, half the channel's term)."""
 
 
 PUBLISHER_INVOKE_EVERY = 1024
@@ -296,6 +299,10 @@ def _message_poller(sub: Subscription, limit: int, assemble: bool) -> Callable[[
 
 
 BLOCK_LENGTH_LIMIT = 1 << 16
+DRAIN_CHANNEL = "aeron:ipc?term-length=32m"
+"""The drain rows' channel: a 16 MiB publication window holds their whole backlog."""
+DRAIN_MESSAGES = 200_000
+"""Messages in a drain row's backlog (at most; fewer with --messages): 12.8 MiB of 32 B messages' frames."""
 """Bytes per block poll in the block throughput row: a consumer draining a backlog in batches."""
 
 
@@ -348,6 +355,8 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
     ) as ctx:
         sub = ctx.add_subscription(p.channel, p.stream_id)
         conn.send(("ready", None))
+        if p.drain:
+            _await_parent(conn, "drain", "subscriber", ctx.invoke if p.invoker else None, p.time_limit_s)
         poll = _block_poller(sub, p.size) if p.block else _message_poller(sub, THROUGHPUT_FRAGMENT_LIMIT, p.assemble)
         if p.invoker:
             # The driver fills the image only inside invoke: run it before every poll.
@@ -414,6 +423,7 @@ def run_throughput(
     invoker: bool = False,
     pure: bool = False,
     block: bool = False,
+    drain: bool = False,
 ) -> dict[str, Any]:
     """One publisher process -> one subscriber process; ``driver_pid`` None means the publisher embeds it
     (or, with ``invoker``, that each side embeds its own and runs it from its loop). ``pure``: both clients
@@ -431,6 +441,7 @@ def run_throughput(
         invoker,
         pure,
         block,
+        drain,
     )
     with _client_environment(pure), Children() as children:
         sub = children.start("slipstream-subscriber", subscriber_worker, params)
@@ -442,6 +453,8 @@ def run_throughput(
         pub.send("go")
         wait = time_limit_s + CONNECT_TIMEOUT_S
         pub_result = pub.expect("result", wait)
+        if drain:
+            sub.send("drain")
         sub_result = sub.expect("result", wait)
         if driver_pid is not None:
             driver_cpu = process_cpu_s(driver_pid) - driver_cpu
@@ -821,6 +834,23 @@ def run_suite(plan: Plan, shm: Path, zdir: Path, *, quick: bool, only: str | Non
                 )
             )
             stream += 10
+            drain_count = min(plan.messages, DRAIN_MESSAGES)
+            for kind in ("poll", "block"):
+                progress(f"{tag}: slipstream drain of {drain_count} x {size} B, {kind}")
+                tp.setdefault(f"slipstream.drain.{size}B.{kind}", []).append(
+                    run_throughput(
+                        driver_dir,
+                        stream,
+                        size,
+                        drain_count,
+                        plan.time_limit_s,
+                        driver_pid=driver_pid,
+                        channel=DRAIN_CHANNEL,
+                        block=kind == "block",
+                        drain=True,
+                    )
+                )
+                stream += 10
         size = plan.sizes[0]
         progress(f"{tag}: slipstream throughput {size} B, driver embedded in the publisher")
         tp.setdefault(f"slipstream.throughput.{size}B.embedded", []).append(
@@ -862,6 +892,19 @@ def run_suite(plan: Plan, shm: Path, zdir: Path, *, quick: bool, only: str | Non
                 )
                 notes.append(refusals_note(f"throughput {size_label(size)} {driver}", runs))
             notes.append(zmq_spread_note(f"throughput {size_label(size)}", zmq_runs))
+        size = plan.sizes[0]
+        for kind, how in (("poll", "poll, a Python call per message"), ("block", "block poll, counted per block")):
+            runs = tp.get(f"slipstream.drain.{size}B.{kind}")
+            if runs:
+                result.rows.append(
+                    throughput_row(
+                        f"drain.{size}B.{kind}",
+                        f"backlog drain {size_label(size)} ({how}) vs PUSH/PULL throughput",
+                        runs,
+                        tp[f"pyzmq.throughput.{size}B"],
+                        suite="ipc",
+                    )
+                )
     if do_latency:
         titles = {
             "spin": "busy-spin poll vs REQ/REP",
