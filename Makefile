@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo pipeline-demo test bench lint clean system-deps
+.PHONY: demo pipeline-demo test bench lint clean system-deps ext asan test-pure
 
 # One environment with the dev extras serves both `demo` and `test`, so `make test` after `make demo`
 # installs nothing more. The demo alone needs only the core dependencies: `pip install . && slipstream demo`.
@@ -30,11 +30,27 @@ lint: $(STAMP)
 system-deps:
 	bash scripts/ensure-system-deps.sh
 
-test: lint system-deps
-	$(PY) -m pytest -q
+# The C fast path, built in place (so the editable install and PYTHONPATH=src both find it); warnings are errors.
+ext: $(STAMP)
+	$(PY) setup.py -q build_ext --inplace
+
+# The whole suite with the extension (it must load), the differential tests, then a short pure-Python run.
+test: lint system-deps ext
+	SLIPSTREAM_REQUIRE_EXTENSIONS=1 $(PY) -m pytest -q
+	$(MAKE) test-pure
+
+# Pure-Python smoke run: the fallback a machine without a compiler gets.
+test-pure: $(STAMP)
+	SLIPSTREAM_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_logbuffer.py tests/test_ipc.py \
+		tests/test_sender.py tests/test_import_floors.py tests/test_readme.py
+
+# The differential and fuzz tests against a build with AddressSanitizer and UBSan.
+asan: $(STAMP)
+	bash scripts/asan.sh $(PY)
 
 bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build
+	find src -name '*.so' -delete

@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -36,6 +36,7 @@ from slipstream import (
     MediaDriver,
     Subscription,
     YieldingIdleStrategy,
+    fast_path_active,
     result_name,
 )
 
@@ -190,6 +191,13 @@ class ThroughputParams:
     invoker: bool = False
     """Each side embeds its own invoker-mode driver (``<directory>-pub``, ``<directory>-sub``) and runs
     it from its own loop instead of waiting: two processes, no driver thread or process."""
+    pure: bool = False
+    """Both clients run the pure-Python log path (SLIPSTREAM_NO_EXTENSIONS=1 in their environment)."""
+    block: bool = False
+    """The subscriber takes runs of frames with ``block_poll`` and counts them per block (no Python per message)."""
+    drain: bool = False
+    """The subscriber starts only once the publisher has offered everything: it drains a backlog (the
+    ``count`` messages must fit the publication window, half the channel's term)."""
 
 
 PUBLISHER_INVOKE_EVERY = 1024
@@ -260,6 +268,7 @@ def publisher_worker(conn: Connection, p: ThroughputParams) -> None:
                     "cpu_s": time.process_time(),
                     "position": pub.position,
                     "position_limit": pub.position_limit,
+                    "fast_path": fast_path_active(),
                 },
             )
         )
@@ -289,6 +298,52 @@ def _message_poller(sub: Subscription, limit: int, assemble: bool) -> Callable[[
     return poll_messages
 
 
+BLOCK_LENGTH_LIMIT = 1 << 16
+DRAIN_CHANNEL = "aeron:ipc?term-length=32m"
+"""The drain rows' channel: a 16 MiB publication window holds their whole backlog."""
+DRAIN_MESSAGES = 200_000
+"""Messages in a drain row's backlog (at most; fewer with --messages): 12.8 MiB of 32 B messages' frames."""
+"""Bytes per block poll in the block throughput row: a consumer draining a backlog in batches."""
+
+
+def _block_poller(sub: Subscription, size: int) -> Callable[[], int]:
+    """A block poll that returns the messages taken: every frame has the benchmark's one size, so a block's
+    length says how many it holds (what a consumer that takes messages in bulk would do)."""
+    aligned = (size + 32 + 31) & -32
+    taken = 0
+
+    def on_block(block: memoryview, session_id: int, term_id: int) -> None:
+        nonlocal taken
+        taken += len(block) // aligned
+
+    block_poll = sub.block_poll
+
+    def poll() -> int:
+        nonlocal taken
+        taken = 0
+        block_poll(on_block, BLOCK_LENGTH_LIMIT)
+        return taken
+
+    return poll
+
+
+@contextlib.contextmanager
+def _client_environment(pure: bool) -> Iterator[None]:
+    """Spawned clients inherit the environment they start with: SLIPSTREAM_NO_EXTENSIONS=1 makes them pure Python."""
+    if not pure:
+        yield
+        return
+    before = os.environ.get("SLIPSTREAM_NO_EXTENSIONS")
+    os.environ["SLIPSTREAM_NO_EXTENSIONS"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["SLIPSTREAM_NO_EXTENSIONS"]
+        else:
+            os.environ["SLIPSTREAM_NO_EXTENSIONS"] = before
+
+
 def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
     """Counts messages from first to last; the rate it sees is the benchmark's figure."""
     # Always attach: with an embedded driver the publisher's process hosts it, and attaching retries
@@ -300,7 +355,9 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
     ) as ctx:
         sub = ctx.add_subscription(p.channel, p.stream_id)
         conn.send(("ready", None))
-        poll = _message_poller(sub, THROUGHPUT_FRAGMENT_LIMIT, p.assemble)
+        if p.drain:
+            _await_parent(conn, "drain", "subscriber", ctx.invoke if p.invoker else None, p.time_limit_s)
+        poll = _block_poller(sub, p.size) if p.block else _message_poller(sub, THROUGHPUT_FRAGMENT_LIMIT, p.assemble)
         if p.invoker:
             # The driver fills the image only inside invoke: run it before every poll.
             poll = functools.partial(_invoke_then_poll, ctx.invoke, poll)
@@ -340,6 +397,7 @@ def subscriber_worker(conn: Connection, p: ThroughputParams) -> None:
                     "timed_out": received < count,
                     "cpu_s": time.process_time(),
                     "images": [_image_state(image) for image in sub.images],
+                    "fast_path": fast_path_active(),
                 },
             )
         )
@@ -363,13 +421,29 @@ def run_throughput(
     assemble: bool = False,
     wait: str = "spin",
     invoker: bool = False,
+    pure: bool = False,
+    block: bool = False,
+    drain: bool = False,
 ) -> dict[str, Any]:
     """One publisher process -> one subscriber process; ``driver_pid`` None means the publisher embeds it
-    (or, with ``invoker``, that each side embeds its own and runs it from its loop)."""
+    (or, with ``invoker``, that each side embeds its own and runs it from its loop). ``pure``: both clients
+    run the pure-Python log path; ``block``: the subscriber block-polls."""
     params = ThroughputParams(
-        str(directory), stream_id, size, count, time_limit_s, driver_pid is None, channel, assemble, wait, invoker
+        str(directory),
+        stream_id,
+        size,
+        count,
+        time_limit_s,
+        driver_pid is None,
+        channel,
+        assemble,
+        wait,
+        invoker,
+        pure,
+        block,
+        drain,
     )
-    with Children() as children:
+    with _client_environment(pure), Children() as children:
         sub = children.start("slipstream-subscriber", subscriber_worker, params)
         pub = children.start("slipstream-publisher", publisher_worker, params)
         sub.expect("ready", CONNECT_TIMEOUT_S)
@@ -379,6 +453,8 @@ def run_throughput(
         pub.send("go")
         wait = time_limit_s + CONNECT_TIMEOUT_S
         pub_result = pub.expect("result", wait)
+        if drain:
+            sub.send("drain")
         sub_result = sub.expect("result", wait)
         if driver_pid is not None:
             driver_cpu = process_cpu_s(driver_pid) - driver_cpu
@@ -743,6 +819,38 @@ def run_suite(plan: Plan, shm: Path, zdir: Path, *, quick: bool, only: str | Non
                     run_throughput(driver_dir, stream, size, plan.messages, plan.time_limit_s, driver_pid=driver_pid)
                 )
                 stream += 10
+                progress(f"{tag}: slipstream throughput {size} B, standalone driver, pure-Python clients")
+                tp.setdefault(f"slipstream.throughput.{size}B.pure", []).append(
+                    run_throughput(
+                        driver_dir, stream, size, plan.messages, plan.time_limit_s, driver_pid=driver_pid, pure=True
+                    )
+                )
+                stream += 10
+            size = plan.sizes[0]
+            progress(f"{tag}: slipstream throughput {size} B, standalone driver, block poll")
+            tp.setdefault(f"slipstream.throughput.{size}B.block", []).append(
+                run_throughput(
+                    driver_dir, stream, size, plan.messages, plan.time_limit_s, driver_pid=driver_pid, block=True
+                )
+            )
+            stream += 10
+            drain_count = min(plan.messages, DRAIN_MESSAGES)
+            for kind in ("poll", "block"):
+                progress(f"{tag}: slipstream drain of {drain_count} x {size} B, {kind}")
+                tp.setdefault(f"slipstream.drain.{size}B.{kind}", []).append(
+                    run_throughput(
+                        driver_dir,
+                        stream,
+                        size,
+                        drain_count,
+                        plan.time_limit_s,
+                        driver_pid=driver_pid,
+                        channel=DRAIN_CHANNEL,
+                        block=kind == "block",
+                        drain=True,
+                    )
+                )
+                stream += 10
         size = plan.sizes[0]
         progress(f"{tag}: slipstream throughput {size} B, driver embedded in the publisher")
         tp.setdefault(f"slipstream.throughput.{size}B.embedded", []).append(
@@ -763,11 +871,16 @@ def run_suite(plan: Plan, shm: Path, zdir: Path, *, quick: bool, only: str | Non
     if do_throughput:
         for size in plan.sizes:
             zmq_runs = tp[f"pyzmq.throughput.{size}B"]
-            for driver in ("standalone", "embedded"):
+            wheres = {
+                "standalone": f"standalone driver, {'C fast path' if fast_path_active() else 'pure Python'}",
+                "pure": "standalone driver, pure-Python clients",
+                "block": "standalone driver, block poll, counted per block",
+                "embedded": "driver embedded in publisher",
+            }
+            for driver, where in wheres.items():
                 runs = tp.get(f"slipstream.throughput.{size}B.{driver}")
                 if not runs:
                     continue
-                where = "standalone driver" if driver == "standalone" else "driver embedded in publisher"
                 result.rows.append(
                     throughput_row(
                         f"throughput.{size}B.{driver}",
@@ -779,6 +892,19 @@ def run_suite(plan: Plan, shm: Path, zdir: Path, *, quick: bool, only: str | Non
                 )
                 notes.append(refusals_note(f"throughput {size_label(size)} {driver}", runs))
             notes.append(zmq_spread_note(f"throughput {size_label(size)}", zmq_runs))
+        size = plan.sizes[0]
+        for kind, how in (("poll", "poll, a Python call per message"), ("block", "block poll, counted per block")):
+            runs = tp.get(f"slipstream.drain.{size}B.{kind}")
+            if runs:
+                result.rows.append(
+                    throughput_row(
+                        f"drain.{size}B.{kind}",
+                        f"backlog drain {size_label(size)} ({how}) vs PUSH/PULL throughput",
+                        runs,
+                        tp[f"pyzmq.throughput.{size}B"],
+                        suite="ipc",
+                    )
+                )
     if do_latency:
         titles = {
             "spin": "busy-spin poll vs REQ/REP",

@@ -19,6 +19,11 @@ IPC_ROWS = {
     "throughput.32B.standalone",
     "throughput.32B.embedded",
     "throughput.1024B.standalone",
+    "throughput.32B.pure",
+    "throughput.1024B.pure",
+    "throughput.32B.block",
+    "drain.32B.poll",
+    "drain.32B.block",
     *(f"latency.32B.{mode}.p{pct}" for mode in ("spin", "yield", "asyncio", "asyncio-parked") for pct in PERCENTILES),
 }
 UDP_ROWS = {

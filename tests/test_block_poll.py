@@ -22,15 +22,14 @@ def test_block_poll_delivers_every_frame_once_in_blocks_within_the_limit(driver_
         frames: list[tuple[int, int, bytes]] = []  # (flags, type, payload)
         blocks: list[int] = []
 
-        def on_block(term: memoryview, offset: int, length: int, session_id: int, term_id: int) -> None:
+        def on_block(term: memoryview, session_id: int, term_id: int) -> None:
             assert session_id == publication.session_id
             before = len(frames)
-            end = offset + length
+            offset = 0
+            end = length = len(term)
             while offset < end:
                 frame_length = int.from_bytes(term[offset : offset + 4], "little")
-                if term[offset + 6] == 0:  # padding to the term's end: only its header is in the block
-                    assert offset + 32 == end
-                    break
+                assert term[offset + 6] == 1  # DATA only: padding to a term's end is skipped, never handed out
                 assert 32 <= frame_length <= end - offset
                 frames.append((term[offset + 5], term[offset + 6], bytes(term[offset + 32 : offset + frame_length])))
                 offset += (frame_length + 31) & -32

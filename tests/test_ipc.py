@@ -25,6 +25,7 @@ from slipstream import (
     Image,
     MediaDriver,
     RegistrationError,
+    block_frames,
     offer_async,
     poll_async,
 )
@@ -257,3 +258,27 @@ def test_invalid_driver_config_names_the_setting(driver_dir: Path) -> None:
         MediaDriver(DriverConfig(directory=driver_dir, ipc_term_length=1000))
     with pytest.raises(ValueError, match="idle_strategy"):
         MediaDriver(DriverConfig(directory=driver_dir, idle_strategy="nap"))
+
+
+def test_block_poll_hands_out_runs_of_whole_frames_across_term_ends(ctx: Context) -> None:
+    """Every message exactly once, in order, one handler call per block, across several terms."""
+    sub = ctx.add_subscription("aeron:ipc", 21)
+    pub = ctx.add_exclusive_publication("aeron:ipc", 21)
+    wait_for(lambda: pub.is_connected and sub.image_count == 1)
+    got: list[bytes] = []
+    calls: list[tuple[int, int]] = []
+
+    def on_block(block: memoryview, session_id: int, term_id: int) -> None:
+        calls.append((session_id, len(block)))
+        for offset, length in block_frames(block):
+            got.append(bytes(block[offset : offset + length]))
+
+    messages = [i.to_bytes(4, "little") * (1 + i % 50) for i in range(3000)]  # ~5 terms of 64 KiB
+    sent = 0
+    deadline = time.monotonic() + 10
+    while len(got) < len(messages) and time.monotonic() < deadline:
+        while sent < len(messages) and pub.offer(messages[sent]) > 0:
+            sent += 1
+        sub.block_poll(on_block, 8192)
+    assert got == messages
+    assert len(calls) < len(messages) // 4 and all(s == pub.session_id and 0 < n <= 8192 for s, n in calls)

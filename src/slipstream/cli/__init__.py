@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import SlipstreamError
+from ..logbuffer import fast_path_description
 from . import demo, driver, echo, observe, pipeline, record, samples
 
 EXIT_INTERRUPTED = 130
@@ -26,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of every command; ``-v`` is accepted before or after the command."""
     parser = argparse.ArgumentParser(prog="slipstream", description="Fast, secure messaging between processes.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    parser.add_argument("--version", action="version", version=f"slipstream {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"slipstream {__version__} ({fast_path_description()})"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.register(commands)
     driver.register(commands)

@@ -6,34 +6,8 @@ import mmap
 from collections.abc import Callable
 
 from ..files.directory import close_mapping
-from ..logbuffer import FragmentHandler, Header, LogBuffers, read_term, scan_term
-from ..wire.constants import DATA_HEADER_LENGTH, HDR_TYPE_DATA
+from ..logbuffer import BlockHandler, FragmentHandler, Header, LogBuffers, read_term, scan_block
 from ..wire.positions import compute_term_id
-
-_BLOCK_RUN_MAX = 4096
-
-
-def _equal_run(term_i32: memoryview, base: int, step: int, first: int, limit: int) -> int:
-    """How many DATA frames of length ``first``, with equal flags, start at word ``base`` (at most
-    ``limit``): two strided slices of the term, no call per frame. Stops at the first frame not yet
-    written (length 0) or different."""
-    count = min(limit, _BLOCK_RUN_MAX)
-    if count < 2 or first < DATA_HEADER_LENGTH:
-        return 0
-    lengths = term_i32[base : base + count * step : step].tolist()
-    if lengths.count(first) != count:
-        count = next((i for i, value in enumerate(lengths) if value != first), len(lengths))
-        if count < 2:
-            return 0
-    words = term_i32[base + 1 : base + 1 + count * step : step].tolist()  # version, flags, type (u16)
-    if words.count(words[0]) != count or (words[0] >> 16) & 0xFFFF != HDR_TYPE_DATA:
-        return 0
-    return count
-
-
-BlockHandler = Callable[[memoryview, int, int, int, int], object]
-"""Aeron's block handler: ``(term_buffer, term_offset, length, session_id, term_id)``; the frames of
-``term_buffer[term_offset : term_offset + length]`` are whole (headers included), valid during the call."""
 
 
 class Image:
@@ -102,41 +76,31 @@ class Image:
         return fragments
 
     def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int:
-        """Deliver the whole frames available from this image's position, up to ``block_length_limit``
-        bytes (or the first frame, if longer) and the end of the term, to ``handler`` in one call
-        (Aeron's ``blockPoll``); returns the bytes delivered. For recorders and bridges that copy
-        frames, not messages: no call per message."""
+        """Hand a run of whole DATA frames (at most ``block_length_limit`` bytes, but at least one frame) to
+        ``handler(block, session_id, term_id)`` in one call; returns the bytes consumed (0 if none).
+
+        Aeron's ``blockPoll``: for consumers that take many messages at once (``block_frames`` splits a
+        block), so the Python call is paid once per block instead of once per message. The block never
+        crosses a term's end. A raising handler still consumes the block.
+        """
         if self._closed:
             return 0
         position = self._position
         offset = position & self._mask
         index = (position >> self._bits) % 3
         term = self._terms[index]
-        term_i32 = self._terms_i32[index]
-        # A frame longer than the limit still goes alone (else the image could never move past it).
-        first_length = term_i32[offset >> 2]
-        limit = min(max(block_length_limit, (first_length + 31) & -32), len(term) - offset)
-        length = padding = 0
-        while length < limit:
-            frame_offset = offset + length
-            first = term_i32[frame_offset >> 2]
-            if first <= 0:
-                break
-            aligned = (first + 31) & -32
-            run = _equal_run(term_i32, frame_offset >> 2, aligned >> 2, first, (limit - length) // aligned)
-            if run > 1:
-                length += run * aligned
-                continue
-            available, padding = scan_term(term, term_i32, frame_offset, min(aligned, limit - length))
-            length += available
-            if padding or not available:
-                break
-        if length + padding == 0:
-            return 0
-        if length:
-            handler(term, offset, length, self.session_id, compute_term_id(position, self._bits, self._initial_term_id))
-        self._advance(position + length + padding)
-        return length
+        data_end, next_offset, intact = scan_block(term, self._terms_i32[index], offset, block_length_limit)
+        try:
+            if data_end > offset:
+                term_id = compute_term_id(position, self._bits, self._log.initial_term_id)
+                handler(term[offset:data_end], self.session_id, term_id)
+        finally:
+            if next_offset != offset:
+                self._advance(position + next_offset - offset)
+            if not intact:
+                self.is_corrupt = True
+                self._closed = True
+        return next_offset - offset
 
     def _advance(self, position: int) -> None:
         self._position = position

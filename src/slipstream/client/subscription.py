@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import DriverError
-from ..logbuffer import FragmentHandler
+from ..logbuffer import BlockHandler, FragmentHandler
 from .errors import renewed
 from .image import Image
 
@@ -59,6 +59,24 @@ class Subscription:
             if fragments >= fragment_limit:
                 break
         return fragments
+
+    def block_poll(self, handler: BlockHandler, block_length_limit: int = 1 << 20) -> int:
+        """Hand each image's run of whole frames to ``handler(block, session_id, term_id)``, one call per
+        block (see ``Image.block_poll``); returns the bytes consumed across images, at most about
+        ``block_length_limit`` (a first frame longer than what is left is still taken whole)."""
+        images = self._images
+        count = len(images)
+        if count == 1:
+            return images[0].block_poll(handler, block_length_limit)
+        if count == 0:
+            return 0
+        start = self._round_robin = (self._round_robin + 1) % count
+        consumed = 0
+        for i in range(count):
+            if consumed >= block_length_limit:
+                break
+            consumed += images[(start + i) % count].block_poll(handler, block_length_limit - consumed)
+        return consumed
 
     @property
     def images(self) -> tuple[Image, ...]:

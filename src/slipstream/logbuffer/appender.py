@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..wire.constants import BEGIN_FLAG, DATA_HEADER_LENGTH, END_FLAG, HDR_TYPE_DATA, HDR_TYPE_PAD, UNFRAGMENTED
 from ..wire.positions import (
@@ -30,6 +30,7 @@ from ..wire.positions import (
     wrap_i32,
 )
 from .constants import PARTITION_COUNT
+from .fastpath import FAST
 from .layout import LogBuffers
 from .results import ADMIN_ACTION, BACK_PRESSURED, CLOSED, MAX_POSITION_EXCEEDED, NOT_CONNECTED
 
@@ -149,45 +150,46 @@ def _nothing() -> None:
     return None
 
 
-class ExclusiveAppender:
-    """Single-writer appender over a ``LogBuffers``; keeps the tail in local state and mirrors it to metadata.
+class _AppenderLogic:
+    """The appender's behaviour, shared by the pure-Python class and the one over the C core.
 
-    ``offer`` appends below a limit it reads from ``limit`` (a view and an index: the publication
-    limit counter the driver keeps), or from a cell of its own that ``append(payload, limit)`` sets,
-    for simulations and tests. Once ``close``d, every call returns CLOSED.
+    It holds no state of its own (empty ``__slots__``): the pure class keeps every field in slots, the
+    fast class keeps the hot ones in ``_fastpath.AppenderCore`` whose ``offer``/``claim`` run the common
+    case in C and call ``_py_offer``/``_py_claim`` here for everything else.
     """
 
-    __slots__ = (
-        "_active_index",
-        "_bits",
-        "_check_offset",
-        "_clean_done",
-        "_clean_index",
-        "_closed",
-        "_ids",
-        "_initial_term_id",
-        "_limit_index",
-        "_limit_values",
-        "_max_message_length",
-        "_max_payload",
-        "_max_position",
-        "_owns_limit",
-        "_parked",
-        "_parked_index",
-        "_session_id",
-        "_start_term_count",
-        "_stream_id",
-        "_tail_i64",
-        "_term",
-        "_term_begin_position",
-        "_term_i32",
-        "_term_id",
-        "_term_id_shifted",
-        "_term_length",
-        "_term_offset",
-        "_wake",
-        "log",
-    )
+    if not TYPE_CHECKING:  # mypy would refuse the assignments the subclasses' slots allow
+        __slots__ = ()
+
+    _active_index: int
+    _bits: int
+    _check_offset: int
+    _clean_done: int
+    _clean_index: int
+    _closed: bool
+    _ids: bytes
+    _initial_term_id: int
+    _limit_index: int
+    _limit_values: memoryview
+    _max_message_length: int
+    _max_payload: int
+    _max_position: int
+    _owns_limit: bool
+    _parked: memoryview | None
+    _parked_index: int
+    _session_id: int
+    _start_term_count: int
+    _stream_id: int
+    _tail_i64: memoryview
+    _term: memoryview
+    _term_begin_position: int
+    _term_i32: memoryview
+    _term_id: int
+    _term_id_shifted: int
+    _term_length: int
+    _term_offset: int
+    _wake: Callable[[], None]
+    log: LogBuffers
 
     def __init__(
         self, log: LogBuffers, limit: tuple[memoryview, int] | None = None, doorbell: Doorbell | None = None
@@ -251,6 +253,14 @@ class ExclusiveAppender:
         return self.offer(payload, reserved_value)
 
     def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
+        """Append one message (see ``_py_offer``); the concrete classes bind it to C or Python."""
+        raise NotImplementedError
+
+    def claim(self, length: int, limit: int, claim: BufferClaim) -> int:
+        """Reserve one unfragmented frame (see ``_py_claim``); the concrete classes bind it to C or Python."""
+        raise NotImplementedError
+
+    def _py_offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
         """Append one message if ``position < limit``; return the new position or a negative result code
         (NOT_CONNECTED, BACK_PRESSURED, ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED). Raises ValueError
         for a message above ``max_message_length``.
@@ -305,7 +315,7 @@ class ExclusiveAppender:
         self._limit_values, self._limit_index = _limit_cell(), 0
         self._owns_limit = False
 
-    def claim(self, length: int, limit: int, claim: BufferClaim) -> int:
+    def _py_claim(self, length: int, limit: int, claim: BufferClaim) -> int:
         """Reserve one unfragmented frame of ``length`` payload bytes for zero-copy writing."""
         if length > self._max_payload or length < 0:
             raise ValueError(f"claim length {length} outside [0, {self._max_payload}] (max payload of one frame)")
@@ -451,3 +461,63 @@ class ExclusiveAppender:
         if position + ((length + DATA_HEADER_LENGTH + 31) & -32) >= self._max_position:
             return MAX_POSITION_EXCEEDED
         return BACK_PRESSURED if self.log.is_connected else NOT_CONNECTED
+
+
+_SLOTS: Final = (
+    "_active_index",
+    "_bits",
+    "_check_offset",
+    "_clean_done",
+    "_clean_index",
+    "_closed",
+    "_ids",
+    "_initial_term_id",
+    "_limit_index",
+    "_limit_values",
+    "_max_message_length",
+    "_max_payload",
+    "_max_position",
+    "_owns_limit",
+    "_parked",
+    "_parked_index",
+    "_session_id",
+    "_start_term_count",
+    "_stream_id",
+    "_tail_i64",
+    "_term",
+    "_term_begin_position",
+    "_term_i32",
+    "_term_id",
+    "_term_id_shifted",
+    "_term_length",
+    "_term_offset",
+    "_wake",
+    "log",
+)
+
+
+class PyExclusiveAppender(_AppenderLogic):
+    """Single-writer appender over a ``LogBuffers``, all in Python: the reference the C path is tested against.
+
+    ``offer`` appends below a limit it reads from ``limit`` (a view and an index: the publication
+    limit counter the driver keeps), or from a cell of its own that ``append(payload, limit)`` sets,
+    for simulations and tests. Once ``close``d, every call returns CLOSED.
+    """
+
+    __slots__ = _SLOTS
+    offer = _AppenderLogic._py_offer
+    claim = _AppenderLogic._py_claim
+
+
+if FAST is not None:
+    _Core: Any = FAST.AppenderCore
+
+    class FastExclusiveAppender(_Core, _AppenderLogic):  # type: ignore[misc]
+        """The same appender with its hot state in C: ``offer`` and ``claim`` run the common case there."""
+
+        __slots__ = tuple(name for name in _SLOTS if not hasattr(_Core, name))
+
+    ExclusiveAppender: type[PyExclusiveAppender] = FastExclusiveAppender
+else:
+    ExclusiveAppender = PyExclusiveAppender
+"""The appender in use: over the C core when the fast path is active, else the pure-Python one."""

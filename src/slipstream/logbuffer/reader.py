@@ -11,10 +11,16 @@ import struct
 from collections.abc import Callable
 
 from ..wire.constants import DATA_HEADER_LENGTH, HDR_TYPE_DATA, HDR_TYPE_PAD, TYPE_OFFSET
+from .fastpath import FAST
 from .header import Header
 
 FragmentHandler = Callable[[memoryview, Header], object]
 """Called with a zero-copy view of the payload (valid only during the call) and the frame's header."""
+
+BlockHandler = Callable[[memoryview, int, int], object]
+"""Called by a block poll with a view of a run of whole frames (headers included, each at a 32-byte aligned
+offset from the view's start; valid only during the call), the session id and the term id: Aeron's
+``BlockHandler``. One call per block, so a consumer that takes many messages at once pays the call once."""
 
 
 _RUN_MAX = 256
@@ -28,7 +34,7 @@ def _equal_frames_struct(aligned: int, count: int) -> struct.Struct:
     return struct.Struct("<" + f"i2xH{aligned - TYPE_OFFSET - 2}x" * count)
 
 
-def read_term(
+def py_read_term(
     term: memoryview,
     term_i32: memoryview,
     offset: int,
@@ -82,7 +88,7 @@ def read_term(
     return fragments, offset, True
 
 
-def is_equal_run(term: memoryview, offset: int, frame_length: int, count: int) -> bool:
+def py_is_equal_run(term: memoryview, offset: int, frame_length: int, count: int) -> bool:
     """Whether the ``count`` frames from ``offset`` are all complete DATA frames of ``frame_length``
     bytes (so a sender may cut them into datagrams by arithmetic). One unpack; the caller keeps
     ``count`` to a few values per frame size, as each compiles a struct that is cached."""
@@ -93,7 +99,7 @@ def is_equal_run(term: memoryview, offset: int, frame_length: int, count: int) -
     return fields[0::2].count(frame_length) == count and fields[1::2].count(HDR_TYPE_DATA) == count
 
 
-def scan_term(term: memoryview, term_i32: memoryview, offset: int, max_length: int) -> tuple[int, int]:
+def py_scan_term(term: memoryview, term_i32: memoryview, offset: int, max_length: int) -> tuple[int, int]:
     """Find the block a sender may transmit in one datagram.
 
     Returns ``(available, padding)``: ``available`` bytes of whole frames from ``offset`` fitting in
@@ -130,3 +136,65 @@ def scan_term(term: memoryview, term_i32: memoryview, offset: int, max_length: i
         if padding:
             break
     return available, padding
+
+
+def py_scan_block(term: memoryview, term_i32: memoryview, offset: int, max_length: int) -> tuple[int, int, bool]:
+    """Find the run of whole DATA frames from ``offset`` (at most ``max_length`` bytes) a block poll hands out.
+
+    Returns ``(data_end, next_offset, intact)``: the block is ``term[offset:data_end]``; ``next_offset``
+    is where the reader goes on (past a PAD frame that starts the block, which is skipped without a
+    handler call); ``intact`` is False when the frame at ``data_end`` cannot be valid. A first frame
+    longer than ``max_length`` is still taken whole, so a block poll always makes progress.
+    """
+    if offset < 0 or max_length < 0:
+        raise ValueError("offset and max_length must not be negative")
+    capacity = len(term)
+    limit = min(capacity, offset + max_length)
+    end = offset
+    while end < limit:
+        frame_length = term_i32[end >> 2]
+        if frame_length <= 0:
+            break
+        if frame_length < DATA_HEADER_LENGTH or frame_length > capacity - end:
+            return end, end, False
+        aligned = (frame_length + 31) & -32
+        frame_type = term[end + TYPE_OFFSET]
+        if frame_type != HDR_TYPE_DATA:
+            if frame_type == HDR_TYPE_PAD and term[end + TYPE_OFFSET + 1] == 0:
+                return end, (end + aligned if end == offset else end), True
+            return end, end, False
+        if end + aligned > limit and end > offset:
+            break
+        end += aligned
+    return end, end, True
+
+
+def block_frames(block: memoryview) -> list[tuple[int, int]]:
+    """``(payload_offset, payload_length)`` of each frame in a block a ``BlockHandler`` was given.
+
+    A helper for consumers that want the messages after all; the block poll guarantees whole DATA frames."""
+    frames = []
+    offset = 0
+    end = len(block)
+    while offset + DATA_HEADER_LENGTH <= end:
+        frame_length = int.from_bytes(block[offset : offset + 4], "little", signed=True)
+        if frame_length < DATA_HEADER_LENGTH or frame_length > end - offset:
+            break
+        frames.append((offset + DATA_HEADER_LENGTH, frame_length - DATA_HEADER_LENGTH))
+        offset += (frame_length + 31) & -32
+    return frames
+
+
+ReadTerm = Callable[[memoryview, memoryview, int, FragmentHandler, int, Header], tuple[int, int, bool]]
+ScanBlock = Callable[[memoryview, memoryview, int, int], tuple[int, int, bool]]
+
+read_term: ReadTerm = FAST.read_term if FAST is not None else py_read_term
+"""The term reader in use: C when the fast path is active, else ``py_read_term`` (the reference)."""
+scan_block: ScanBlock = FAST.scan_block if FAST is not None else py_scan_block
+"""The block scanner in use: C when the fast path is active, else ``py_scan_block`` (the reference)."""
+scan_term: Callable[[memoryview, memoryview, int, int], tuple[int, int]] = (
+    FAST.scan_term if FAST is not None else py_scan_term
+)
+"""The sender's log scan in use: C when the fast path is active, else ``py_scan_term`` (the reference)."""
+is_equal_run: Callable[[memoryview, int, int, int], bool] = FAST.is_equal_run if FAST is not None else py_is_equal_run
+"""The equal-run check in use: C when the fast path is active, else ``py_is_equal_run`` (the reference)."""

@@ -21,6 +21,7 @@ from typing import NamedTuple, TypeAlias
 
 from ..logbuffer import LogBuffers, compute_log_length, zero_buffer
 from ..logbuffer.constants import PARTITION_COUNT
+from ..logbuffer.fastpath import FAST
 from ..wire.address import Address
 from ..wire.constants import EOS_FLAG, FRAME_ALIGNMENT, SM_EOS_FLAG
 from ..wire.frames import BytesLike, DataScan, Nak, StatusMessage
@@ -42,6 +43,10 @@ __all__ = [
 
 Outgoing: TypeAlias = tuple[bytes, Address]
 """A datagram to send and its destination."""
+
+
+_c_insert_datagram = FAST.insert_datagram if FAST is not None else None
+"""The datagram copy in C when the fast path is active (same bytes, same store order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,13 +301,16 @@ class PublicationImageReceiver:
         # duplicate); the first frame's length is stored last, so a reader never sees a partial datagram.
         # Later frames' lengths land with the copy, before that store, as Aeron's term rebuilder does.
         index = term_count % PARTITION_COUNT
-        term_i32 = self.log.terms_i32[index]
-        slot = term_offset >> 2
-        inserted = term_i32[slot] == 0
-        if inserted:
-            source = memoryview(data).cast("B") if isinstance(data, memoryview) else data
-            self.log.terms[index][term_offset + 4 : term_offset + len(source)] = source[4:]
-            term_i32[slot] = first_frame_length
+        if _c_insert_datagram is not None:
+            inserted = _c_insert_datagram(self.log.terms[index], term_offset, data, first_frame_length)
+        else:
+            term_i32 = self.log.terms_i32[index]
+            slot = term_offset >> 2
+            inserted = term_i32[slot] == 0
+            if inserted:
+                source = memoryview(data).cast("B") if isinstance(data, memoryview) else data
+                self.log.terms[index][term_offset + 4 : term_offset + len(source)] = source[4:]
+                term_i32[slot] = first_frame_length
         self.datagrams_received += datagrams
         self.bytes_received += len(data)
         if proposed > self._hwm:

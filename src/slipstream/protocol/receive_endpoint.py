@@ -32,6 +32,7 @@ from __future__ import annotations
 import random
 import struct
 
+from ..logbuffer.fastpath import FAST
 from ..wire.address import Address
 from ..wire.constants import (
     DATA_HEADER_LENGTH,
@@ -69,6 +70,9 @@ from .image import (
 )
 
 __all__ = ["ReceiveEndpoint"]
+
+_c_scan_equal_frames = FAST.scan_equal_frames if FAST is not None else None
+"""``scan_equal_frames`` in C when the fast path is active (same result; tests/test_fastpath.py)."""
 
 
 class ReceiveEndpoint:
@@ -203,7 +207,8 @@ class ReceiveEndpoint:
             if len(data) >= 8 and data[6] in (HDR_TYPE_DATA, HDR_TYPE_PAD) and not data[7]:
                 # The hot path: validated without a Python object per frame. The image says whether
                 # it needs a poll; a SETUP request lands in the outbound queue, which poll_due sees.
-                self._on_data(scan_data_datagram(data), data, now_ns, source)
+                scan = _c_scan_equal_frames(data, DataScan) if _c_scan_equal_frames is not None else None
+                self._on_data(scan or scan_data_datagram(data), data, now_ns, source)
                 return
             frames = decode_datagram(data)
         except (ValueError, struct.error):
@@ -226,7 +231,7 @@ class ReceiveEndpoint:
         if segment >= total:
             self.on_datagram(data, now_ns, source)
             return
-        scan = scan_equal_frames(data)
+        scan = _c_scan_equal_frames(data, DataScan) if _c_scan_equal_frames is not None else scan_equal_frames(data)
         if scan is not None and scan.stream_id in self._subscriptions:
             image = self._images.get((scan.session_id, scan.stream_id))
             if image is not None and image.takes_run(scan.term_id, scan.term_offset, total):

@@ -155,11 +155,11 @@ class StreamCapture:
         self.subscription: Subscription = context.add_subscription(channel, stream_id)
         recorder.add_flush_hook(self.convert)
 
-    def _on_block(self, term: memoryview, offset: int, length: int, session_id: int, term_id: int) -> None:
-        block = _Block(self._now, session_id, self._image_position, bytes(term[offset : offset + length]))
+    def _on_block(self, block: memoryview, session_id: int, term_id: int) -> None:
+        copied = _Block(self._now, session_id, self._image_position, bytes(block))
         with self._lock:
-            self._blocks.append(block)
-            self._pending_bytes += length
+            self._blocks.append(copied)
+            self._pending_bytes += len(block)
 
     def poll(self, fragment_limit: int = 0) -> int:
         """Copy what every image has new; returns the bytes read (0 while the writer is behind).

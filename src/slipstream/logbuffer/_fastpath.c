@@ -1,0 +1,893 @@
+/* slipstream.logbuffer._fastpath: the log buffer's hot loops in C.
+ *
+ * The pure-Python code in appender.py and reader.py is the reference; every function here must give
+ * the same log bytes, positions and delivered fragments (tests/test_fastpath.py checks it). Anything
+ * off the common path (back pressure, term rotation, cleaning ahead, errors) is handed back to the
+ * Python methods, so only the hot loop lives here.
+ *
+ * Safety: every read and write is bounds-checked against the length of the buffer the object exports
+ * (the mapping), never against a length word found in it. The frame length is stored last with a
+ * release store; x86-64 keeps stores in order across processes, which the log format relies on.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "slipstream's log format is little-endian; this host is not"
+#endif
+
+#define HEADER_LENGTH 32
+#define TYPE_OFFSET 6
+#define HDR_TYPE_PAD 0
+#define HDR_TYPE_DATA 1
+#define BEGIN_FLAG 0x80
+#define END_FLAG 0x40
+#define ALIGN32(x) (((x) + 31) & ~(int64_t)31)
+
+static PyObject *str_py_offer, *str_py_claim, *str_wrap, *str_offset, *str_buffer;
+
+/* ---- small helpers ----------------------------------------------------------------------------- */
+
+static inline int32_t load_i32(const char *p) {
+    int32_t v;
+    if (((uintptr_t)p & 3) == 0) {
+        return __atomic_load_n((const int32_t *)p, __ATOMIC_ACQUIRE);
+    }
+    memcpy(&v, p, 4);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return v;
+}
+
+static inline void store_i32_release(char *p, int32_t v) {
+    if (((uintptr_t)p & 3) == 0) {
+        __atomic_store_n((int32_t *)p, v, __ATOMIC_RELEASE);
+    } else {
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        memcpy(p, &v, 4);
+    }
+}
+
+static inline void store_i64_release(char *p, int64_t v) {
+    if (((uintptr_t)p & 7) == 0) {
+        __atomic_store_n((int64_t *)p, v, __ATOMIC_RELEASE);
+    } else {
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        memcpy(p, &v, 8);
+    }
+}
+
+static inline void write_header(char *p, int32_t frame_length, uint8_t flags, uint16_t type, int32_t term_offset,
+                                int32_t session_id, int32_t stream_id, int32_t term_id, int64_t reserved) {
+    int32_t negated = -frame_length;
+    uint8_t version = 0;
+    memcpy(p, &negated, 4);
+    memcpy(p + 4, &version, 1);
+    memcpy(p + 5, &flags, 1);
+    memcpy(p + 6, &type, 2);
+    memcpy(p + 8, &term_offset, 4);
+    memcpy(p + 12, &session_id, 4);
+    memcpy(p + 16, &stream_id, 4);
+    memcpy(p + 20, &term_id, 4);
+    memcpy(p + 24, &reserved, 8);
+}
+
+/* Read element ``index`` of an int64 buffer (a counter view), bounds-checked. */
+static int read_i64_at(PyObject *obj, long long index, int64_t *out) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0) {
+        return -1;
+    }
+    if (index < 0 || (index + 1) * 8 > (long long)b.len) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_IndexError, "counter index outside its buffer");
+        return -1;
+    }
+    int64_t v;
+    const char *p = (const char *)b.buf + index * 8;
+    if (((uintptr_t)p & 7) == 0) {
+        v = __atomic_load_n((const int64_t *)p, __ATOMIC_ACQUIRE);
+    } else {
+        memcpy(&v, p, 8);
+    }
+    *out = v;
+    PyBuffer_Release(&b);
+    return 0;
+}
+
+/* A payload's bytes, as len(payload) counts them in Python: only byte-formatted 1-D buffers qualify
+ * (anything else is left to the Python path, which decides what it means). Returns 1 if usable. */
+static int payload_buffer(PyObject *payload, Py_buffer *pb) {
+    if (PyBytes_CheckExact(payload) || PyByteArray_CheckExact(payload)) {
+        return PyObject_GetBuffer(payload, pb, PyBUF_SIMPLE) == 0 ? 1 : -1;
+    }
+    if (PyObject_GetBuffer(payload, pb, PyBUF_ND | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *f = pb->format;
+    int byte_format = f == NULL || ((f[0] == 'B' || f[0] == 'b' || f[0] == 'c') && f[1] == '\0');
+    if (pb->ndim != 1 || pb->itemsize != 1 || !byte_format) {
+        PyBuffer_Release(pb);
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- AppenderCore ------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    long long term_offset;
+    long long term_begin_position;
+    long long check_offset;
+    long long term_length;
+    long long term_id_shifted;
+    long long active_index;
+    long long term_id;
+    long long session_id;
+    long long stream_id;
+    long long max_payload;
+    long long max_message_length;
+    long long limit_index;
+    long long parked_index;
+    PyObject *term;
+    PyObject *term_i32;
+    PyObject *tail_i64;
+    PyObject *limit_values;
+    PyObject *parked;
+    PyObject *wake;
+} AppenderCore;
+
+static int core_traverse(AppenderCore *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->term);
+    Py_VISIT(self->term_i32);
+    Py_VISIT(self->tail_i64);
+    Py_VISIT(self->limit_values);
+    Py_VISIT(self->parked);
+    Py_VISIT(self->wake);
+    return 0;
+}
+
+static int core_clear(AppenderCore *self) {
+    Py_CLEAR(self->term);
+    Py_CLEAR(self->term_i32);
+    Py_CLEAR(self->tail_i64);
+    Py_CLEAR(self->limit_values);
+    Py_CLEAR(self->parked);
+    Py_CLEAR(self->wake);
+    return 0;
+}
+
+static void core_dealloc(AppenderCore *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    core_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *ring_doorbell(AppenderCore *self, PyObject *result) {
+    if (self->parked != NULL && self->parked != Py_None) {
+        int64_t flag;
+        if (read_i64_at(self->parked, self->parked_index, &flag) < 0) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        if (flag && self->wake != NULL) {
+            PyObject *r = PyObject_CallNoArgs(self->wake);
+            if (r == NULL) {
+                Py_DECREF(result);
+                return NULL;
+            }
+            Py_DECREF(r);
+        }
+    }
+    return result;
+}
+
+static PyObject *fallback(PyObject *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *call[4];
+    call[0] = self;
+    for (Py_ssize_t i = 0; i < nargs && i < 3; i++) {
+        call[i + 1] = args[i];
+    }
+    return PyObject_VectorcallMethod(name, call, (size_t)(nargs + 1), NULL);
+}
+
+/* offer(payload, reserved_value=0): the common case in C; anything else goes to _py_offer. */
+static PyObject *core_offer(AppenderCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2 || self->term == NULL || self->tail_i64 == NULL || self->limit_values == NULL) {
+        return fallback((PyObject *)self, str_py_offer, args, nargs);
+    }
+    int64_t reserved = 0;
+    if (nargs == 2) {
+        reserved = PyLong_AsLongLong(args[1]);
+        if (reserved == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return fallback((PyObject *)self, str_py_offer, args, nargs);
+        }
+    }
+    int64_t term_offset = self->term_offset;
+    int64_t position = self->term_begin_position + term_offset;
+    int64_t limit;
+    if (read_i64_at(self->limit_values, self->limit_index, &limit) < 0) {
+        return NULL;
+    }
+    if (position >= limit) {
+        return fallback((PyObject *)self, str_py_offer, args, nargs);
+    }
+    Py_buffer pb;
+    int usable = payload_buffer(args[0], &pb);
+    if (usable < 0) {
+        return NULL;
+    }
+    if (usable == 0) {
+        return fallback((PyObject *)self, str_py_offer, args, nargs);
+    }
+    int64_t length = pb.len;
+    int64_t max_payload = self->max_payload;
+    int64_t required;
+    if (length > max_payload) {
+        if (length > self->max_message_length || max_payload <= 0) {
+            PyBuffer_Release(&pb);
+            return fallback((PyObject *)self, str_py_offer, args, nargs);
+        }
+        int64_t full = length / max_payload, last = length % max_payload;
+        required = full * ALIGN32(max_payload + HEADER_LENGTH) + (last ? ALIGN32(last + HEADER_LENGTH) : 0);
+    } else {
+        required = ALIGN32(length + HEADER_LENGTH);
+    }
+    int64_t resulting = term_offset + required;
+    if (resulting > self->check_offset) {
+        PyBuffer_Release(&pb);
+        return fallback((PyObject *)self, str_py_offer, args, nargs);
+    }
+    Py_buffer tb, mb;
+    if (PyObject_GetBuffer(self->term, &tb, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&pb);
+        return NULL;
+    }
+    if (term_offset < 0 || resulting > (int64_t)tb.len) {
+        PyBuffer_Release(&tb);
+        PyBuffer_Release(&pb);
+        return fallback((PyObject *)self, str_py_offer, args, nargs);
+    }
+    if (PyObject_GetBuffer(self->tail_i64, &mb, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&tb);
+        PyBuffer_Release(&pb);
+        return NULL;
+    }
+    if (self->active_index < 0 || (self->active_index + 1) * 8 > (long long)mb.len) {
+        PyBuffer_Release(&mb);
+        PyBuffer_Release(&tb);
+        PyBuffer_Release(&pb);
+        return fallback((PyObject *)self, str_py_offer, args, nargs);
+    }
+    char *term = (char *)tb.buf;
+    const char *src = (const char *)pb.buf;
+    int32_t session_id = (int32_t)self->session_id, stream_id = (int32_t)self->stream_id;
+    int32_t term_id = (int32_t)self->term_id;
+    if (length <= max_payload) {
+        char *p = term + term_offset;
+        int32_t frame_length = (int32_t)(length + HEADER_LENGTH);
+        write_header(p, frame_length, BEGIN_FLAG | END_FLAG, HDR_TYPE_DATA, (int32_t)term_offset, session_id, stream_id,
+                     term_id, reserved);
+        memcpy(p + HEADER_LENGTH, src, (size_t)length);
+        store_i32_release(p, frame_length);
+    } else {
+        int64_t offset = term_offset, consumed = 0;
+        uint8_t flags = BEGIN_FLAG;
+        while (consumed < length) {
+            int64_t chunk = length - consumed < max_payload ? length - consumed : max_payload;
+            if (consumed + chunk == length) {
+                flags |= END_FLAG;
+            }
+            int32_t frame_length = (int32_t)(chunk + HEADER_LENGTH);
+            char *p = term + offset;
+            write_header(p, frame_length, flags, HDR_TYPE_DATA, (int32_t)offset, session_id, stream_id, term_id,
+                         reserved);
+            memcpy(p + HEADER_LENGTH, src + consumed, (size_t)chunk);
+            store_i32_release(p, frame_length);
+            consumed += chunk;
+            offset += ALIGN32(frame_length);
+            flags = 0;
+        }
+    }
+    self->term_offset = resulting;
+    store_i64_release((char *)mb.buf + self->active_index * 8, self->term_id_shifted | resulting);
+    PyBuffer_Release(&mb);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&pb);
+    PyObject *result = PyLong_FromLongLong(position + required);
+    if (result == NULL) {
+        return NULL;
+    }
+    return ring_doorbell(self, result);
+}
+
+/* claim(length, limit, claim): reserve one unfragmented frame; anything unusual goes to _py_claim. */
+static PyObject *core_claim(AppenderCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || self->term == NULL ||
+        self->term_i32 == NULL || self->tail_i64 == NULL) {
+        return fallback((PyObject *)self, str_py_claim, args, nargs);
+    }
+    int overflow = 0;
+    long long length = PyLong_AsLongLongAndOverflow(args[0], &overflow);
+    long long limit = overflow ? 0 : PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (overflow || length < 0 || length > self->max_payload) {
+        return fallback((PyObject *)self, str_py_claim, args, nargs);
+    }
+    int64_t term_offset = self->term_offset;
+    int64_t position = self->term_begin_position + term_offset;
+    int64_t frame_length = length + HEADER_LENGTH;
+    int64_t resulting = term_offset + ALIGN32(frame_length);
+    if (position >= limit || resulting > self->check_offset) {
+        return fallback((PyObject *)self, str_py_claim, args, nargs);
+    }
+    Py_buffer tb, mb;
+    if (PyObject_GetBuffer(self->term, &tb, PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    if (term_offset < 0 || resulting > (int64_t)tb.len) {
+        PyBuffer_Release(&tb);
+        return fallback((PyObject *)self, str_py_claim, args, nargs);
+    }
+    if (PyObject_GetBuffer(self->tail_i64, &mb, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&tb);
+        return NULL;
+    }
+    if (self->active_index < 0 || (self->active_index + 1) * 8 > (long long)mb.len) {
+        PyBuffer_Release(&mb);
+        PyBuffer_Release(&tb);
+        return fallback((PyObject *)self, str_py_claim, args, nargs);
+    }
+    write_header((char *)tb.buf + term_offset, (int32_t)frame_length, BEGIN_FLAG | END_FLAG, HDR_TYPE_DATA,
+                 (int32_t)term_offset, (int32_t)self->session_id, (int32_t)self->stream_id, (int32_t)self->term_id, 0);
+    PyBuffer_Release(&tb);
+    PyObject *wrap_args[5];
+    PyObject *offset_obj = PyLong_FromLongLong(term_offset);
+    PyObject *length_obj = offset_obj ? PyLong_FromLongLong(frame_length) : NULL;
+    if (length_obj == NULL) {
+        Py_XDECREF(offset_obj);
+        PyBuffer_Release(&mb);
+        return NULL;
+    }
+    wrap_args[0] = args[2];
+    wrap_args[1] = self->term;
+    wrap_args[2] = self->term_i32;
+    wrap_args[3] = offset_obj;
+    wrap_args[4] = length_obj;
+    PyObject *r = PyObject_VectorcallMethod(str_wrap, wrap_args, 5, NULL);
+    Py_DECREF(offset_obj);
+    Py_DECREF(length_obj);
+    if (r == NULL) {
+        PyBuffer_Release(&mb);
+        return NULL;
+    }
+    Py_DECREF(r);
+    self->term_offset = resulting;
+    store_i64_release((char *)mb.buf + self->active_index * 8, self->term_id_shifted | resulting);
+    PyBuffer_Release(&mb);
+    return PyLong_FromLongLong(position + resulting - term_offset);
+}
+
+static PyMethodDef core_methods[] = {
+    {"offer", (PyCFunction)(void (*)(void))core_offer, METH_FASTCALL,
+     "offer(payload, reserved_value=0) -> position or a negative result code."},
+    {"claim", (PyCFunction)(void (*)(void))core_claim, METH_FASTCALL,
+     "claim(length, limit, claim) -> position or a negative result code."},
+    {NULL, NULL, 0, NULL},
+};
+
+#define LL(name, field) {name, T_LONGLONG, offsetof(AppenderCore, field), 0, NULL}
+#define OBJ(name, field) {name, T_OBJECT, offsetof(AppenderCore, field), 0, NULL}
+static PyMemberDef core_members[] = {
+    LL("_term_offset", term_offset),
+    LL("_term_begin_position", term_begin_position),
+    LL("_check_offset", check_offset),
+    LL("_term_length", term_length),
+    LL("_term_id_shifted", term_id_shifted),
+    LL("_active_index", active_index),
+    LL("_term_id", term_id),
+    LL("_session_id", session_id),
+    LL("_stream_id", stream_id),
+    LL("_max_payload", max_payload),
+    LL("_max_message_length", max_message_length),
+    LL("_limit_index", limit_index),
+    LL("_parked_index", parked_index),
+    OBJ("_term", term),
+    OBJ("_term_i32", term_i32),
+    OBJ("_tail_i64", tail_i64),
+    OBJ("_limit_values", limit_values),
+    OBJ("_parked", parked),
+    OBJ("_wake", wake),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot core_slots[] = {
+    {Py_tp_doc, "The appender's hot state and its offer/claim fast paths; a Python subclass does the rest."},
+    {Py_tp_methods, core_methods},
+    {Py_tp_members, core_members},
+    {Py_tp_traverse, core_traverse},
+    {Py_tp_clear, core_clear},
+    {Py_tp_dealloc, core_dealloc},
+    {Py_tp_new, PyType_GenericNew},
+    {0, NULL},
+};
+
+static PyType_Spec core_spec = {
+    "slipstream.logbuffer._fastpath.AppenderCore",
+    sizeof(AppenderCore),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    core_slots,
+};
+
+/* ---- reading ----------------------------------------------------------------------------------- */
+
+/* A view of term[start:start+length] sharing the term memoryview's export (what slicing does,
+ * without building a slice object). */
+static PyObject *sub_view(PyObject *term, int fast, Py_ssize_t start, Py_ssize_t length) {
+    if (fast) {
+        PyObject *mv = PyMemoryView_FromObject(term);
+        if (mv == NULL) {
+            return NULL;
+        }
+        Py_buffer *v = PyMemoryView_GET_BUFFER(mv);
+        v->buf = (char *)v->buf + start;
+        v->len = length;
+        v->shape[0] = length;
+        return mv;
+    }
+    return PySequence_GetSlice(term, start, start + length);
+}
+
+/* Whether ``term`` is a 1-D, byte-sized, contiguous memoryview (so sub_view may adjust a copy). */
+static int plain_byte_view(PyObject *term) {
+    if (!PyMemoryView_Check(term)) {
+        return 0;
+    }
+    Py_buffer *v = PyMemoryView_GET_BUFFER(term);
+    return v->ndim == 1 && v->itemsize == 1 && v->shape != NULL && (v->strides == NULL || v->strides[0] == 1) &&
+           v->suboffsets == NULL;
+}
+
+static int set_header_offset(PyObject *header, Py_ssize_t offset) {
+    PyObject *o = PyLong_FromSsize_t(offset);
+    if (o == NULL) {
+        return -1;
+    }
+    int r = PyObject_SetAttr(header, str_offset, o);
+    Py_DECREF(o);
+    return r;
+}
+
+static PyObject *read_result(long long fragments, Py_ssize_t offset, int intact) {
+    return Py_BuildValue("(LnO)", fragments, offset, intact ? Py_True : Py_False);
+}
+
+/* read_term(term, term_i32, offset, handler, fragment_limit, header) -> (fragments, next_offset, intact) */
+static PyObject *fp_read_term(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "read_term takes 6 arguments");
+        return NULL;
+    }
+    PyObject *term = args[0], *handler = args[3], *header = args[5];
+    Py_ssize_t offset = PyLong_AsSsize_t(args[2]);
+    if (offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long long fragment_limit = PyLong_AsLongLong(args[4]);
+    if (fragment_limit == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "offset must not be negative");
+        return NULL;
+    }
+    Py_buffer tb;
+    if (PyObject_GetBuffer(term, &tb, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (PyObject_SetAttr(header, str_buffer, term) < 0) {
+        PyBuffer_Release(&tb);
+        return NULL;
+    }
+    const char *base = (const char *)tb.buf;
+    Py_ssize_t capacity = tb.len;
+    int fast = plain_byte_view(term);
+    long long fragments = 0;
+    int intact = 1;
+    while (fragments < fragment_limit && offset < capacity) {
+        Py_ssize_t word = offset & ~(Py_ssize_t)3;
+        if (word + 4 > capacity) {
+            intact = 0;
+            break;
+        }
+        int32_t frame_length = load_i32(base + word);
+        if (frame_length <= 0) {
+            break;
+        }
+        Py_ssize_t frame_offset = offset;
+        if (frame_length < HEADER_LENGTH || frame_length > capacity - frame_offset) {
+            intact = 0;
+            break;
+        }
+        offset += ALIGN32((Py_ssize_t)frame_length);
+        uint8_t frame_type = (uint8_t)base[frame_offset + TYPE_OFFSET];
+        if (frame_type != HDR_TYPE_DATA) {
+            if (frame_type == HDR_TYPE_PAD && base[frame_offset + TYPE_OFFSET + 1] == 0) {
+                continue;
+            }
+            offset = frame_offset;
+            intact = 0;
+            break;
+        }
+        fragments++;
+        if (set_header_offset(header, frame_offset) < 0) {
+            PyBuffer_Release(&tb);
+            return NULL;
+        }
+        PyObject *call[2];
+        call[0] = sub_view(term, fast, frame_offset + HEADER_LENGTH, frame_length - HEADER_LENGTH);
+        if (call[0] == NULL) {
+            PyBuffer_Release(&tb);
+            return NULL;
+        }
+        call[1] = header;
+        PyObject *r = PyObject_Vectorcall(handler, call, 2, NULL);
+        Py_DECREF(call[0]);
+        if (r == NULL) {
+            PyBuffer_Release(&tb);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    PyBuffer_Release(&tb);
+    return read_result(fragments, offset, intact);
+}
+
+/* scan_block(term, term_i32, offset, max_length) -> (data_end, next_offset, intact); see reader.py. */
+static PyObject *fp_scan_block(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "scan_block takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[2]);
+    if (offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t max_length = PyLong_AsSsize_t(args[3]);
+    if (max_length == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (offset < 0 || max_length < 0) {
+        PyErr_SetString(PyExc_ValueError, "offset and max_length must not be negative");
+        return NULL;
+    }
+    Py_buffer tb;
+    if (PyObject_GetBuffer(args[0], &tb, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const char *base = (const char *)tb.buf;
+    Py_ssize_t capacity = tb.len;
+    Py_ssize_t limit = max_length < capacity - offset ? offset + max_length : capacity;
+    Py_ssize_t end = offset, next = -1;
+    int intact = 1;
+    while (end < limit) {
+        Py_ssize_t word = end & ~(Py_ssize_t)3;
+        if (word + 4 > capacity) {
+            intact = 0;
+            break;
+        }
+        int32_t frame_length = load_i32(base + word);
+        if (frame_length <= 0) {
+            break;
+        }
+        if (frame_length < HEADER_LENGTH || frame_length > capacity - end) {
+            intact = 0;
+            break;
+        }
+        Py_ssize_t aligned = ALIGN32((Py_ssize_t)frame_length);
+        uint8_t frame_type = (uint8_t)base[end + TYPE_OFFSET];
+        if (frame_type != HDR_TYPE_DATA) {
+            if (frame_type == HDR_TYPE_PAD && base[end + TYPE_OFFSET + 1] == 0) {
+                if (end == offset) {
+                    next = end + aligned;
+                }
+                break;
+            }
+            intact = 0;
+            break;
+        }
+        if (end + aligned > limit && end > offset) {
+            break;
+        }
+        end += aligned;
+    }
+    PyBuffer_Release(&tb);
+    return Py_BuildValue("(nnO)", end, next < 0 ? end : next, intact ? Py_True : Py_False);
+}
+
+/* ---- the driver's datagram paths --------------------------------------------------------------- */
+
+static inline int32_t rd_i32(const char *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint16_t rd_u16(const char *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* scan_equal_frames(data, result_type) -> result_type(session_id, stream_id, term_id, term_offset, flags,
+ * False, frame_length, total) or None: the C twin of wire.frames.scan_equal_frames (a datagram, or a GRO
+ * batch of them, that is one run of equal DATA frames of one stream and term at consecutive offsets). */
+static PyObject *fp_scan_equal_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "scan_equal_frames(data, result_type): result_type must be a tuple type");
+        return NULL;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();  /* not a plain byte buffer: the Python path decides what it is */
+        Py_RETURN_NONE;
+    }
+    const char *buf = (const char *)b.buf;
+    Py_ssize_t total = b.len;
+    int ok = 0;
+    int32_t length = 0, term_offset = 0, session_id = 0, stream_id = 0, term_id = 0;
+    uint8_t flags = 0;
+    if (total >= HEADER_LENGTH && (total & 31) == 0) {
+        length = rd_i32(buf);
+        flags = (uint8_t)buf[5];
+        term_offset = rd_i32(buf + 8);
+        session_id = rd_i32(buf + 12);
+        stream_id = rd_i32(buf + 16);
+        term_id = rd_i32(buf + 20);
+        if (rd_u16(buf + 6) == HDR_TYPE_DATA && buf[4] == 0 && length >= HEADER_LENGTH) {
+            Py_ssize_t aligned = ALIGN32((Py_ssize_t)length);
+            if (aligned == total) {
+                ok = 1;
+            } else if (aligned < total && total % aligned == 0) {
+                ok = 1;
+                int64_t expected_offset = term_offset;
+                for (Py_ssize_t at = 0; at < total; at += aligned, expected_offset += aligned) {
+                    const char *f = buf + at;
+                    if (rd_i32(f) != length || f[4] != 0 || rd_u16(f + 6) != HDR_TYPE_DATA ||
+                        rd_i32(f + 8) != expected_offset || rd_i32(f + 12) != session_id ||
+                        rd_i32(f + 16) != stream_id || rd_i32(f + 20) != term_id) {
+                        ok = 0;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    PyBuffer_Release(&b);
+    if (!ok) {
+        Py_RETURN_NONE;
+    }
+    PyTypeObject *tp = (PyTypeObject *)args[1];
+    PyObject *items[8];
+    items[0] = PyLong_FromLong(session_id);
+    items[1] = PyLong_FromLong(stream_id);
+    items[2] = PyLong_FromLong(term_id);
+    items[3] = PyLong_FromLong(term_offset);
+    items[4] = PyLong_FromLong(flags);
+    items[5] = Py_NewRef(Py_False);
+    items[6] = PyLong_FromLong(length);
+    items[7] = PyLong_FromSsize_t(total);
+    PyObject *result = tp->tp_alloc(tp, 8);
+    for (int i = 0; i < 8; i++) {
+        if (items[i] == NULL || result == NULL) {
+            for (int j = 0; j < 8; j++) {
+                Py_XDECREF(items[j]);
+            }
+            Py_XDECREF(result);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < 8; i++) {
+        PyTuple_SET_ITEM(result, i, items[i]);
+    }
+    return result;
+}
+
+/* insert_datagram(term, term_offset, data, first_frame_length) -> bool: copy a validated datagram (or
+ * run) into a term at ``term_offset`` unless its first slot is filled (a duplicate): everything but
+ * the first frame's length word, then that word with a release store, so a reader never sees part. */
+static PyObject *fp_insert_datagram(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "insert_datagram takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t term_offset = PyLong_AsSsize_t(args[1]);
+    if (term_offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long first = PyLong_AsLong(args[3]);
+    if (first == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (first < INT32_MIN || first > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "first_frame_length outside int32");
+        return NULL;
+    }
+    Py_buffer tb, db;
+    if (PyObject_GetBuffer(args[0], &tb, PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &db, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&tb);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (term_offset < 0 || (term_offset & 3) || db.len < 4 || term_offset > tb.len - db.len) {
+        PyErr_SetString(PyExc_ValueError, "datagram does not fit the term at that offset");
+    } else {
+        char *dst = (char *)tb.buf + term_offset;
+        int inserted = load_i32(dst) == 0;
+        if (inserted) {
+            memcpy(dst + 4, (const char *)db.buf + 4, (size_t)(db.len - 4));
+            store_i32_release(dst, (int32_t)first);
+        }
+        result = Py_NewRef(inserted ? Py_True : Py_False);
+    }
+    PyBuffer_Release(&db);
+    PyBuffer_Release(&tb);
+    return result;
+}
+
+/* scan_term(term, term_i32, offset, max_length) -> (available, padding): reader.py's scan_term (the
+ * sender's cut of the log into datagrams), as the plain frame walk its run shortcut is equivalent to. */
+static PyObject *fp_scan_term(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "scan_term takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[2]);
+    if (offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long long max_length = PyLong_AsLongLong(args[3]);
+    if (max_length == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "offset must not be negative");
+        return NULL;
+    }
+    Py_buffer tb;
+    if (PyObject_GetBuffer(args[0], &tb, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const char *base = (const char *)tb.buf;
+    Py_ssize_t capacity = tb.len;
+    long long available = 0, padding = 0;
+    while (offset + available < capacity) {
+        Py_ssize_t frame_offset = offset + (Py_ssize_t)available;
+        Py_ssize_t word = frame_offset & ~(Py_ssize_t)3;
+        if (word + 4 > capacity || frame_offset + TYPE_OFFSET + 1 > capacity) {
+            break;
+        }
+        int32_t frame_length = load_i32(base + word);
+        if (frame_length <= 0 || frame_length > capacity - frame_offset) {
+            break;
+        }
+        long long aligned = ALIGN32((long long)frame_length);
+        if ((uint8_t)base[frame_offset + TYPE_OFFSET] == HDR_TYPE_PAD) {
+            padding = aligned - HEADER_LENGTH;
+            aligned = HEADER_LENGTH;
+        }
+        if (available + aligned > max_length) {
+            padding = 0;
+            break;
+        }
+        available += aligned;
+        if (padding) {
+            break;
+        }
+    }
+    PyBuffer_Release(&tb);
+    return Py_BuildValue("(LL)", available, padding);
+}
+
+/* is_equal_run(term, offset, frame_length, count) -> bool: reader.py's is_equal_run. */
+static PyObject *fp_is_equal_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "is_equal_run takes 4 arguments");
+        return NULL;
+    }
+    long long offset = PyLong_AsLongLong(args[1]);
+    long long frame_length = offset == -1 && PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[2]);
+    long long count = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    long long aligned = ALIGN32(frame_length);
+    if (count < 1 || frame_length < HEADER_LENGTH || frame_length > INT32_MAX || offset < 0 ||
+        count > (((long long)1) << 40) / aligned) {
+        Py_RETURN_FALSE;
+    }
+    Py_buffer tb;
+    if (PyObject_GetBuffer(args[0], &tb, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    int equal = offset + count * aligned <= (long long)tb.len;
+    const char *base = (const char *)tb.buf;
+    for (long long i = 0; equal && i < count; i++) {
+        const char *f = base + offset + i * aligned;
+        equal = rd_i32(f) == frame_length && rd_u16(f + TYPE_OFFSET) == HDR_TYPE_DATA;
+    }
+    PyBuffer_Release(&tb);
+    return Py_NewRef(equal ? Py_True : Py_False);
+}
+
+static PyMethodDef module_methods[] = {
+    {"read_term", (PyCFunction)(void (*)(void))fp_read_term, METH_FASTCALL,
+     "read_term(term, term_i32, offset, handler, fragment_limit, header) -> (fragments, next_offset, intact)"},
+    {"scan_block", (PyCFunction)(void (*)(void))fp_scan_block, METH_FASTCALL,
+     "scan_block(term, term_i32, offset, max_length) -> (data_end, next_offset, intact)"},
+    {"scan_term", (PyCFunction)(void (*)(void))fp_scan_term, METH_FASTCALL,
+     "scan_term(term, term_i32, offset, max_length) -> (available, padding)"},
+    {"is_equal_run", (PyCFunction)(void (*)(void))fp_is_equal_run, METH_FASTCALL,
+     "is_equal_run(term, offset, frame_length, count) -> bool"},
+    {"scan_equal_frames", (PyCFunction)(void (*)(void))fp_scan_equal_frames, METH_FASTCALL,
+     "scan_equal_frames(data, result_type) -> result_type(...) or None (wire.frames.scan_equal_frames in C)"},
+    {"insert_datagram", (PyCFunction)(void (*)(void))fp_insert_datagram, METH_FASTCALL,
+     "insert_datagram(term, term_offset, data, first_frame_length) -> inserted"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int module_exec(PyObject *m) {
+#define INTERN(var, s)                                                                                                 \
+    if ((var) == NULL && ((var) = PyUnicode_InternFromString(s)) == NULL) return -1
+    INTERN(str_py_offer, "_py_offer");
+    INTERN(str_py_claim, "_py_claim");
+    INTERN(str_wrap, "_wrap");
+    INTERN(str_offset, "offset");
+    INTERN(str_buffer, "buffer");
+#undef INTERN
+    PyObject *core = PyType_FromModuleAndSpec(m, &core_spec, NULL);
+    if (core == NULL) {
+        return -1;
+    }
+    if (PyModule_AddObject(m, "AppenderCore", core) < 0) {
+        Py_DECREF(core);
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, (void *)module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "slipstream.logbuffer._fastpath",
+    "The log buffer's hot loops in C; the pure-Python modules are the reference and the fallback.",
+    0,
+    module_methods,
+    module_slots,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void) { return PyModuleDef_Init(&module_def); }

@@ -1,0 +1,301 @@
+"""The C fast path against the pure-Python reference: same log bytes, positions, results and fragments.
+
+Both implementations are driven with the same inputs (random message sizes, term rollovers, aborted
+claims, back pressure, corrupt and truncated frames, hostile lengths, runs of equal frames) and must
+agree exactly. Skipped when the extension is not built, unless SLIPSTREAM_REQUIRE_EXTENSIONS=1 (``make
+test``, ``make asan`` and the wheel tests set it, so a silently missing build fails there).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slipstream.logbuffer import (
+    BufferClaim,
+    Header,
+    LogBuffers,
+    PyExclusiveAppender,
+    block_frames,
+    compute_log_length,
+    fast_path_active,
+    py_is_equal_run,
+    py_read_term,
+    py_scan_block,
+    py_scan_term,
+)
+from slipstream.logbuffer.fastpath import FAST
+from slipstream.wire.constants import HDR_TYPE_PAD, TERM_MIN_LENGTH
+
+if FAST is None:
+    if os.environ.get("SLIPSTREAM_REQUIRE_EXTENSIONS") == "1":
+        raise RuntimeError("SLIPSTREAM_REQUIRE_EXTENSIONS=1 but the C fast path did not load")
+    pytest.skip("the C fast path is not built (or SLIPSTREAM_NO_EXTENSIONS is set)", allow_module_level=True)
+
+from slipstream.logbuffer.appender import FastExclusiveAppender
+
+TERM = TERM_MIN_LENGTH
+BIG = 1 << 62
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def make_log(term_id: int = 7, term_offset: int = 0, mtu: int = 1408) -> LogBuffers:
+    log = LogBuffers(bytearray(compute_log_length(TERM)), TERM)
+    log.initialize(
+        initial_term_id=7, term_id=term_id, term_offset=term_offset, session_id=42, stream_id=1001, mtu=mtu
+    )
+    log.is_connected = True
+    return log
+
+
+def payload_of(size: int, salt: int) -> bytes:
+    return bytes((i * 7 + salt) & 0xFF for i in range(size))
+
+
+# ---- appender -------------------------------------------------------------------------------------
+
+Op = tuple[str, int, int]
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("offer"), st.integers(0, 5000), st.integers(-(1 << 63), (1 << 63) - 1)),
+        st.tuples(st.just("offer_small"), st.integers(0, 200), st.integers(0, 3)),
+        st.tuples(st.just("offer_view"), st.integers(0, 3000), st.integers(0, 3)),
+        st.tuples(st.just("claim_commit"), st.integers(0, 1376), st.integers(0, 1)),
+        st.tuples(st.just("claim_abort"), st.integers(0, 1376), st.integers(0, 1)),
+        st.tuples(st.just("limit"), st.integers(0, 6 * TERM), st.integers(0, 0)),
+        st.tuples(st.just("too_big"), st.integers(TERM // 8 + 1, TERM // 8 + 100), st.integers(0, 0)),
+    ),
+    max_size=120,
+)
+
+
+def run_appender(cls: type[Any], script: list[Op], start_offset: int) -> tuple[list[object], bytes, int]:
+    log = make_log(term_offset=start_offset)
+    app = cls(log)
+    limit = BIG
+    results: list[object] = []
+    for n, (op, size, extra) in enumerate(script):
+        try:
+            if op == "limit":
+                limit = app.position + size // 2
+                results.append(None)
+            elif op in ("offer", "offer_small", "too_big"):
+                results.append(app.append(payload_of(size, n), limit, extra if op == "offer" else 0))
+            elif op == "offer_view":
+                data = bytearray(payload_of(size + 3, n))
+                results.append(app.append(memoryview(data)[3:] if extra else data, limit))
+            else:
+                claim = BufferClaim()
+                result = app.claim(size, limit, claim)
+                results.append(result)
+                if result > 0:
+                    claim.buffer[:] = payload_of(size, n)
+                    if extra:
+                        claim.reserved_value = n
+                    claim.commit() if op == "claim_commit" else claim.abort()
+        except ValueError as exc:
+            results.append(("ValueError", str(exc)))
+        results.append(app.position)
+    return results, bytes(log._buffer), app.position
+
+
+@SETTINGS
+@given(ops, st.sampled_from([0, TERM - 4096, TERM - 64, TERM - 1472]))
+def test_appender_matches_reference(script: list[Op], start_offset: int) -> None:
+    """Same results, positions, and every byte of the log (terms, tails, metadata) after any script."""
+    assert run_appender(FastExclusiveAppender, script, start_offset) == run_appender(
+        PyExclusiveAppender, script, start_offset
+    )
+
+
+def test_appender_rolls_over_many_terms() -> None:
+    """Long enough to reuse every partition (cleaning ahead included) several times."""
+    script: list[Op] = [("offer", (i * 37) % 3000, i) for i in range(3000)]
+    fast = run_appender(FastExclusiveAppender, script, 0)
+    assert fast == run_appender(PyExclusiveAppender, script, 0)
+    assert fast[2] > 5 * TERM
+
+
+def test_offer_through_a_driver_limit_and_doorbell() -> None:
+    """The limit read from a counter view, CLOSED after close(), and the doorbell rung when parked."""
+    outcomes = []
+    for cls in (PyExclusiveAppender, FastExclusiveAppender):
+        log = make_log()
+        limit = memoryview(bytearray(32)).cast("q")
+        parked = memoryview(bytearray(16)).cast("q")
+        rings: list[int] = []
+        app = cls(log, (limit, 2), (parked, 1, functools.partial(rings.append, 1)))
+        row = [app.offer(b"x" * 10)]  # limit 0: back pressured
+        limit[2] = 1 << 20
+        row += [app.offer(b"y" * 100), len(rings)]
+        parked[1] = 1
+        row += [app.offer(b"z" * 3000, 5), len(rings)]
+        app.close()
+        row += [app.offer(b"w"), bytes(log._buffer) == bytes(log._buffer), bytes(log.terms[0][:4096])]
+        outcomes.append(row)
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][2] == 0 and outcomes[0][4] == 1
+
+
+# ---- reader ---------------------------------------------------------------------------------------
+
+corruptions = st.lists(
+    st.tuples(
+        st.sampled_from(["length", "type", "byte", "negative", "pad", "zero"]),
+        st.integers(0, 60),
+        st.integers(-(1 << 31), (1 << 31) - 1),
+    ),
+    max_size=4,
+)
+
+
+def messy_term(sizes: list[int], equal: bool, damage: list[tuple[str, int, int]]) -> tuple[memoryview, list[int]]:
+    """A term of frames (all one size if ``equal``), then damaged: hostile lengths, unknown types, flipped
+    bytes, uncommitted claims, pads, zeroed frames."""
+    log = make_log()
+    app = PyExclusiveAppender(log)
+    offsets = []
+    for i, size in enumerate([sizes[0]] * len(sizes) if equal else sizes):
+        offsets.append(app.position)
+        app.append(payload_of(size, i), BIG)
+    term = log.terms[0]
+    for kind, which, value in damage:
+        at = offsets[which % len(offsets)]
+        if kind == "length":
+            struct.pack_into("<i", term, at, value)
+        elif kind == "type":
+            struct.pack_into("<H", term, at + 6, value & 0xFFFF)
+        elif kind == "byte":
+            term[(at + (value & 63)) % TERM] = value & 0xFF
+        elif kind == "negative":
+            struct.pack_into("<i", term, at, -abs(value) or -1)
+        elif kind == "pad":
+            struct.pack_into("<H", term, at + 6, HDR_TYPE_PAD)
+        else:
+            term[at : at + 32] = bytes(32)
+    return term, offsets
+
+
+class Recorder:
+    """Records what a handler is given (copies: the views are valid only during the call)."""
+
+    def __init__(self, raise_at: int | None = None) -> None:
+        self.seen: list[tuple[bytes, int, bool, str, int]] = []
+        self.raise_at = raise_at
+
+    def __call__(self, view: memoryview, header: Header) -> None:
+        self.seen.append((bytes(view), header.offset, view.readonly, view.format, header.frame_length))
+        if self.raise_at is not None and len(self.seen) == self.raise_at:
+            raise KeyError("handler failed")
+
+
+def read_both(
+    term: memoryview, offset: int, limit: int, raise_at: int | None
+) -> list[tuple[object, list[tuple[bytes, int, bool, str, int]], int]]:
+    out = []
+    for reader in (py_read_term, FAST.read_term):
+        header = Header(7, TERM.bit_length() - 1)
+        recorder = Recorder(raise_at)
+        try:
+            result: object = reader(term, term.cast("i"), offset, recorder, limit, header)
+        except KeyError as exc:
+            result = ("KeyError", str(exc))
+        out.append((result, recorder.seen, header.offset))
+    return out
+
+
+sizes_st = st.lists(st.integers(0, 1376), min_size=1, max_size=40)
+
+
+@SETTINGS
+@given(sizes_st, st.booleans(), corruptions, st.integers(0, 45), st.integers(1, 60), st.none() | st.integers(1, 40))
+def test_read_term_matches_reference(
+    sizes: list[int], equal: bool, damage: list[tuple[str, int, int]], start: int, limit: int, raise_at: int | None
+) -> None:
+    term, offsets = messy_term(sizes, equal, damage)
+    offset = offsets[start % len(offsets)]
+    reference, fast = read_both(term, offset, limit, raise_at)
+    assert fast == reference
+
+
+def test_read_term_at_the_end_and_over_a_bytearray() -> None:
+    """A frame claiming the rest of the term and more; a term that is not a memoryview (slice path)."""
+    term, _ = messy_term([100], False, [])
+    struct.pack_into("<i", term, TERM - 32, 64)
+    struct.pack_into("<H", term, TERM - 26, 1)
+    assert read_both(term, TERM - 32, 10, None)[0] == read_both(term, TERM - 32, 10, None)[1]
+    raw = bytearray(term)
+    seen: list[bytes] = []
+    result = FAST.read_term(raw, memoryview(raw).cast("i"), 0, lambda v, h: seen.append(bytes(v)), 10, Header(7, 16))
+    assert result == (1, 160, True) and seen == [payload_of(100, 0)]
+
+
+@SETTINGS
+@given(sizes_st, st.booleans(), corruptions, st.integers(0, 45), st.integers(0, 70000))
+def test_scan_block_matches_reference(
+    sizes: list[int], equal: bool, damage: list[tuple[str, int, int]], start: int, max_length: int
+) -> None:
+    term, offsets = messy_term(sizes, equal, damage)
+    offset = offsets[start % len(offsets)]
+    ints = term.cast("i")
+    assert FAST.scan_block(term, ints, offset, max_length) == py_scan_block(term, ints, offset, max_length)
+
+
+@SETTINGS
+@given(sizes_st, st.booleans(), corruptions, st.integers(0, 45), st.integers(0, 70000))
+def test_scan_term_matches_reference(
+    sizes: list[int], equal: bool, damage: list[tuple[str, int, int]], start: int, max_length: int
+) -> None:
+    """The sender's cut of the log into datagrams (the reference takes its run shortcut, C walks)."""
+    term, offsets = messy_term(sizes, equal, damage)
+    offset = offsets[start % len(offsets)]
+    ints = term.cast("i")
+    assert FAST.scan_term(term, ints, offset, max_length) == py_scan_term(term, ints, offset, max_length)
+    assert FAST.scan_term(term, ints, TERM, max_length) == py_scan_term(term, ints, TERM, max_length)
+
+
+@SETTINGS
+@given(sizes_st, st.booleans(), corruptions, st.integers(0, 45), st.integers(-40, 1500), st.integers(-1, 50))
+def test_is_equal_run_matches_reference(
+    sizes: list[int], equal: bool, damage: list[tuple[str, int, int]], start: int, frame_length: int, count: int
+) -> None:
+    term, offsets = messy_term(sizes, equal, damage)
+    offset = offsets[start % len(offsets)]
+    length = frame_length if frame_length > 0 else sizes[0] + 32
+    assert FAST.is_equal_run(term, offset, length, count) == py_is_equal_run(term, offset, length, count)
+
+
+def test_scan_block_takes_whole_frames_and_skips_a_leading_pad() -> None:
+    term, offsets = messy_term([40] * 10, True, [])
+    ints = term.cast("i")
+    for scan in (py_scan_block, FAST.scan_block):
+        assert scan(term, ints, 0, 10_000) == (offsets[-1] + 96, offsets[-1] + 96, True)
+        assert scan(term, ints, 0, 200) == (192, 192, True)  # whole frames only
+        assert scan(term, ints, 0, 1) == (96, 96, True)  # but at least one
+    block = term[0:192]
+    assert block_frames(block) == [(32, 40), (128, 40)]
+    struct.pack_into("<H", term, 6, HDR_TYPE_PAD)
+    for scan in (py_scan_block, FAST.scan_block):
+        assert scan(term, ints, 0, 10_000) == (0, 96, True)
+
+
+def test_fast_path_reported_and_disabled_by_environment() -> None:
+    assert fast_path_active()
+    code = "import slipstream; print(slipstream.fast_path_active())"
+    env = {**os.environ, "SLIPSTREAM_NO_EXTENSIONS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+    version = subprocess.run(
+        [sys.executable, "-m", "slipstream", "--version"], capture_output=True, text=True, timeout=60, env=os.environ
+    )
+    assert "C extension" in version.stdout
+
+
