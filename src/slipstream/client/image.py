@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable
 
 from ..files.directory import close_mapping
 from ..logbuffer import BlockHandler, FragmentHandler, Header, LogBuffers, read_term, scan_block

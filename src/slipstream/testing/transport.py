@@ -29,7 +29,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..client.assembler import FragmentAssembler
-from ..logbuffer import ADMIN_ACTION, ExclusiveAppender, Header, LogBuffers, compute_log_length, read_term
+from ..logbuffer import (
+    ADMIN_ACTION,
+    ExclusiveAppender,
+    Header,
+    LogBuffers,
+    PyExclusiveAppender,
+    compute_log_length,
+    read_term,
+)
 from ..protocol import (
     ImageCreated,
     NetworkPublicationSender,
@@ -417,7 +425,7 @@ class TransportPair:
         return self.publication.sender
 
     @property
-    def appender(self) -> ExclusiveAppender:
+    def appender(self) -> PyExclusiveAppender:
         """The publication's appender (its ``position`` is what was appended)."""
         return self.publication.appender
 

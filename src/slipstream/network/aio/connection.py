@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ...client import (
     ADMIN_ACTION,
@@ -45,9 +45,6 @@ from ..events import (
     SyncTimedOut,
 )
 
-if TYPE_CHECKING:
-    from .endpoint import Endpoint
-
 __all__ = ["Connection", "ConnectionListener", "ErrorListener", "Listeners", "MessageListener", "Ping"]
 
 log = logging.getLogger("slipstream.network")
@@ -58,6 +55,19 @@ MessageListener = Callable[["Connection", Any], "Awaitable[None] | None"]
 ErrorListener = Callable[["Connection | None", BaseException], "Awaitable[None] | None"]
 
 BACKLOG_LIMIT = 256
+
+
+class EndpointHooks(Protocol):
+    """What a connection asks of the server or client that owns it (``Endpoint``), named here so the
+    connection module does not import the endpoint module that imports it."""
+
+    def _kick(self) -> None: ...
+
+    def _dispatch_message(self, connection: Connection, message: object, sync_id: int) -> None: ...
+
+    def _report_error(self, connection: Connection | None, error: BaseException) -> None: ...
+
+    def _connection_closed(self, connection: Connection, event: Closed) -> None: ...
 """Sealed records waiting for the transport beyond which ``send`` waits and ``send_nowait`` refuses."""
 _SEAL_FLUSH = 8
 """Records sealed within one loop step after which ``send`` offers them at once."""
@@ -116,7 +126,7 @@ class Connection:
     def __init__(
         self,
         *,
-        endpoint: Endpoint,
+        endpoint: EndpointHooks,
         connection_id: int,
         machine: ConnectionMachine,
         publication: ExclusivePublication,
