@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..wire.address import SocketAddress
-from ..wire.uri import ChannelUri, parse_endpoint
+from ..wire.uri import ChannelUri, parse_endpoint, udp_channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class UdpEndpoint:
     @property
     def channel(self) -> str:
         """The channel URI that names this endpoint in counters, the loss report and the error log."""
-        return f"aeron:udp?endpoint={self.host_port}"
+        return udp_channel(self.host_port)
 
 
 def resolve(text: str, parameter: str = "endpoint") -> UdpEndpoint:

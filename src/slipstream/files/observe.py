@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from ..errors import DriverError
-from ..wire.uri import ChannelUri, ChannelUriError
+from ..wire.uri import ChannelUri, ChannelUriError, udp_channel
 from .cnc import STATE_CLOSED, STATE_RUNNING, STATE_STARTING, CncError, CncFile
 from .counters import (
     PUBLISHER_LIMIT_TYPE_ID,
@@ -302,7 +302,7 @@ def _channel_key(channel: str) -> str:
     if uri.is_ipc:
         return "aeron:ipc"
     endpoint = uri.endpoint
-    return f"aeron:udp?endpoint={endpoint}" if endpoint is not None else channel
+    return udp_channel(endpoint) if endpoint is not None else channel
 
 
 def _behind(ahead: int | None, behind: int | None) -> int | None:

@@ -40,6 +40,7 @@ __all__ = [
     "parse_duration_ns",
     "parse_endpoint",
     "parse_size",
+    "udp_channel",
 ]
 
 AERON_PREFIX: Final = "aeron:"
@@ -48,6 +49,12 @@ MEDIA_UDP: Final = "udp"
 MEDIA_IPC: Final = "ipc"
 
 Media = Literal["udp", "ipc"]
+
+
+def udp_channel(endpoint: str) -> str:
+    """``aeron:udp?endpoint=<host:port>``: the one spelling of a bare UDP channel, so labels in counters,
+    the loss report and observation compare equal wherever they are made."""
+    return f"{AERON_PREFIX}{MEDIA_UDP}?endpoint={endpoint}"
 ControlMode = Literal["dynamic", "manual", "response"]
 CongestionControl = Literal["static", "cubic"]
 ParamValue = str | int | bool
