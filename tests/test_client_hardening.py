@@ -96,6 +96,22 @@ def test_the_driver_answers_a_mistyped_command_with_an_error_and_keeps_the_clien
     sock.close()
 
 
+def test_the_driver_refuses_unsupported_channel_features_from_a_client_that_skips_the_check(driver) -> None:  # type: ignore[no-untyped-def]
+    sock = _raw_client(driver.directory)
+    decoder = cmd.driver_decoder()
+    welcome = _read(sock, decoder)
+    assert isinstance(welcome, cmd.Welcome)
+    for n, (channel, parameter) in enumerate(
+        [("aeron:ipc?term-lenght=64k", "term-length"), ("aeron:udp?endpoint=224.0.1.1:40456", "multicast")], 1
+    ):
+        correlation_id = (welcome.client_id << 32) | n
+        sock.sendall(cmd.encode(cmd.AddSubscription(correlation_id, channel, 5)))
+        answer = _read(sock, decoder)
+        assert isinstance(answer, cmd.ErrorResponse) and answer.correlation_id == correlation_id
+        assert answer.code == "UNSUPPORTED_CHANNEL" and parameter in answer.message
+    sock.close()
+
+
 def test_driver_loss_closes_subscriptions_and_wakes_awaiting_coroutines(driver_dir: Path) -> None:
     config = DriverConfig(directory=driver_dir, ipc_term_length=1 << 16)
     media_driver = MediaDriver(config).launch_embedded()

@@ -17,7 +17,7 @@ from ..files.directory import map_file
 from ..logbuffer import LogBuffers, compute_log_length
 from ..protocol.config import ReceiverConfig, SenderConfig
 from ..wire.positions import wrap_i32
-from ..wire.uri import ChannelUri, ChannelUriError
+from ..wire.uri import ChannelUri, ChannelUriError, UnsupportedChannelError, check_supported
 from .config import DriverConfig
 from .udp_channel import GSO_MAX_SEGMENTS, UdpEndpoint, open_socket, resolve
 
@@ -50,6 +50,10 @@ def parse_channel(channel: str, stream_id: int) -> ChannelUri:
         uri = ChannelUri.parse(channel)
     except ChannelUriError as exc:
         raise CommandRefused("INVALID_CHANNEL", str(exc)) from None
+    try:
+        check_supported(uri)  # the client API checks too; a client that bypasses it is refused the same way
+    except UnsupportedChannelError as exc:
+        raise CommandRefused("UNSUPPORTED_CHANNEL", f"{channel}: {exc}") from None
     if not -(1 << 31) <= stream_id < (1 << 31):
         raise CommandRefused("INVALID_CHANNEL", f"stream id {stream_id} is not a 32-bit integer")
     if uri.is_spy:
