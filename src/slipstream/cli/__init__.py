@@ -2,7 +2,8 @@
 
 Every command ends with a message and an exit status, never a traceback, for ordinary events:
 0 done, 1 the work failed, 2 bad arguments or an unusable driver/directory, 130 interrupted (Ctrl-C),
-141 output closed early (``slipstream stat | head``).
+141 output closed early (``slipstream stat | head``). The top floor: may import every package, and
+none imports it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Aeron-style client API: context, publications, subscriptions, images, assembler, idle strategies."""
+"""Aeron-style client API: context, publications, subscriptions, images, assembler, idle strategies.
+
+May import ``files``, ``logbuffer``, ``wire`` and ``slipstream.errors``; ``driver`` only to start an
+embedded driver (``Context(driver="embedded")``). ``telemetry``, ``echo``, ``network`` and above use it.
+"""
 
 from ..files.idle import (
     BackoffIdleStrategy,

@@ -4,6 +4,8 @@ Take 1 (:mod:`.take1`) is the guide's naive first version: the server publishes 
 client names, which a NAT router drops. Take 2 (:mod:`.take2`, "Echo 2.0") reaches clients behind
 NAT with dynamic multi-destination-cast and gives each client its own duologue, with limits, expiry
 and a one-time pad protecting the duologue's session id. :mod:`.messages` is the protocol without I/O.
+An application of the transport: may import ``telemetry``, ``client`` and the floors below, never its
+sibling ``network``; only ``cli`` imports it.
 """
 
 from . import messages, take1, take2

@@ -4,5 +4,6 @@ Needs the ``pipeline`` extra (pyspark, pyarrow, matplotlib) and Java 17. This pa
 imports nothing heavy, so ``slipstream pipeline --help`` works without them; the modules do:
 ``session`` (a configured SparkSession), ``source`` (``format("slipstream")``), ``jobs`` (the tables),
 ``report`` (HTML and plots), ``run`` (the command and the spark-submit entry point), ``demo``.
-Recordings are read only through :mod:`slipstream.telemetry`.
+Recordings are read only through :mod:`slipstream.telemetry`. May import ``network``, ``telemetry``
+and the floors below; only ``cli`` imports it.
 """

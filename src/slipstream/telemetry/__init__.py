@@ -4,7 +4,8 @@ capture, a driver-files sampler and a reader.
 A storage floor like a logging library: it knows nothing of connections or Spark. The network layer
 turns its own events into these records (``Recorder.record(handshake_rejected(...))``); the pipeline
 reads recordings only through :class:`Recording`. Importing this package does not import pyarrow:
-the recorder and the reader import it when they first touch a file.
+the recorder and the reader import it when they first touch a file. May import ``client`` and the
+floors below it; ``network``, ``pipeline`` and ``cli`` may import it.
 """
 
 from .capture import Decoder, DriverSampler, StreamCapture, msgspec_decoder
