@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo pipeline-demo test bench lint clean system-deps ext asan test-pure
+.PHONY: demo transport-demo test bench lint clean system-deps ext asan test-pure
 
 # One environment with the dev extras serves both `demo` and `test`, so `make test` after `make demo`
 # installs nothing more. The demo alone needs only the core dependencies: `pip install . && slipstream demo`.
@@ -14,12 +14,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,pipeline]'
 	touch $(STAMP)
 
+# The end-to-end tour: typed streams and a server with UDP and IPC clients, recorded; the Spark report
+# (its path is printed); the live abuse-list loop. About half a minute here; output in demo-output/.
 demo: $(STAMP) system-deps
-	$(VENV)/bin/slipstream demo
-
-# The recording + Spark half of the tour: a real IPC/UDP run recorded, the report, the live abuse-list loop.
-pipeline-demo: $(STAMP) system-deps
 	$(VENV)/bin/slipstream pipeline demo --output demo-output
+
+# The transport alone: two processes exchange messages over shared memory and print what they measured.
+transport-demo: $(STAMP)
+	$(VENV)/bin/slipstream demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

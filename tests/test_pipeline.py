@@ -75,9 +75,8 @@ def _record_driver_errors_and_loss(recording: Path, driver_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunSummary]:
-    """A real IPC + UDP run through an embedded driver, recorded; connection events synthesized
-    through the public recording API (the network layer is not there yet); and a second driver's
-    real errors and loss entries."""
+    """A real IPC + UDP run through an embedded driver, recorded; a real server recording its clients
+    (over UDP and IPC, some refused); and a second driver's real errors and loss entries."""
     recording = tmp_path_factory.mktemp("run") / "recording"
     summary = record_run(recording, messages=MESSAGES)
     driver_dir = Path("/dev/shm") / f"slipstream-test-errors-{os.getpid()}"
@@ -91,7 +90,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunSummary
 @pytest.fixture(scope="module")
 def report(spark: Any, recorded: tuple[Path, RunSummary], tmp_path_factory: pytest.TempPathFactory) -> ReportOutcome:
     out = tmp_path_factory.mktemp("report")
-    return generate_report(recorded[0], out, options=ReportOptions(abuse_threshold=5), show_progress=False)
+    return generate_report(recorded[0], out, options=ReportOptions(abuse_threshold=3), show_progress=False)
 
 
 def test_report_tables_agree_with_what_the_run_counted(
@@ -111,25 +110,29 @@ def test_report_tables_agree_with_what_the_run_counted(
     assert per_stream == {channel: [summary.messages[channel], summary.bytes[channel]] for channel in summary.messages}
     types = {row["message_type"]: row["messages"] for row in rows["message_types"]}
     assert types == {"Quote": 2 * MESSAGES * 9 // 10, "Chat": 2 * MESSAGES // 10}
-    # Refused handshakes and the abuse list (threshold 5).
-    by_host = {address.rpartition(":")[0]: count for address, count in summary.rejected.items()}
-    rejected = {row["address"]: row["rejections"] for row in rows["rejected_handshakes"]}
-    assert rejected == by_host  # counted per host: a refused peer comes back from other ports
-    assert [row["address"] for row in rows["abuse_list"]] == [a for a, n in sorted(
-        by_host.items(), key=lambda item: -item[1]) if n >= 5]  # fmt: skip
-    # Sessions: the synthesized stats (see demo.synthetic_connections), RTT percentiles exact.
-    sessions = rows["sessions"]
-    assert len(sessions) == summary.connections == 5
-    for i, session in enumerate(sessions):
-        assert session["connection_id"] == 100 + i
-        assert session["messages_sent"] == 500 * (i + 1) and session["bytes_received"] == 16000 * (i + 1)
-        assert session["duration_s"] == pytest.approx(1.1)
-        assert session["rtt_p50_ns"] == pytest.approx(45_000 + 1000 * i)
-        assert session["rtt_p95_ns"] == pytest.approx(54_000 + 1000 * i)
-        assert session["cause"] == "closed" and session["loss_rate"] == 0.0
+    # Refused handshakes as the server refused them, per host and reason, and the abuse list (threshold 3).
+    network = summary.network
+    reasons = {(row["address"], row["reason"]): row["rejections"] for row in rows["rejected_handshakes"]}
+    assert reasons == {(host, why): n for host, counts in network.rejected.items() for why, n in counts.items()}
+    assert reasons == {("127.0.0.1", "not_permitted"): 3, ("ipc", "not_permitted"): 1}
+    assert [(row["address"], row["rejections"]) for row in rows["abuse_list"]] == [("127.0.0.1", 3)]
+    assert network.client_refusals == {"registration_mismatch": 1}  # the client's side: not in these tables
+    # Sessions: one per accepted client, the server's counters against what each client sent.
+    sessions = {row["connection_id"]: row for row in rows["sessions"]}
+    assert set(sessions) == set(network.sessions) and len(sessions) == summary.connections == 4
+    assert sorted(s["transport"] for s in sessions.values()) == ["ipc", "ipc", "udp", "udp"]
+    for connection_id, counted in network.sessions.items():
+        session = sessions[connection_id]
+        assert session["tag"] == counted["tag"] and session["transport"] == counted["transport"]
+        assert session["messages_received"] == counted["sent"] == counted["received"] == 501
+        assert session["bytes_received"] == counted["bytes_sent"]  # every record, the CLOSE one included
+        assert session["messages_sent"] == 0 and session["cause"] == "peer_closed"
+        assert session["duration_s"] > 0 and session["throughput_bytes_per_s"] > 0
+        assert 0 < session["rtt_p50_ns"] <= session["rtt_p95_ns"] <= session["rtt_p99_ns"] < 5e9
+        assert session["loss_rate"] == 0.0
     counters = {row["label"]: row["value"] for row in rows["driver_counters"]}
     assert any(label.startswith("sub-pos") for label in counters)
-    assert len({row["driver"] for row in rows["driver_counters"]}) == 2
+    assert len({row["driver"] for row in rows["driver_counters"]}) == 3  # streams, network, errors
     # The second driver's real errors and its loss report, as the test caused them.
     errors = {row["text"]: row["observation_count"] for row in rows["errors"]}
     refused = [n for text, n in errors.items() if text.startswith(f"RESOURCE: aeron:udp?endpoint={UNBINDABLE}")]
@@ -247,7 +250,8 @@ def test_sink_publishes_each_row_exactly_once_onto_a_real_subscription(
 
 
 def test_abuse_list_loop_refuses_a_new_offender(spark: Any, recorded: tuple[Path, RunSummary], tmp_path: Path) -> None:
-    """The shipped example: the streaming query publishes the abuse list, a subscriber refuses listed addresses."""
+    """The shipped example: the streaming query publishes the abuse list from the recording, a running
+    server's filter consults it, and a regular client from a listed host is refused."""
     recording = tmp_path / "recording"
     shutil.copytree(recorded[0], recording)
     assert abuse_loop(tmp_path, recording, master=None, threshold=5, timeout_s=90)
@@ -359,7 +363,7 @@ def test_standalone_cluster_under_spark_submit_gives_the_same_tables(
     proc = subprocess.run(
         [str(spark_submit), "--master", standalone_cluster, "--conf", "spark.ui.enabled=false",
          "--conf", "spark.executor.memory=512m", "--conf", f"spark.executorEnv.PYTHONPATH={ROOT / 'src'}",
-         SUBMIT_SCRIPT, "--input", str(recorded[0]), "--output", str(out)],
+         SUBMIT_SCRIPT, "--input", str(recorded[0]), "--output", str(out), "--abuse-threshold", "3"],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ..telemetry.config import RecordingConfig
 from .errors import NetworkError
 
 __all__ = [
@@ -105,6 +106,9 @@ class _EndpointConfig:
     """``auto`` attaches to a running driver or embeds one; ``embedded``; ``external``; ``invoker``:
     an embedded driver run by the endpoint's own asyncio loop (no driver thread competing for the
     GIL: the lowest UDP latency)."""
+    recording: RecordingConfig | None = None
+    """Record handshakes, connections and per-connection statistics (and the driver's counters) as
+    Parquet telemetry for ``slipstream pipeline report``; None (the default) records nothing."""
 
     def __post_init__(self) -> None:
         _check_type("app_id", self.app_id, str)
@@ -133,6 +137,8 @@ class _EndpointConfig:
             _check_type("driver_directory", self.driver_directory, (str, os.PathLike))
         if self.driver not in ("auto", "embedded", "external", "invoker"):
             raise ConfigError(f"driver must be 'auto', 'embedded', 'external' or 'invoker': {self.driver!r}")
+        if self.recording is not None:
+            _check_type("recording", self.recording, RecordingConfig)
 
     def store_path(self, role: str) -> str:
         """The settings store to open: the configured one, or the per-user default for ``role``."""

@@ -91,6 +91,10 @@ class ConnectionStats:
     messages_received: int = 0
     records_sent: int = 0
     records_received: int = 0
+    bytes_sent: int = 0
+    """Bytes of the records handed out to send (sealed: what the transport carries)."""
+    bytes_received: int = 0
+    """Bytes of the records received and accepted."""
     records_dropped: int = 0
     decode_errors: int = 0
     frame_errors: int = 0
@@ -280,7 +284,9 @@ class ConnectionMachine:
         sealed, self._sealed = self._sealed, []
         if sealed:
             self._last_sent_ns = now_ns
-            self.stats.records_sent += len(sealed)
+            stats = self.stats
+            stats.records_sent += len(sealed)
+            stats.bytes_sent += sum(map(len, sealed))
         return sealed
 
     # -- receiving --------------------------------------------------------------------------------
@@ -300,6 +306,7 @@ class ConnectionMachine:
             self.stats.frame_errors += 1
             return
         self.stats.records_received += 1
+        self.stats.bytes_received += len(record)
         self._last_received_ns = now_ns
         events = self._events
         stats = self.stats

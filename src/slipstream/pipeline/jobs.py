@@ -64,6 +64,13 @@ def _pct(column: str, q: float) -> Column:
 # -- the tables -----------------------------------------------------------------------------------------
 
 
+def server_side(frame: DataFrame) -> DataFrame:
+    """The rows servers recorded. Both ends of a connection record it under the same id, and a client
+    records its own refusals, so the report takes the servers' view; clients' rows stay in the
+    recording for other questions. (``connection_stats`` before version 2 had no side: a server's.)"""
+    return frame.where(F.coalesce(F.col("side"), F.lit("server")) == "server")
+
+
 def sessions(events: DataFrame, stats: DataFrame) -> DataFrame:
     """Per connection: when and how long, messages and bytes each way, throughput, RTT percentiles, loss."""
     opened = events.where(F.col("connection_id").isNotNull()).groupBy("connection_id").agg(
@@ -314,9 +321,9 @@ def build_tables(
     for kind in RECORDED_KINDS:
         result.input_rows[kind] = sum(segment.rows for segment in recording.segments(kind))
     frames = {kind: load(spark, input_dir, kind, _COLUMNS.get(kind)) for kind in RECORDED_KINDS}
-    events = frames["connection_events"]
+    events = server_side(frames["connection_events"])
     jobs: dict[str, Callable[[], DataFrame]] = {
-        "sessions": lambda: sessions(events, frames["connection_stats"]),
+        "sessions": lambda: sessions(events, server_side(frames["connection_stats"])),
         "rejected_handshakes": lambda: rejected_handshakes(events),
         "abuse_list": lambda: abuse_list(events, options.abuse_threshold),
         "stream_throughput": lambda: stream_throughput(frames["captured"], options.bucket_s),

@@ -15,14 +15,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..telemetry.abuse import ABUSE_LIST_TYPE
-from .jobs import host
+from .jobs import host, server_side
 
 
 def abuse_list_stream(spark: SparkSession, recording: str | Path, threshold: int) -> DataFrame:
     """The streaming abuse list: address (a host), rejections, reasons (hosts at or over ``threshold``)."""
     events = spark.readStream.format("slipstream").option("kind", "connection_events").load(str(recording))
     return (
-        events.where(F.col("event") == "handshake_rejected")
+        server_side(events)
+        .where(F.col("event") == "handshake_rejected")
         .groupBy(host(F.col("address")).alias("address"))
         .agg(
             F.count(F.lit(1)).alias("rejections"),

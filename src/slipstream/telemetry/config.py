@@ -8,9 +8,11 @@ statistics through it (``recorder.record(handshake_rejected(...))``, ``Connectio
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .capture import DriverSampler
 from .errors import RecordError
 from .recorder import Recorder, RecorderConfig, default_writer_id
 
@@ -42,3 +44,55 @@ class RecordingConfig:
         if self.directory is None:
             return None
         return Recorder(self.directory, writer_id=default_writer_id(role), config=self.recorder)
+
+    def acquire(self, driver_directory: str | Path | None = None) -> Recorder | None:
+        """The recorder this process shares for ``directory`` (None when recording is off).
+
+        A directory holds one writer per live recorder, so every server and client of a process that
+        records into the same place shares one (writer ``net-<host>-<pid>``), closed when the last one
+        calls :meth:`release`. With ``driver_counters``, the driver at ``driver_directory`` is sampled
+        once per recorder, however many endpoints use it.
+        """
+        if self.directory is None:
+            return None
+        key = str(Path(self.directory).resolve())
+        with _shared_lock:
+            shared = _shared.get(key)
+            if shared is None:
+                recorder = Recorder(self.directory, writer_id=default_writer_id("net"), config=self.recorder)
+                shared = _shared[key] = _Shared(recorder)
+            shared.users += 1
+            if self.driver_counters and driver_directory is not None:
+                driver_key = str(Path(driver_directory).resolve())
+                if driver_key not in shared.samplers:
+                    sampler = DriverSampler(shared.recorder, driver_directory, interval_s=self.stats_interval_s)
+                    shared.samplers[driver_key] = sampler.start()
+            return shared.recorder
+
+
+def release(recorder: Recorder) -> None:
+    """Give back a recorder from :meth:`RecordingConfig.acquire`; the last user closes it."""
+    with _shared_lock:
+        for key, shared in list(_shared.items()):
+            if shared.recorder is recorder:
+                shared.users -= 1
+                if shared.users > 0:
+                    return
+                del _shared[key]
+                break
+        else:
+            return
+    for sampler in shared.samplers.values():
+        sampler.stop()
+    recorder.close()
+
+
+@dataclass
+class _Shared:
+    recorder: Recorder
+    users: int = 0
+    samplers: dict[str, DriverSampler] = field(default_factory=dict)
+
+
+_shared: dict[str, _Shared] = {}
+_shared_lock = threading.Lock()

@@ -204,11 +204,13 @@ class ConnectionStats(Record):
     """Periodic per-connection statistics; counters are cumulative since the connection began.
 
     ``rtt_ns`` is the latest round-trip sample (null when none was measured in the period); the report
-    computes percentiles over the samples of a connection.
+    computes percentiles over the samples of a connection. ``side`` is who recorded it (``server`` or
+    ``client``): both ends of one connection share its id, so a reader picks one side (version 1 had
+    no such column; it reads as null, meaning ``server``).
     """
 
     KIND: ClassVar[str] = "connection_stats"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     timestamp_ns: int
     connection_id: int
@@ -224,6 +226,7 @@ class ConnectionStats(Record):
     retransmits: int = 0
     bytes_lost: int = 0
     back_pressure_events: int = 0
+    side: str = "server"
 
 
 @dataclass(frozen=True, slots=True)

@@ -229,6 +229,8 @@ class Client(Endpoint):
                     if isinstance(event, HandshakeCompleted):
                         result = event
                     elif isinstance(event, Rejected):
+                        if self._recording is not None:
+                            self._recording.rejected(host, event.reason, config.tag)
                         raise rejection_error(event, f"server at {where}")
                     elif isinstance(event, HandshakeTimedOut):
                         raise ConnectTimeout(f"no handshake with the server at {where} within {event.waited_s:.1f} s")
@@ -343,6 +345,10 @@ class Client(Endpoint):
             return 0
         return connection._poll(now_ns)
 
+    def _live_connections(self) -> list[Connection]:
+        connection = self.connection
+        return [] if connection is None else [connection]
+
     def _release_connection(self, connection: Connection) -> None:
         if self.connection is connection:
             self.connection = None
@@ -365,6 +371,7 @@ class Client(Endpoint):
             connection._process_events()
         await self._wait_closings()
         await self._stop_poller()
+        self._stop_recording()
         self._release_context()
         self.store.close()
 

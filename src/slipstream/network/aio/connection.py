@@ -55,6 +55,7 @@ MessageListener = Callable[["Connection", Any], "Awaitable[None] | None"]
 ErrorListener = Callable[["Connection | None", BaseException], "Awaitable[None] | None"]
 
 BACKLOG_LIMIT = 256
+"""Sealed records waiting for the transport beyond which ``send`` waits and ``send_nowait`` refuses."""
 
 
 class EndpointHooks(Protocol):
@@ -68,7 +69,10 @@ class EndpointHooks(Protocol):
     def _report_error(self, connection: Connection | None, error: BaseException) -> None: ...
 
     def _connection_closed(self, connection: Connection, event: Closed) -> None: ...
-"""Sealed records waiting for the transport beyond which ``send`` waits and ``send_nowait`` refuses."""
+
+    def _round_trip(self, connection: Connection, round_trip_ns: int) -> None: ...
+
+
 _SEAL_FLUSH = 8
 """Records sealed within one loop step after which ``send`` offers them at once."""
 
@@ -149,6 +153,8 @@ class Connection:
         self.send_timeout = send_timeout
         self.last_refusal: str | None = None
         """Why the last ``send_nowait`` returned False."""
+        self.back_pressure_events = 0
+        """Times the transport refused a record for now (it waited in the backlog)."""
         self._endpoint = endpoint
         self._machine = machine
         self._publication = publication
@@ -188,6 +194,9 @@ class Connection:
             "messages_received": machine.messages_received,
             "records_sent": machine.records_sent,
             "records_received": machine.records_received,
+            "bytes_sent": machine.bytes_sent,
+            "bytes_received": machine.bytes_received,
+            "back_pressure_events": self.back_pressure_events,
             "records_dropped": machine.records_dropped,
             "decode_errors": machine.decode_errors,
             "rejected_malformed": int(getattr(records, "rejected_malformed", 0)),
@@ -314,6 +323,8 @@ class Connection:
                 continue
             if result in (CLOSED, MAX_POSITION_EXCEEDED):
                 backlog.clear()
+            else:
+                self.back_pressure_events += 1
             break
         if len(backlog) < BACKLOG_LIMIT and not self._room.is_set():
             self._room.set()
@@ -353,6 +364,7 @@ class Connection:
                 ping = self._pings.pop(event.ping_id, None)
                 if ping is not None and not ping.done():
                     ping.set_result(Ping(event.round_trip_ns / 1e9, event.outbound_ns / 1e9, event.inbound_ns / 1e9))
+                endpoint._round_trip(self, event.round_trip_ns)
             elif isinstance(event, SyncTimedOut):
                 future = self._syncs.pop(event.sync_id, None)
                 if future is not None and not future.done():

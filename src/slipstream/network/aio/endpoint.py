@@ -7,7 +7,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 from ...client import Context, DriverError
@@ -17,6 +17,7 @@ from ..events import Closed
 from ..serialization import Serialization
 from ..store import SettingsStore
 from .connection import Connection, Listeners, is_coroutine_result
+from .recording import EndpointRecording
 from .transport import IdleBackoff, acquire_context, release_context
 
 __all__ = ["CLOSE_GRACE_S", "Endpoint", "PollGroup"]
@@ -49,6 +50,8 @@ class Endpoint:
         self._group: PollGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._recording: EndpointRecording | None = None
+        """Set while recording (``config.recording``): from the first bind or connect until ``close``."""
 
     # -- listener decorators ----------------------------------------------------------------------
 
@@ -164,6 +167,8 @@ class Endpoint:
 
     def _connection_up(self, connection: Connection) -> None:
         """Run ``on_init`` then ``on_connect``."""
+        if self._recording is not None:
+            self._recording.connected(connection)
         self._fire(self.listeners.init, connection)
         if not connection.is_closed:
             self._fire(self.listeners.connect, connection)
@@ -173,6 +178,8 @@ class Endpoint:
         if connection._disconnected:
             return
         connection._disconnected = True
+        if self._recording is not None:
+            self._recording.disconnected(connection, event)
         connection._fail_waiters()
         self._release_connection(connection)
         self._fire(connection._listeners.disconnect, connection)
@@ -181,6 +188,21 @@ class Endpoint:
 
     def _release_connection(self, connection: Connection) -> None:
         raise NotImplementedError
+
+    def _round_trip(self, connection: Connection, round_trip_ns: int) -> None:
+        """A ping of ``connection`` completed (recorded as an RTT sample when recording)."""
+        if self._recording is not None:
+            self._recording.round_trip(connection, round_trip_ns)
+
+    def _live_connections(self) -> Iterable[Connection]:
+        """The connections that are up (read by the recording's sampler thread: a copied list)."""
+        raise NotImplementedError
+
+    def _stop_recording(self) -> None:
+        """Final statistics, then the recorder goes back (``close`` calls this before the driver goes)."""
+        if self._recording is not None:
+            recording, self._recording = self._recording, None
+            recording.close()
 
     def _close_streams_later(self, connection: Connection, then: Callable[[], None] | None = None) -> None:
         """Close a finished connection's streams once its last records (the CLOSE frame) were
@@ -215,6 +237,11 @@ class Endpoint:
     def _acquire_context(self) -> Context:
         if self._context is None:
             self._context = acquire_context(self.config.driver_directory, self.config.driver)
+        recording = self.config.recording
+        if self._recording is None and recording is not None and recording.enabled:
+            self._recording = EndpointRecording(
+                recording, self._role, self._context.directory, self._live_connections
+            )
         return self._context
 
     def _release_context(self) -> None:

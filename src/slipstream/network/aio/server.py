@@ -279,10 +279,14 @@ class Server(Endpoint):
                 work += 1
         for event in machine.take_events():
             if isinstance(event, ClientAccepted):
+                if self._recording is not None:
+                    self._recording.accepted(event.connection_id, event.address, event.port, event.tag)
                 self._accept(link, event, now_ns)
             elif isinstance(event, Rejected):
                 self.rejected.append(event)
                 del self.rejected[:-100]
+                if self._recording is not None:
+                    self._recording.rejected(event.address, event.reason)
                 log.info("rejected %s: %s", event.address or "IPC", event.message)
         return work
 
@@ -413,6 +417,9 @@ class Server(Endpoint):
         )
         return connection
 
+    def _live_connections(self) -> list[Connection]:
+        return list(self._connections.values())
+
     def _release_connection(self, connection: Connection) -> None:
         self._connections.pop(connection.id, None)
         link = self._owner.get(connection.id)
@@ -480,5 +487,6 @@ class Server(Endpoint):
             for connection_id in list(link.machine.connections):
                 link.machine.release(connection_id)
         self._owner.clear()
+        self._stop_recording()
         self._release_context()
         self.store.close()

@@ -1,0 +1,145 @@
+"""What a recording server or client writes: its handshakes, connections and their statistics.
+
+A server or client with ``config.recording`` set holds one :class:`EndpointRecording`. It turns the
+endpoint's events into telemetry records (``handshake_accepted`` / ``handshake_rejected`` with the
+reason, ``connected``, ``disconnected`` with the cause) and samples each live connection's counters
+every ``stats_interval_s`` on the telemetry floor's sampler thread, plus a final row when a
+connection ends and one per completed ping (each an RTT sample for the report's percentiles). The
+recorder itself is shared by every endpoint of the process recording into the same directory.
+Recording is off the receive path: a record is a tuple appended under a lock; files are written by
+the recorder's own thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ...telemetry import (
+    ConnectionStats,
+    Record,
+    StatsSampler,
+    connected,
+    disconnected,
+    handshake_accepted,
+    handshake_rejected,
+)
+from ...telemetry.config import RecordingConfig, release
+from ..admission import RejectReason
+from ..events import Closed
+from .connection import Connection
+from .transport import host_port
+
+__all__ = ["EndpointRecording", "address_of", "cause_of", "reason_name"]
+
+
+def address_of(address: str | None, port: int | None) -> str:
+    """A peer as the recording names it: ``host:port`` (``[v6]:port``), the bare host, or ``ipc``."""
+    if address is None:
+        return "ipc"
+    return address if port is None else host_port(address, port)
+
+
+def reason_name(reason: int) -> str:
+    """A wire reject code as a report label (``not_permitted``, ``server_full`` ...)."""
+    try:
+        return RejectReason(reason).name.lower()
+    except ValueError:
+        return f"code_{reason}"
+
+
+def cause_of(event: Closed) -> str:
+    """Why a connection ended, as the ``disconnected`` record's cause."""
+    if event.expired:
+        return "timeout"
+    return "peer_closed" if event.by_peer else "closed"
+
+
+class EndpointRecording:
+    """One endpoint's side of recording: ``side`` is ``server`` or ``client``."""
+
+    def __init__(
+        self,
+        config: RecordingConfig,
+        side: str,
+        driver_directory: str | Path | None,
+        connections: Callable[[], Iterable[Connection]],
+    ) -> None:
+        recorder = config.acquire(driver_directory)
+        assert recorder is not None, "EndpointRecording needs an enabled RecordingConfig"
+        self.recorder = recorder
+        self.side = side
+        self._connections = connections
+        self._sampler = StatsSampler(recorder, self._collect, interval_s=config.stats_interval_s).start()
+
+    def _record(self, record: Record) -> None:
+        self.recorder.record(record)
+
+    def accepted(self, connection_id: int, address: str | None, port: int | None, tag: str) -> None:
+        """The server accepted a handshake (the connection's streams are being set up)."""
+        self._record(
+            handshake_accepted(
+                time.time_ns(), connection_id=connection_id, address=address_of(address, port), tag=tag,
+                side=self.side, transport="ipc" if address is None else "udp",
+            )
+        )  # fmt: skip
+
+    def rejected(self, address: str | None, reason: int, tag: str = "") -> None:
+        """A handshake refused, by this server or (on a client) by the server it asked."""
+        self._record(
+            handshake_rejected(
+                time.time_ns(), address=address_of(address, None), reason=reason_name(reason), tag=tag,
+                side=self.side, transport="ipc" if address is None else "udp",
+            )
+        )  # fmt: skip
+
+    def connected(self, connection: Connection) -> None:
+        """The connection is up on this side."""
+        self._record(
+            connected(
+                time.time_ns(), connection_id=connection.id, tag=connection.tag, side=self.side,
+                address=address_of(connection.remote_address, connection.remote_port),
+                transport="ipc" if connection.is_ipc else "udp",
+            )
+        )  # fmt: skip
+
+    def disconnected(self, connection: Connection, event: Closed) -> None:
+        """The connection ended: its final counters, then the event."""
+        now = time.time_ns()
+        self._record(self._stats(connection, now))
+        self._record(
+            disconnected(
+                now, connection_id=connection.id, cause=cause_of(event), tag=connection.tag, side=self.side,
+                address=address_of(connection.remote_address, connection.remote_port),
+                transport="ipc" if connection.is_ipc else "udp",
+            )
+        )  # fmt: skip
+
+    def round_trip(self, connection: Connection, round_trip_ns: int) -> None:
+        """A ping completed: one RTT sample (with the counters as they are now)."""
+        self._record(self._stats(connection, time.time_ns(), round_trip_ns))
+
+    def _stats(self, connection: Connection, now_ns: int, rtt_ns: int | None = None) -> ConnectionStats:
+        stats = connection._machine.stats
+        return ConnectionStats(
+            now_ns,
+            connection.id,
+            address_of(connection.remote_address, connection.remote_port),
+            connection.tag,
+            stats.messages_sent,
+            stats.messages_received,
+            stats.bytes_sent,
+            stats.bytes_received,
+            rtt_ns=rtt_ns,
+            back_pressure_events=connection.back_pressure_events,
+            side=self.side,
+        )
+
+    def _collect(self, now_ns: int) -> list[Record]:
+        return [self._stats(c, now_ns) for c in list(self._connections()) if not c.is_closed]
+
+    def close(self) -> None:
+        """A last sample, then give the recorder back (the last user closes it)."""
+        self._sampler.stop()
+        release(self.recorder)

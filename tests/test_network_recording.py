@@ -1,0 +1,104 @@
+"""Servers and clients with ``recording`` on: what each side writes, read back from the Parquet segments."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyarrow")
+
+from slipstream.network import Client, Connection, ConnectionNotPermitted, Server
+from slipstream.network.config import ConfigTypeError, ServerConfig
+from slipstream.telemetry import RecorderConfig, Recording, RecordingConfig, read_segment
+from tests.test_network_aio import Quote, client_config, free_ports, run, server_config, wait_for
+
+
+def rows(root: Path, kind: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for segment in Recording(root).segments(kind):
+        found.extend(read_segment(segment).to_pylist())
+    return sorted(found, key=lambda row: row["timestamp_ns"])
+
+
+def test_server_and_client_record_their_side_of_each_connection(driver_dir: Path, tmp_path: Path) -> None:
+    recording = RecordingConfig(
+        directory=tmp_path / "rec", recorder=RecorderConfig(flush_interval_s=0.1), stats_interval_s=0.05
+    )
+    sent = 40
+
+    async def main() -> dict[str, int]:
+        port = free_ports(50)
+        config = server_config(driver_dir, recording=recording, filter=lambda address, tag: tag != "intruder")
+        async with Server(config) as server:
+            received: list[Quote] = []
+            server.on_message(Quote)(lambda connection, quote: received.append(quote))
+            await server.bind(port)
+            async with Client(client_config(driver_dir, tag="alice", recording=recording)) as client:
+                connection = await client.connect("127.0.0.1", port, timeout=10)
+                for i in range(sent):
+                    await connection.send(Quote(i, 1.5, "SLIP"))
+                await connection.ping(timeout=5)
+                await wait_for(lambda: len(received) == sent)
+                await asyncio.sleep(0.2)  # a few periodic samples while the connection is up
+            client_stats = connection.stats
+            await wait_for(lambda: not server.connections)
+            with pytest.raises(ConnectionNotPermitted):
+                async with Client(client_config(driver_dir, tag="intruder", recording=recording)) as intruder:
+                    await intruder.connect("127.0.0.1", port, timeout=10)
+        return client_stats
+
+    client_stats = run(main())
+    root = tmp_path / "rec"
+    assert [w.startswith("net-") for w in Recording(root).writers()] == [True]  # one shared writer, closed
+    events = rows(root, "connection_events")
+    seen = [(e["side"], e["event"], e["tag"], e["reason"] or e["cause"]) for e in events]
+    # Both sides' "connected" race each other; everything else happens in this order.
+    assert seen[0] == ("server", "handshake_accepted", "alice", None)
+    assert set(seen[1:3]) == {("server", "connected", "alice", None), ("client", "connected", "alice", None)}
+    assert seen[3:] == [
+        ("client", "disconnected", "alice", "closed"),
+        ("server", "disconnected", "alice", "peer_closed"),
+        ("server", "handshake_rejected", "", "not_permitted"),
+        ("client", "handshake_rejected", "intruder", "not_permitted"),
+    ]
+    accepted = events[0]
+    assert accepted["transport"] == "udp" and accepted["address"].startswith("127.0.0.1:")
+    connection_id = accepted["connection_id"]
+    assert {e["connection_id"] for e in events if e["event"] != "handshake_rejected"} == {connection_id}
+    refused = [e for e in events if e["event"] == "handshake_rejected"]
+    assert {e["address"] for e in refused} == {"127.0.0.1"} and {e["connection_id"] for e in refused} == {None}
+
+    stats = rows(root, "connection_stats")
+    server_rows = [s for s in stats if s["side"] == "server"]
+    client_rows = [s for s in stats if s["side"] == "client"]
+    assert len(server_rows) >= 3 and len(client_rows) >= 3  # periodic samples plus the final one
+    final_server, final_client = server_rows[-1], client_rows[-1]
+    assert final_server["messages_received"] == sent and final_client["messages_sent"] == sent
+    assert final_client["bytes_sent"] == client_stats["bytes_sent"] == final_server["bytes_received"]
+    assert [s["rtt_ns"] for s in client_rows if s["rtt_ns"] is not None] != []  # the client's ping
+    assert all(s["rtt_ns"] is None for s in server_rows)  # the server pinged no one
+    for side in (server_rows, client_rows):  # counters are cumulative
+        assert [s["messages_received"] + s["messages_sent"] for s in side] == sorted(
+            s["messages_received"] + s["messages_sent"] for s in side
+        )
+    assert rows(root, "driver_counters")  # the driver they share, sampled once per interval
+
+
+def test_recording_off_by_default_and_checked(driver_dir: Path, tmp_path: Path) -> None:
+    assert ServerConfig(app_id="a").recording is None
+    with pytest.raises(ConfigTypeError, match="recording"):
+        ServerConfig(app_id="a", recording=str(tmp_path))  # type: ignore[arg-type]
+
+    async def main() -> None:
+        port = free_ports(50)
+        async with Server(server_config(driver_dir)) as server:
+            await server.bind(port)
+            async with Client(client_config(driver_dir)) as client:
+                connection: Connection = await client.connect("127.0.0.1", port, timeout=10)
+                await connection.ping(timeout=5)
+                assert server._recording is None and client._recording is None
+
+    run(main())
