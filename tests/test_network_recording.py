@@ -13,7 +13,7 @@ pytest.importorskip("pyarrow")
 from slipstream.network import Client, Connection, ConnectionNotPermitted, Server
 from slipstream.network.config import ConfigTypeError, ServerConfig
 from slipstream.telemetry import RecorderConfig, Recording, RecordingConfig, read_segment
-from tests.test_network_aio import Quote, client_config, free_ports, run, server_config, wait_for
+from tests.test_network_aio import Base, Derived, Quote, client_config, free_ports, run, server_config, wait_for
 
 
 def rows(root: Path, kind: str) -> list[dict[str, Any]]:
@@ -102,3 +102,37 @@ def test_recording_off_by_default_and_checked(driver_dir: Path, tmp_path: Path) 
                 assert server._recording is None and client._recording is None
 
     run(main())
+
+
+def test_captured_messages_come_out_with_their_fields_as_typed_columns(driver_dir: Path, tmp_path: Path) -> None:
+    recording = RecordingConfig(directory=tmp_path / "rec", capture_messages=True)
+    sent = [Quote(i, i / 2, f"S{i}") for i in range(30)] + [Derived(7, "seven"), Base(3)]
+
+    async def main() -> dict[str, Any]:
+        port = free_ports(50)
+        async with Server(server_config(driver_dir, recording=recording)) as server:
+            got: list[object] = []
+            for kind in (Quote, Base):
+                server.on_message(kind)(lambda connection, message: got.append(message))
+            await server.bind(port)
+            async with Client(client_config(driver_dir)) as client:  # the client records nothing
+                connection = await client.connect("127.0.0.1", port, timeout=10)
+                for message in sent:
+                    await connection.send(message)
+                await wait_for(lambda: len(got) == len(sent))
+                (server_side,) = server.connections
+                return {"channel": server_side._subscription.channel, "stream": server_side._subscription.stream_id}
+
+    where = run(main())
+    root = tmp_path / "rec"
+    captured = rows(root, "captured")
+    assert [row["message_type"] for row in captured] == [type(m).__name__ for m in sent]
+    assert {(row["channel"], row["stream_id"]) for row in captured} == {(where["channel"], where["stream"])}
+    assert all(row["size"] == len(row["payload"]) > 0 for row in captured)
+    positions = [row["position"] for row in captured]
+    assert positions == sorted(positions) and positions[0] > 0  # the records' stream positions
+    quotes = rows(root, "typed.Quote")
+    assert [(q["id"], q["price"], q["symbol"]) for q in quotes] == [(m.id, m.price, m.symbol) for m in sent[:30]]
+    (derived,) = rows(root, "typed.Derived")
+    assert (derived["n"], derived["label"]) == (7, "seven")
+    assert [b["n"] for b in rows(root, "typed.Base")] == [3]

@@ -107,9 +107,14 @@ def test_report_tables_agree_with_what_the_run_counted(
         counts = per_stream.setdefault(row["channel"], [0, 0])
         counts[0] += row["messages"]
         counts[1] += row["bytes"]
-    assert per_stream == {channel: [summary.messages[channel], summary.bytes[channel]] for channel in summary.messages}
+    streams = {channel: per_stream.pop(channel) for channel in summary.messages}
+    assert streams == {channel: [summary.messages[channel], summary.bytes[channel]] for channel in summary.messages}
+    # What is left: the messages the recorded server captured on its connections' streams.
+    network_types = summary.network.types
+    assert sum(messages for messages, _ in per_stream.values()) == sum(network_types.values()) == 4 * 501
     types = {row["message_type"]: row["messages"] for row in rows["message_types"]}
-    assert types == {"Quote": 2 * MESSAGES * 9 // 10, "Chat": 2 * MESSAGES // 10}
+    assert types == {"Quote": 2 * MESSAGES * 9 // 10 + network_types["Quote"],
+                     "Chat": 2 * MESSAGES // 10 + network_types["Chat"]}  # fmt: skip
     # Refused handshakes as the server refused them, per host and reason, and the abuse list (threshold 3).
     network = summary.network
     reasons = {(row["address"], row["reason"]): row["rejections"] for row in rows["rejected_handshakes"]}
@@ -140,7 +145,7 @@ def test_report_tables_agree_with_what_the_run_counted(
     assert sum(n for text, n in errors.items() if text.startswith("invalid datagrams dropped")) == GARBAGE_DATAGRAMS
     (loss,) = rows["loss"]
     assert (loss["observation_count"], loss["total_bytes_lost"], loss["session_id"]) == (2, 96, 77)
-    assert report.tables.input_rows["captured"] == 2 * MESSAGES
+    assert report.tables.input_rows["captured"] == 2 * MESSAGES + 4 * 501
 
 
 def test_batch_source_reads_typed_columns_in_any_partitioning(spark: Any, recorded: tuple[Path, RunSummary]) -> None:
@@ -149,11 +154,13 @@ def test_batch_source_reads_typed_columns_in_any_partitioning(spark: Any, record
     quotes = reader.load(str(recording))
     types = dict(quotes.dtypes)
     assert types["bid"] == "double" and types["sequence"] == "bigint" and types["symbol"] == "string"
-    assert quotes.count() == 2 * MESSAGES * 9 // 10
+    network_quotes = recorded[1].network.types["Quote"]  # captured by the recorded server
+    assert quotes.count() == 2 * MESSAGES * 9 // 10 + network_quotes
     small = reader.option("rowsPerPartition", "500").load(str(recording))
     assert small.rdd.getNumPartitions() >= 2 * MESSAGES * 9 // 10 // 500
+    per_client = [i for i in range(501) if i % 10 != 9]
     assert sorted(r.sequence for r in small.select("sequence").collect()) == sorted(
-        2 * [i for i in range(MESSAGES) if i % 10 != 9]
+        2 * [i for i in range(MESSAGES) if i % 10 != 9] + 4 * per_client
     )
 
 

@@ -52,6 +52,8 @@ class NetworkSummary:
     server's listeners got, and the record bytes the client handed to the transport."""
     rejected: dict[str, dict[str, int]] = field(default_factory=dict)
     """Handshakes the server refused: host (``ipc`` for IPC) -> reason -> attempts."""
+    types: dict[str, int] = field(default_factory=dict)
+    """Messages the clients sent, by type name (the server captures each with its fields as columns)."""
     client_refusals: dict[str, int] = field(default_factory=dict)
     """Handshakes a client abandoned itself (its message types differ), by reason."""
 
@@ -73,12 +75,13 @@ def free_port_pair(host: str = "127.0.0.1") -> int:
     raise RuntimeError("no free pair of UDP ports on this host")
 
 
-def recording_config(directory: Path, *, stats_interval_s: float = 0.25) -> RecordingConfig:
+def recording_config(directory: Path, *, capture_messages: bool = False) -> RecordingConfig:
     """Recording as the tour sets it: short flushes and segments, so readers see the run at once."""
     return RecordingConfig(
         directory=directory,
         recorder=RecorderConfig(flush_interval_s=0.2, segment_max_age_s=0.5),
-        stats_interval_s=stats_interval_s,
+        stats_interval_s=0.25,
+        capture_messages=capture_messages,
     )
 
 
@@ -157,11 +160,12 @@ async def _record_connections(
     say: Callable[[str], object],
 ) -> NetworkSummary:
     summary = NetworkSummary()
-    record = recording_config(recording)
+    record = recording_config(recording, capture_messages=True)
     received: dict[int, int] = {}
     pinged: dict[int, int] = {}
     port = free_port_pair()
     async with Server(server_config(messages, driver_dir, record, lambda address: True)) as server:
+        # The server also captures every message it receives (typed.Quote, typed.Chat tables).
 
         @server.on_connect
         async def ping_back(connection: Connection) -> None:
@@ -182,8 +186,12 @@ async def _record_connections(
             async with Client(client_config(messages, driver_dir, tag, ipc=ipc)) as client:
                 connection = await client.connect("127.0.0.1", port, timeout=20.0)
                 for n in range(per_client):
-                    await connection.send(make_message(n))
-                await connection.send_sync(make_message(per_client), timeout=10.0)
+                    message = make_message(n)
+                    await connection.send(message)
+                    summary.types[type(message).__name__] = summary.types.get(type(message).__name__, 0) + 1
+                message = make_message(per_client)
+                await connection.send_sync(message, timeout=10.0)
+                summary.types[type(message).__name__] = summary.types.get(type(message).__name__, 0) + 1
                 rtt = await connection.ping(timeout=5.0)
                 # Everything arrived and the server's pings are done before the client goes.
                 cid = connection.id

@@ -171,6 +171,11 @@ class Connection:
         self._disconnected = False
         self._loop = asyncio.get_running_loop()
         self._now_ns = time.monotonic_ns()
+        self._track_position = False
+        """Set by the endpoint when it captures messages: then ``_session_id`` and ``_position`` follow
+        each record received (reading them from the header costs, so only then)."""
+        self._session_id = 0
+        self._position = 0
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -333,6 +338,9 @@ class Connection:
     # -- receiving internals ----------------------------------------------------------------------
 
     def _on_fragment(self, payload: memoryview, header: Header) -> None:
+        if self._track_position:
+            self._session_id = header.session_id
+            self._position = header.position
         self._machine.receive(payload, self._now_ns)
         self._process_events()
 

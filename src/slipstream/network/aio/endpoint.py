@@ -141,6 +141,9 @@ class Endpoint:
         return tasks
 
     def _dispatch_message(self, connection: Connection, message: object, sync_id: int) -> None:
+        recording = self._recording
+        if recording is not None and recording.capture:
+            recording.message(connection, message)
         kind = type(message)
         handlers = connection._listeners.for_type(kind) + self.listeners.for_type(kind)
         if not handlers:
@@ -168,6 +171,7 @@ class Endpoint:
     def _connection_up(self, connection: Connection) -> None:
         """Run ``on_init`` then ``on_connect``."""
         if self._recording is not None:
+            connection._track_position = self._recording.capture
             self._recording.connected(connection)
         self._fire(self.listeners.init, connection)
         if not connection.is_closed:
@@ -240,7 +244,7 @@ class Endpoint:
         recording = self.config.recording
         if self._recording is None and recording is not None and recording.enabled:
             self._recording = EndpointRecording(
-                recording, self._role, self._context.directory, self._live_connections
+                recording, self._role, self._context.directory, self._live_connections, self.serialization.encode
             )
         return self._context
 

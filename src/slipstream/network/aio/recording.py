@@ -4,7 +4,10 @@ A server or client with ``config.recording`` set holds one :class:`EndpointRecor
 endpoint's events into telemetry records (``handshake_accepted`` / ``handshake_rejected`` with the
 reason, ``connected``, ``disconnected`` with the cause) and samples each live connection's counters
 every ``stats_interval_s`` on the telemetry floor's sampler thread, plus a final row when a
-connection ends and one per completed ping (each an RTT sample for the report's percentiles). The
+connection ends and one per completed ping (each an RTT sample for the report's percentiles). With
+``capture_messages``, every message a listener receives is captured too: a ``captured`` row (its
+bytes as they travel: type id and msgpack body) and a ``typed.<Type>`` row with its fields as typed
+columns, on the connection's channel and stream, at the position of the record that carried it. The
 recorder itself is shared by every endpoint of the process recording into the same directory.
 Recording is off the receive path: a record is a tuple appended under a lock; files are written by
 the recorder's own thread.
@@ -17,15 +20,20 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ...telemetry import (
+    CapturedMessage,
     ConnectionStats,
+    KindSchema,
     Record,
+    RecordError,
     StatsSampler,
     connected,
     disconnected,
     handshake_accepted,
     handshake_rejected,
+    typed_schema,
 )
 from ...telemetry.config import RecordingConfig, release
+from ...telemetry.records import CAPTURE_COLUMNS
 from ..admission import RejectReason
 from ..events import Closed
 from .connection import Connection
@@ -65,12 +73,17 @@ class EndpointRecording:
         side: str,
         driver_directory: str | Path | None,
         connections: Callable[[], Iterable[Connection]],
+        encode: Callable[[object], bytes],
     ) -> None:
         recorder = config.acquire(driver_directory)
         assert recorder is not None, "EndpointRecording needs an enabled RecordingConfig"
         self.recorder = recorder
         self.side = side
         self._connections = connections
+        self.capture = config.capture_messages
+        """Capture every received message (``captured`` and ``typed.<Type>`` rows)."""
+        self._encode = encode
+        self._typed: dict[type, tuple[KindSchema | None, tuple[str, ...]]] = {}
         self._sampler = StatsSampler(recorder, self._collect, interval_s=config.stats_interval_s).start()
 
     def _record(self, record: Record) -> None:
@@ -119,6 +132,24 @@ class EndpointRecording:
     def round_trip(self, connection: Connection, round_trip_ns: int) -> None:
         """A ping completed: one RTT sample (with the counters as they are now)."""
         self._record(self._stats(connection, time.time_ns(), round_trip_ns))
+
+    def message(self, connection: Connection, message: object) -> None:
+        """Capture a received message (called only when :attr:`capture` is set)."""
+        kind = type(message)
+        typed = self._typed.get(kind)
+        if typed is None:
+            try:
+                schema: KindSchema | None = typed_schema(kind)
+            except RecordError:  # fields that are not plain columns: captured, but not as a typed table
+                schema = None
+            typed = self._typed[kind] = (schema, schema.names[len(CAPTURE_COLUMNS) :] if schema else ())
+        payload = self._encode(message)
+        subscription = connection._subscription
+        base = (time.time_ns(), subscription.channel, subscription.stream_id, connection._session_id,
+                connection._position, len(payload))  # fmt: skip
+        self.recorder.append(CapturedMessage.SCHEMA, (*base, payload, kind.__name__))
+        if typed[0] is not None:
+            self.recorder.append(typed[0], (*base, *(getattr(message, name) for name in typed[1])))
 
     def _stats(self, connection: Connection, now_ns: int, rtt_ns: int | None = None) -> ConnectionStats:
         stats = connection._machine.stats
