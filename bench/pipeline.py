@@ -102,6 +102,7 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
             "retransmits": np.zeros(n, dtype=np.int64),
             "bytes_lost": rng.integers(0, 64, n),
             "back_pressure_events": np.zeros(n, dtype=np.int64),
+            "side": np.full(n, "server", dtype=object),
         }
 
     def events(first: int, n: int) -> dict[str, Any]:
@@ -155,6 +156,7 @@ def pyarrow_tables(root: Path, threshold: int) -> dict[str, Any]:
         [("size", "count"), ("size", "sum"), ("size", "min"), ("size", "approximate_median"), ("size", "max")]
     )
     events = recording.read("connection_events")
+    events = events.filter(pc.equal(events.column("side"), "server"))  # the servers' view, as the report
     rejected_rows = events.filter(pc.equal(events.column("event"), "handshake_rejected"))
     rejected = rejected_rows.group_by(["address", "reason"]).aggregate(
         [("timestamp_ns", "count"), ("timestamp_ns", "min"), ("timestamp_ns", "max")]
@@ -162,6 +164,7 @@ def pyarrow_tables(root: Path, threshold: int) -> dict[str, Any]:
     by_address = rejected_rows.group_by("address").aggregate([("timestamp_ns", "count")])
     abuse = by_address.filter(pc.greater_equal(by_address.column("timestamp_ns_count"), threshold))
     stats = recording.read("connection_stats")
+    stats = stats.filter(pc.equal(pc.fill_null(stats.column("side"), "server"), "server"))
     totals = stats.group_by("connection_id").aggregate(
         [("messages_sent", "max"), ("messages_received", "max"), ("bytes_sent", "max"), ("bytes_received", "max"),
          ("bytes_lost", "max"), ("timestamp_ns", "max"), ("rtt_ns", "tdigest", pc.TDigestOptions(q=[0.5, 0.95, 0.99]))]

@@ -75,9 +75,9 @@ def free_ports(count: int) -> int:
 
 def server_config(driver_dir: Path, **kwargs: Any) -> ServerConfig:
     kwargs.setdefault("max_clients", 40)
+    kwargs.setdefault("messages", MESSAGES)
     return ServerConfig(
         app_id="test",
-        messages=MESSAGES,
         settings_store=":memory:",
         driver_directory=driver_dir,
         enable_ipc=kwargs.pop("enable_ipc", False),

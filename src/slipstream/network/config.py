@@ -78,6 +78,22 @@ class _EndpointConfig:
     """Names the application; both sides must use the same (1-31 of ``A-Za-z0-9_.-``)."""
     messages: Sequence[type] = ()
     """Registered message types (msgspec Structs, dataclasses), compared during the handshake."""
+    interfaces: Sequence[type | tuple[type, type]] = ()
+    """RMI interfaces (Protocols or abstract bases), each optionally paired with the class that
+    implements it on this side: ``[ICalc, (IChat, Chat)]``. Both sides list the same interfaces in
+    the same order (compared during the handshake); only registered methods can ever be called."""
+    exceptions: Sequence[type[Exception]] = ()
+    """Exception types a remote call re-raises as themselves (others arrive as ``RemoteError``)."""
+    rmi_timeout: float = 3.0
+    """Default timeout of each remote call in seconds (0 = forever; per proxy: ``proxy.rmi_timeout``)."""
+    max_stream_size: int = 4 * 1024**3
+    """Largest large message or file accepted from the peer (announced sizes above it are refused
+    before anything is allocated)."""
+    spill_threshold: int = 16 * _MIB
+    """Incoming large messages are kept in memory up to this many bytes in all, then written to a
+    temporary file (removed when handled); files always go to a temporary file."""
+    temp_directory: str | os.PathLike[str] | None = None
+    """Where those temporary files go (None: the system's temporary directory)."""
     settings_store: str | os.PathLike[str] | None = None
     """Where the identity key (and, on clients, pinned server keys) live: a file path, ``":memory:"``,
     or None for ``<per-user data dir>/slipstream/<app_id>-<role>.db``."""
@@ -120,6 +136,27 @@ class _EndpointConfig:
             if not isinstance(kind, type):
                 raise ConfigTypeError(f"messages[{index}] must be a type: {kind!r}")
         object.__setattr__(self, "messages", tuple(self.messages))
+        if isinstance(self.interfaces, (str, bytes)) or not isinstance(self.interfaces, Sequence):
+            raise ConfigTypeError(f"interfaces must be a sequence of classes or (interface, class) pairs: "
+                                  f"{self.interfaces!r}")  # fmt: skip
+        for index, item in enumerate(self.interfaces):
+            pair = item if isinstance(item, tuple) else (item,)
+            if not 1 <= len(pair) <= 2 or not all(isinstance(kind, type) for kind in pair):
+                raise ConfigTypeError(f"interfaces[{index}] must be a class or an (interface, class) pair: {item!r}")
+        object.__setattr__(self, "interfaces", tuple(self.interfaces))
+        for index, kind in enumerate(self.exceptions):
+            if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                raise ConfigTypeError(f"exceptions[{index}] must be an Exception subclass: {kind!r}")
+        object.__setattr__(self, "exceptions", tuple(self.exceptions))
+        _check_type("rmi_timeout", self.rmi_timeout, (int, float))
+        if self.rmi_timeout < 0:
+            raise ConfigError(f"rmi_timeout must not be negative (0 = forever): {self.rmi_timeout!r}")
+        for name in ("max_stream_size", "spill_threshold"):
+            _check_type(name, getattr(self, name), int)
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative: {getattr(self, name)}")
+        if self.temp_directory is not None:
+            _check_type("temp_directory", self.temp_directory, (str, os.PathLike))
         if self.settings_store is not None:
             _check_type("settings_store", self.settings_store, (str, os.PathLike))
         for name in ("enable_ipv4", "enable_ipv6", "enable_ipc", "encrypt_ipc", "reliable"):

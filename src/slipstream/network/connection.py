@@ -7,6 +7,13 @@ small messages share one AEAD operation and one transport message. Receiving: a 
 (tampered, replayed and malformed records are counted by the record layer and dropped), its frames
 decoded, and each becomes an event.
 
+Large messages and files: with a :class:`~.streaming.Streams` (every connection the adapters make
+has one), a frame too large for one record, and a ``pathlib.Path`` sent as a message, travel as a
+stream of chunk frames (bounded memory on both sides, SHA-256 checked) and arrive as the frame they
+carry; without one, a frame too large raises MessageTooLarge. A streamed message is delivered when
+its last chunk arrives, so smaller messages sent after it may overtake it. RMI frames (kinds 16/17)
+are handed to the adapter as :class:`RmiFrameReceived`; the RMI endpoint lives in the adapter.
+
 Liveness: anything received proves the peer alive; a quiet side sends a KEEPALIVE every quarter of
 the expiry; a peer silent longer than ``expiry_ns`` is closed (``Closed(expired=True)``), so a blip
 shorter than that never disconnects. ``Closed`` is emitted exactly once.
@@ -14,8 +21,10 @@ shorter than that never disconnects. ``Closed`` is emitted exactly once.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from .errors import ConnectionClosedError, FrameError, MessageTooLarge, RecordRejected, SerializationError
@@ -27,10 +36,12 @@ from .events import (
     MessageReceived,
     PingAcknowledged,
     PingTimedOut,
+    RmiFrameReceived,
     SyncCompleted,
     SyncTimedOut,
 )
-from .frames import FrameKind, encode_frame_into
+from .frames import FRAME_OVERHEAD, FrameKind, encode_frame_into
+from .streaming import SpillFile, StreamCompleted, StreamEvent, Streams
 
 __all__ = ["RECORD_OVERHEAD", "ConnectionMachine", "ConnectionStats", "PlainRecords", "Records"]
 
@@ -82,6 +93,10 @@ class _Encoder(Protocol):
         """A record's frames as (kind, request id, message or payload or MessageDecodeError)."""
         ...
 
+    def decode(self, data: bytes | bytearray | memoryview) -> object:
+        """One message's bytes (type id + body) decoded; raises a SerializationError."""
+        ...
+
 
 @dataclass(slots=True)
 class ConnectionStats:
@@ -106,6 +121,10 @@ def _frame_overhead() -> int:
     return len(buf)
 
 
+_RMI_KINDS = frozenset((FrameKind.RMI_REQUEST, FrameKind.RMI_RESPONSE))
+_STREAM_KINDS = frozenset((FrameKind.STREAM_START, FrameKind.STREAM_CHUNK, FrameKind.STREAM_END))
+
+
 class ConnectionMachine:
     """One side of a connection after the handshake."""
 
@@ -120,6 +139,7 @@ class ConnectionMachine:
         max_record: int = 65504,
         wall_offset_ns: int = 0,
         keepalive_ns: int | None = None,
+        streams: Streams | None = None,
     ) -> None:
         self.records = records
         self.serialization = serialization
@@ -133,7 +153,9 @@ class ConnectionMachine:
         self.closed = False
         self._batch = bytearray()
         self._sealed: list[bytes] = []
-        self._events: list[Event] = []
+        self._events: list[Event | StreamEvent] = []
+        self.streams = streams
+        """Large messages and files (None: a frame larger than one record raises MessageTooLarge)."""
         self._last_received_ns = now_ns
         self._last_sent_ns = now_ns
         self._last_id = 0
@@ -154,6 +176,8 @@ class ConnectionMachine:
             deadline = min(deadline, when)
         for _, when in self._pings.values():
             deadline = min(deadline, when)
+        if self.streams is not None and (stream_deadline := self.streams.deadline_ns) is not None:
+            deadline = min(deadline, stream_deadline)
         return deadline
 
     def handle_timer(self, now_ns: int) -> None:
@@ -171,6 +195,9 @@ class ConnectionMachine:
         if now_ns - self._last_received_ns >= self.expiry_ns:
             self._close(by_peer=False, expired=True, reason=f"no word from the peer for {self.expiry_ns / 1e9:g} s")
             return
+        if self.streams is not None:
+            self.streams.handle_timer(now_ns)
+            self._take_stream_events()
         if now_ns - self._last_sent_ns >= self.keepalive_ns and not self._batch:
             self._append(FrameKind.KEEPALIVE, 0, b"")
             self._events.append(KeepaliveSent())
@@ -184,6 +211,9 @@ class ConnectionMachine:
     def _append(self, kind: int, request_id: int, payload: bytes | memoryview) -> None:
         size = self.frame_overhead + len(payload)
         if size > self.max_payload:
+            if self.streams is not None:
+                self.streams.send(kind, request_id, payload)
+                return
             raise MessageTooLarge(
                 f"a message of {len(payload)} bytes exceeds the largest record ({self.max_payload} bytes of frames)"
             )
@@ -200,6 +230,11 @@ class ConnectionMachine:
         start = len(batch)
         size = self.serialization.encode_frame_into(batch, kind, request_id, message)
         if size > self.max_payload:
+            if self.streams is not None:
+                payload = bytes(batch[start + FRAME_OVERHEAD :])
+                del batch[start:]
+                self.streams.send(kind, request_id, payload)
+                return
             del batch[start:]
             raise MessageTooLarge(
                 f"a message of {size - self.frame_overhead} bytes exceeds the largest record "
@@ -218,17 +253,35 @@ class ConnectionMachine:
 
     def send(self, message: object) -> None:
         """Serialize ``message`` into the batch (raises UnregisteredTypeError, ConnectionClosedError,
-        MessageTooLarge)."""
+        MessageTooLarge); a ``pathlib.Path`` streams the file (the peer gets a temporary copy)."""
         self._check_open()
-        self._append_message(FrameKind.MESSAGE, 0, message)
+        if isinstance(message, os.PathLike):
+            self.send_file(message)
+        else:
+            self._append_message(FrameKind.MESSAGE, 0, message)
         self.stats.messages_sent += 1
+
+    def send_file(self, path: os.PathLike[str] | str, *, kind: int = FrameKind.MESSAGE, request_id: int = 0) -> int:
+        """Stream a file's contents; returns the stream id (StreamingError when it cannot be read)."""
+        self._check_open()
+        if self.streams is None:
+            raise MessageTooLarge("this connection streams nothing: a file cannot be sent")
+        return self.streams.send_file(path, kind=kind, request_id=request_id)
+
+    def send_frame(self, kind: int, request_id: int, payload: bytes) -> None:
+        """A frame the adapter built (RMI requests and responses), streamed when it is too large."""
+        self._check_open()
+        self._append(kind, request_id, payload)
 
     def send_sync(self, message: object, now_ns: int, timeout_ns: int) -> int:
         """Send ``message`` and expect a SYNC_ACK once the remote's listeners handled it; returns the
         request id that :class:`SyncCompleted` or :class:`SyncTimedOut` will name."""
         self._check_open()
         sync_id = self._next_id()
-        self._append_message(FrameKind.SYNC_REQUEST, sync_id, message)
+        if isinstance(message, os.PathLike):
+            self.send_file(message, kind=FrameKind.SYNC_REQUEST, request_id=sync_id)
+        else:
+            self._append_message(FrameKind.SYNC_REQUEST, sync_id, message)
         self._syncs[sync_id] = now_ns + timeout_ns
         self.stats.messages_sent += 1
         return sync_id
@@ -264,9 +317,23 @@ class ConnectionMachine:
 
     def _close(self, *, by_peer: bool, expired: bool, reason: str) -> None:
         self.closed = True
+        if self.streams is not None:
+            self.streams.connection_lost(reason or "the connection closed")
+            self._take_stream_events()
         self._events.append(Closed(by_peer, expired, reason))
         self._syncs.clear()
         self._pings.clear()
+
+    def release_stream(self, stream_id: int) -> None:
+        """A streamed message was handled: remove its temporary file (if it had one)."""
+        if self.streams is not None:
+            self.streams.release(stream_id)
+
+    def shutdown(self) -> None:
+        """The adapter is done with this connection: remove every temporary file still held."""
+        if self.streams is not None and not self.streams.closed:
+            self.streams.close()
+            self._take_stream_events()
 
     @property
     def sealed_count(self) -> int:
@@ -275,11 +342,18 @@ class ConnectionMachine:
 
     @property
     def has_pending(self) -> bool:
-        """Frames wait to be sealed, or records to be taken."""
-        return bool(self._batch or self._sealed)
+        """Frames wait to be sealed, records to be taken, or streams to be sent."""
+        return bool(self._batch or self._sealed or (self.streams is not None and self.streams.sending))
 
-    def messages_to_send(self, now_ns: int) -> list[bytes]:
-        """Seal the batch; return every record to offer, oldest first (one transport message each)."""
+    def messages_to_send(self, now_ns: int, stream_budget: int = 1 << 20) -> list[bytes]:
+        """Seal the batch; return every record to offer, oldest first (one transport message each).
+        Outgoing streams add up to about ``stream_budget`` bytes of chunks (the adapter sizes it to
+        the room its transport has, so a large file is read as the transport drains it)."""
+        streams = self.streams
+        if streams is not None and streams.sending and not self.closed:
+            for kind, request_id, payload in streams.take_frames(max(stream_budget, 1)):
+                self._append(kind, request_id, payload)
+            self._take_stream_events()
         self._seal_batch()
         sealed, self._sealed = self._sealed, []
         if sealed:
@@ -341,13 +415,66 @@ class ConnectionMachine:
                     events.append(
                         PingAcknowledged(request_id, now_ns - sent[0], pong_wall - ping_wall, finished_wall - pong_wall)
                     )
+            elif kind in _RMI_KINDS:
+                events.append(RmiFrameReceived(kind, request_id, bytes(value)))  # type: ignore[call-overload]
+            elif kind in _STREAM_KINDS:
+                if self.streams is not None:
+                    self.streams.receive(kind, request_id, bytes(value), now_ns)  # type: ignore[call-overload]
+                    self._take_stream_events()
             elif kind == FrameKind.CLOSE:
                 reason = bytes(value).decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else ""
                 self._close(by_peer=True, expired=False, reason=reason)
                 return
-            # KEEPALIVE and the kinds reserved for RMI/streaming only prove liveness here.
+            # KEEPALIVE only proves liveness.
 
-    def take_events(self) -> list[Event]:
+    def _take_stream_events(self) -> None:
+        """Move the streams' events into ours; a completed stream becomes the frame it carried."""
+        assert self.streams is not None
+        for event in self.streams.take_events():
+            if isinstance(event, StreamCompleted):
+                self._completed(event)
+            else:
+                self._events.append(event)
+
+    def _completed(self, done: StreamCompleted) -> None:
+        kind, request_id = done.kind, done.request_id
+        stats, events = self.stats, self._events
+        if kind in (FrameKind.MESSAGE, FrameKind.SYNC_REQUEST):
+            sync_id = request_id if kind == FrameKind.SYNC_REQUEST else 0
+            if done.is_file:
+                assert done.path is not None
+                stats.messages_received += 1
+                events.append(MessageReceived(Path(done.path), sync_id, done.stream_id))
+                return
+            try:
+                if done.payload is not None:
+                    message = self.serialization.decode(done.payload)
+                else:
+                    assert done.path is not None
+                    with SpillFile.mapped(done.path) as view:
+                        message = self.serialization.decode(view)
+            except SerializationError as exc:
+                stats.decode_errors += 1
+                events.append(MessageDecodeFailed(str(exc)))
+                self.release_stream(done.stream_id)
+                if sync_id:
+                    self.acknowledge_sync(sync_id)
+                return
+            stats.messages_received += 1
+            events.append(MessageReceived(message, sync_id, done.stream_id))
+        elif kind in _RMI_KINDS:
+            payload = done.payload
+            if payload is None:
+                assert done.path is not None
+                with SpillFile.mapped(done.path) as view:
+                    payload = bytes(view)
+            self.release_stream(done.stream_id)
+            events.append(RmiFrameReceived(kind, request_id, payload))
+        else:  # a stream may carry only messages and RMI frames
+            stats.frame_errors += 1
+            self.release_stream(done.stream_id)
+
+    def take_events(self) -> list[Event | StreamEvent]:
         """Events since the last call, in order."""
         events, self._events = self._events, []
         return events

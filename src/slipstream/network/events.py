@@ -21,6 +21,7 @@ __all__ = [
     "PingAcknowledged",
     "PingTimedOut",
     "Rejected",
+    "RmiFrameReceived",
     "SyncCompleted",
     "SyncTimedOut",
 ]
@@ -85,10 +86,24 @@ class HandshakeTimedOut:
 
 @dataclass(frozen=True, slots=True)
 class MessageReceived:
-    """A decoded application message (``sync_id`` > 0 when the sender waits for it to be handled)."""
+    """A decoded application message (``sync_id`` > 0 when the sender waits for it to be handled).
+
+    ``stream_id`` > 0 when it arrived as a stream: a file (``message`` is the temporary copy's
+    ``Path``) or a message too large for one record; the adapter calls
+    ``ConnectionMachine.release_stream(stream_id)`` once the listeners are done with it."""
 
     message: object
     sync_id: int = 0
+    stream_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RmiFrameReceived:
+    """An RMI request or response for the connection's RMI endpoint (arrived whole or streamed)."""
+
+    kind: int
+    request_id: int
+    payload: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +168,7 @@ Event = (
     | Rejected
     | HandshakeTimedOut
     | MessageReceived
+    | RmiFrameReceived
     | MessageDecodeFailed
     | SyncCompleted
     | SyncTimedOut

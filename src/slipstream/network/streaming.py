@@ -73,6 +73,7 @@ _FINISHED_BODY: Final = struct.Struct(">Q32s")
 _FLAG_FILE: Final = 0x01
 _MAX_NAME: Final = 255
 _MAX_REASON: Final = 200
+_SENT_REMEMBERED: Final = 256
 
 
 class StreamingError(NetworkError):
@@ -318,6 +319,9 @@ class Streams:
         self._incoming: dict[int, _Incoming] = {}
         self._in_memory = 0
         self._handed: dict[int, str] = {}
+        self._sent: dict[int, None] = {}
+        """Ids of the last streams sent whole (oldest first, bounded): the receiver may refuse one
+        after its last chunk left (it announced too much, say), and the sender must still hear it."""
         self._frames: list[OutFrame] = []
         self._events: list[StreamEvent] = []
 
@@ -472,6 +476,9 @@ class Streams:
         del self._outgoing[stream.stream_id]
         if stream.source is not None:
             stream.source.close()
+        self._sent[stream.stream_id] = None
+        if len(self._sent) > _SENT_REMEMBERED:
+            del self._sent[next(iter(self._sent))]
         self.stats.streams_sent += 1
         self._events.append(StreamSent(stream.stream_id, stream.total, digest))
         return 1
@@ -592,10 +599,17 @@ class Streams:
         status = payload[0]
         if status == _End.REFUSED:  # about a stream *we* send
             outgoing = self._outgoing.get(stream_id)
-            if outgoing is None:
-                self.stats.unknown_stream_frames += 1
-                return
             reason = bytes(payload[1 : 1 + _MAX_REASON]).decode("utf-8", "replace")
+            if outgoing is None:
+                if stream_id in self._sent:  # refused after its last chunk left
+                    del self._sent[stream_id]
+                    self.stats.streams_failed += 1
+                    self._events.append(
+                        StreamFailed(stream_id, StreamFailure.REFUSED, f"the receiver refused it: {reason}", False)
+                    )
+                else:
+                    self.stats.unknown_stream_frames += 1
+                return
             self._fail_outgoing(outgoing, StreamFailure.REFUSED, f"the receiver refused it: {reason}", tell_peer=False)
             return
         stream = self._incoming.get(stream_id)

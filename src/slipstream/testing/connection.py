@@ -15,6 +15,7 @@ from ..network.handshake import AdmissionCheck, ClientHandshake, ServerHandshake
 from ..network.noise import generate_keypair
 from ..network.serialization import Serialization
 from ..network.session import RecordLayer
+from ..network.streaming import StreamEvent
 from .clock import ManualClock
 from .network import InMemoryNetwork, LinkConditions
 
@@ -191,8 +192,8 @@ class ConnectionPair:
             expiry_ns=expiry_ns,
             batch_limit=batch_limit,
         )
-        self.events_a: list[Event] = []
-        self.events_b: list[Event] = []
+        self.events_a: list[Event | StreamEvent] = []
+        self.events_b: list[Event | StreamEvent] = []
         self.wire: list[tuple[str, bytes]] = []
         """Every record put on the network, as (``"a"`` or ``"b"``, bytes): for tamper/replay tests."""
         self.network.bind(CLIENT, lambda data, src, now: self.a.receive(data, now))

@@ -14,7 +14,7 @@ from typing import Any
 from ...client import DriverError, FragmentAssembler, Header
 from ..admission import RejectReason
 from ..config import LOCALHOST_ALIASES, ClientConfig
-from ..connection import ConnectionMachine, PlainRecords
+from ..connection import PlainRecords
 from ..errors import (
     ClientError,
     ClientRejected,
@@ -200,8 +200,8 @@ class Client(Endpoint):
                 app_id=config.app_id,
                 tag=config.tag,
                 static_private=self.private_key,
-                description=self.serialization.description(),
-                describe_difference=self.serialization.first_difference,
+                description=self.registrations.description(),
+                describe_difference=self.registrations.first_difference,
                 pinned_key=pinned,
                 allow_key_change=config.allow_key_change,
                 now_ns=now_ns,
@@ -311,14 +311,8 @@ class Client(Endpoint):
             await backoff.idle(time.monotonic())
         records: Any = PlainRecords() if plaintext else RecordLayer(done.send_key, done.receive_key)
         expiry_ns = done.connection_expiry_ns or int(config.connection_expiry * 1e9)
-        machine = ConnectionMachine(
-            records=records,
-            serialization=self.serialization,
-            now_ns=time.monotonic_ns(),
-            expiry_ns=min(expiry_ns, int(config.connection_expiry * 1e9)),
-            batch_limit=publication.max_payload_length - 24,
-            max_record=publication.max_message_length,
-            wall_offset_ns=time.time_ns() - time.monotonic_ns(),
+        machine = self._new_machine(
+            records, time.monotonic_ns(), min(expiry_ns, int(config.connection_expiry * 1e9)), publication
         )
         connection = Connection(
             endpoint=self,
@@ -331,6 +325,8 @@ class Client(Endpoint):
             tag=config.tag,
             remote_public_key=done.remote_public_key,
             send_timeout=config.send_timeout,
+            rmi=self._new_rmi(None),
+            rmi_timeout=config.rmi_timeout,
         )
         self.connection = connection
         self._start_poller()

@@ -4,6 +4,10 @@ Plain listeners run inline on the receive path (the fastest way: no task per mes
 listeners are scheduled as tasks so they never block it. Whatever a listener raises goes to the
 endpoint's ``on_error`` listeners and never kills the connection or the endpoint. A message nobody
 listens for is reported to ``on_error`` (MessageDispatchError), never dropped silently.
+
+Each connection also carries ``rmi`` (remote objects: :class:`~.rmi.RmiSession`), and streams
+large messages and files (``await connection.send(Path(...))``): progress is in ``transfers``, a
+stream that fails is reported to ``on_error`` on both sides as a StreamingError.
 """
 
 from __future__ import annotations
@@ -41,11 +45,21 @@ from ..events import (
     MessageReceived,
     PingAcknowledged,
     PingTimedOut,
+    RmiFrameReceived,
     SyncCompleted,
     SyncTimedOut,
 )
+from ..rmi import RmiEndpoint
+from ..streaming import (
+    StreamFailed,
+    StreamingError,
+    StreamProgressed,
+    StreamSent,
+    StreamStarted,
+)
+from .rmi import RmiSession
 
-__all__ = ["Connection", "ConnectionListener", "ErrorListener", "Listeners", "MessageListener", "Ping"]
+__all__ = ["Connection", "ConnectionListener", "ErrorListener", "Listeners", "MessageListener", "Ping", "Transfer"]
 
 log = logging.getLogger("slipstream.network")
 
@@ -64,7 +78,9 @@ class EndpointHooks(Protocol):
 
     def _kick(self) -> None: ...
 
-    def _dispatch_message(self, connection: Connection, message: object, sync_id: int) -> None: ...
+    def _dispatch_message(
+        self, connection: Connection, message: object, sync_id: int, stream_id: int = 0
+    ) -> None: ...
 
     def _report_error(self, connection: Connection | None, error: BaseException) -> None: ...
 
@@ -75,6 +91,17 @@ class EndpointHooks(Protocol):
 
 _SEAL_FLUSH = 8
 """Records sealed within one loop step after which ``send`` offers them at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A large message or file on its way: bytes so far of ``total`` (``name``: a file's name)."""
+
+    stream_id: int
+    incoming: bool
+    done: int
+    total: int
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +167,8 @@ class Connection:
         tag: str,
         remote_public_key: bytes,
         send_timeout: float,
+        rmi: RmiEndpoint,
+        rmi_timeout: float = 3.0,
     ) -> None:
         self.id = connection_id
         """The server's session id for this connection (the same on both sides)."""
@@ -171,6 +200,19 @@ class Connection:
         self._disconnected = False
         self._loop = asyncio.get_running_loop()
         self._now_ns = time.monotonic_ns()
+        self.transfers: dict[tuple[bool, int], Transfer] = {}
+        """Large messages and files in flight, by (incoming, stream id): bytes so far and total."""
+        self.rmi = RmiSession(
+            rmi,
+            self._rmi_transmit,
+            caller=self,
+            on_error=lambda error: endpoint._report_error(self, error),
+            on_object=lambda value: endpoint._dispatch_message(self, value, 0),
+            default_timeout=rmi_timeout,
+        )
+        """Remote objects over this connection: ``get(Interface, id)``, ``get_global(Interface, id)``,
+        ``await create(Interface, *args)``, ``save(obj[, id])``, ``delete(id)``."""
+        self._objects_travel = bool(rmi.registry.interfaces)
         self._track_position = False
         """Set by the endpoint when it captures messages: then ``_session_id`` and ``_position`` follow
         each record received (reading them from the header costs, so only then)."""
@@ -232,8 +274,7 @@ class Connection:
         if len(self._backlog) >= BACKLOG_LIMIT:
             self.last_refusal = "back-pressured"
             return False
-        self._machine.send(message)
-        self._after_append()
+        self._send(message)
         return True
 
     async def send(self, message: object) -> None:
@@ -241,6 +282,12 @@ class Connection:
         ConnectionClosedError, SendTimeout, UnregisteredTypeError."""
         if len(self._backlog) >= BACKLOG_LIMIT:
             await self._wait_room()
+        self._send(message)
+
+    def _send(self, message: object) -> None:
+        if self._objects_travel and self.rmi.endpoint.is_remote_object(message):
+            self.rmi.send_object(message)  # a proxy goes home as its object; an implementation as a proxy
+            return
         self._machine.send(message)
         self._after_append()
 
@@ -286,6 +333,14 @@ class Connection:
 
     # -- sending internals ------------------------------------------------------------------------
 
+    def _rmi_transmit(self, frames: list[tuple[int, int, bytes]]) -> None:
+        machine = self._machine
+        if machine.closed:
+            return  # the RMI session fails its calls itself when the connection closes
+        for kind, request_id, payload in frames:
+            machine.send_frame(kind, request_id, payload)
+        self._after_append()
+
     async def _wait_room(self) -> None:
         deadline = self._loop.time() + self.send_timeout
         while len(self._backlog) >= BACKLOG_LIMIT:
@@ -315,7 +370,8 @@ class Connection:
         machine = self._machine
         backlog = self._backlog
         if machine.has_pending:
-            backlog.extend(machine.messages_to_send(time.monotonic_ns()))
+            room = (BACKLOG_LIMIT - len(backlog)) * machine.max_payload  # streams read as the transport drains
+            backlog.extend(machine.messages_to_send(time.monotonic_ns(), room))
         offered = 0
         publication = self._publication
         while backlog:
@@ -363,7 +419,11 @@ class Connection:
         endpoint = self._endpoint
         for event in self._machine.take_events():
             if isinstance(event, MessageReceived):
-                endpoint._dispatch_message(self, event.message, event.sync_id)
+                endpoint._dispatch_message(self, event.message, event.sync_id, event.stream_id)
+            elif isinstance(event, RmiFrameReceived):
+                self.rmi.receive(event.kind, event.request_id, event.payload)
+            elif isinstance(event, (StreamStarted, StreamProgressed, StreamSent, StreamFailed)):
+                self._on_stream_event(event)
             elif isinstance(event, SyncCompleted):
                 future = self._syncs.pop(event.sync_id, None)
                 if future is not None and not future.done():
@@ -385,7 +445,28 @@ class Connection:
                 endpoint._report_error(self, MessageDecodeError(f"connection {self.id}: {event.reason}"))
             elif isinstance(event, Closed):
                 self._flush()
+                self.rmi.close(event.reason or "the connection closed")
                 endpoint._connection_closed(self, event)
+
+    def _on_stream_event(self, event: StreamStarted | StreamProgressed | StreamSent | StreamFailed) -> None:
+        transfers = self.transfers
+        if isinstance(event, StreamStarted):
+            transfers[(True, event.stream_id)] = Transfer(event.stream_id, True, 0, event.total, event.name)
+        elif isinstance(event, StreamProgressed):
+            key = (event.incoming, event.stream_id)
+            name = transfers[key].name if key in transfers else ""
+            if event.done < event.total:
+                transfers[key] = Transfer(event.stream_id, event.incoming, event.done, event.total, name)
+            else:
+                transfers.pop(key, None)  # all bytes in (incoming: delivered with the message)
+        elif isinstance(event, StreamSent):
+            transfers.pop((False, event.stream_id), None)
+        else:
+            transfers.pop((event.incoming, event.stream_id), None)
+            side = "incoming" if event.incoming else "outgoing"
+            why = f"({event.failure.name.lower()}): {event.detail}"
+            error = StreamingError(f"connection {self.id}: {side} stream {event.stream_id} failed {why}")
+            self._endpoint._report_error(self, error)
 
     def _fail_waiters(self) -> None:
         error = ConnectionClosedError(f"connection {self.id} is closed")

@@ -12,10 +12,15 @@ from typing import Any, ClassVar, TypeVar
 
 from ...client import Context, DriverError
 from ..config import ClientConfig, ServerConfig
+from ..connection import ConnectionMachine, Records
 from ..errors import MessageDispatchError
 from ..events import Closed
+from ..frames import FRAME_OVERHEAD
+from ..registrations import Registrations
+from ..rmi import ObjectTable, RmiEndpoint, RmiRegistry
 from ..serialization import Serialization
 from ..store import SettingsStore
+from ..streaming import Streams
 from .connection import Connection, Listeners, is_coroutine_result
 from .recording import EndpointRecording
 from .transport import IdleBackoff, acquire_context, release_context
@@ -39,6 +44,10 @@ class Endpoint:
         self.config = config
         self.listeners = Listeners()
         self.serialization = Serialization(config.messages)
+        self.rmi_registry = RmiRegistry(config.interfaces, messages=self.serialization, exceptions=config.exceptions)
+        """The RMI interfaces (and this side's implementations) and exception types of the config."""
+        self.registrations = Registrations(self.serialization, self.rmi_registry)
+        """What the handshake compares with the peer's: message types and RMI interfaces."""
         path = config.store_path(self._role)
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -140,7 +149,32 @@ class Endpoint:
                 tasks.append(task)
         return tasks
 
-    def _dispatch_message(self, connection: Connection, message: object, sync_id: int) -> None:
+    def _new_machine(self, records: Records, now_ns: int, expiry_ns: int, publication: Any) -> ConnectionMachine:
+        """A connection's machine sized to its publication, with streaming for large messages and files."""
+        config = self.config
+        max_record = publication.max_message_length
+        machine = ConnectionMachine(
+            records=records,
+            serialization=self.serialization,
+            now_ns=now_ns,
+            expiry_ns=expiry_ns,
+            batch_limit=publication.max_payload_length - 24,
+            max_record=max_record,
+            wall_offset_ns=time.time_ns() - time.monotonic_ns(),
+        )
+        machine.streams = Streams(
+            chunk_payload=machine.max_payload - FRAME_OVERHEAD,
+            spill_threshold=config.spill_threshold,
+            max_stream_size=config.max_stream_size,
+            temp_dir=None if config.temp_directory is None else os.fspath(config.temp_directory),
+        )
+        return machine
+
+    def _new_rmi(self, global_objects: ObjectTable | None) -> RmiEndpoint:
+        """A connection's RMI endpoint (the server passes its global objects)."""
+        return RmiEndpoint(self.rmi_registry, global_objects=global_objects)
+
+    def _dispatch_message(self, connection: Connection, message: object, sync_id: int, stream_id: int = 0) -> None:
         recording = self._recording
         if recording is not None and recording.capture:
             recording.message(connection, message)
@@ -151,17 +185,23 @@ class Endpoint:
                 connection, MessageDispatchError(f"no on_message listener for {kind.__module__}.{kind.__qualname__}")
             )
         tasks = [task for handler in handlers if (task := self._call(connection, handler, connection, message))]
-        if not sync_id:
+        if not sync_id and not stream_id:
             return
+        machine = connection._machine
         if not tasks:
-            connection._machine.acknowledge_sync(sync_id)
-            connection._after_append()
+            if stream_id:
+                machine.release_stream(stream_id)  # the listeners are done with the temporary copy
+            if sync_id and not machine.closed:
+                machine.acknowledge_sync(sync_id)
+                connection._after_append()
             return
 
         async def acknowledge() -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
-            if not connection._machine.closed:
-                connection._machine.acknowledge_sync(sync_id)
+            if stream_id:
+                machine.release_stream(stream_id)
+            if sync_id and not machine.closed:
+                machine.acknowledge_sync(sync_id)
                 connection._after_append()
 
         task = asyncio.ensure_future(acknowledge())
@@ -224,6 +264,7 @@ class Endpoint:
                     item.close()
                 except DriverError as exc:
                     log.warning("closing %r: %s", item, exc)
+            connection._machine.shutdown()  # temporary files of streamed messages not yet released
             if then is not None:
                 then()
 

@@ -21,10 +21,11 @@ from ...client import ADMIN_ACTION, DriverError, ExclusivePublication, FragmentA
 from ...client.allocation import IdAllocator, PortAllocator
 from ..admission import AdmissionPolicy, IpFilterRule, RejectReason
 from ..config import ServerConfig
-from ..connection import ConnectionMachine, PlainRecords
+from ..connection import PlainRecords
 from ..errors import ServerError
 from ..events import ClientAccepted, Rejected
 from ..handshake import ServerHandshake
+from ..rmi import ObjectTable
 from ..session import RecordLayer
 from .connection import Connection
 from .endpoint import Endpoint
@@ -110,6 +111,9 @@ class Server(Endpoint):
         self._owner: dict[int, _Link] = {}
         self.rejected: list[Rejected] = []
         """Recent rejections (bounded), for operators and tests."""
+        self.rmi = ObjectTable(self.rmi_registry, is_global=True)
+        """Global remote objects every client reaches: ``server.rmi.save(obj) -> id``, ``save(obj, id)``,
+        ``delete(obj_or_id)``; a client calls them through ``connection.rmi.get_global(Interface, id)``."""
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -227,8 +231,8 @@ class Server(Endpoint):
         machine = ServerHandshake(
             app_id=config.app_id,
             static_private=self.private_key,
-            description=self.serialization.description(),
-            describe_difference=self.serialization.first_difference,
+            description=self.registrations.description(),
+            describe_difference=self.registrations.first_difference,
             admission=admission,
             sessions=self.sessions,
             streams=self.streams,
@@ -394,15 +398,7 @@ class Server(Endpoint):
         else:
             records = RecordLayer(event.send_key, event.receive_key)
         publication = starting.publication
-        machine = ConnectionMachine(
-            records=records,
-            serialization=self.serialization,
-            now_ns=now_ns,
-            expiry_ns=int(config.connection_expiry * 1e9),
-            batch_limit=publication.max_payload_length - 24,
-            max_record=publication.max_message_length,
-            wall_offset_ns=time.time_ns() - time.monotonic_ns(),
-        )
+        machine = self._new_machine(records, now_ns, int(config.connection_expiry * 1e9), publication)
         connection = Connection(
             endpoint=self,
             connection_id=event.connection_id,
@@ -414,6 +410,8 @@ class Server(Endpoint):
             tag=event.tag,
             remote_public_key=event.remote_public_key,
             send_timeout=config.send_timeout,
+            rmi=self._new_rmi(self.rmi),
+            rmi_timeout=config.rmi_timeout,
         )
         return connection
 
