@@ -2,10 +2,14 @@
 
     python network_peer.py client <driver_dir> <host> <port> <expiry_s> <count> <close|hang>
     python network_peer.py server <driver_dir> <listen_address> <port>
+    python network_peer.py receiver <driver_dir> <host> <port> <expiry_s> <settings_store> <expect>
 
 The client prints ``connected <id>`` once connected, ``sent`` after ``count`` send_syncs, then either
 closes (``closed``) or hangs until killed (at most 60 s). The server prints ``listening``, then
 ``connect <address>`` per client and ``message <n>`` per message, and runs until killed (60 s).
+The receiver (its identity key kept in ``settings_store``, so a second receiver is the same client)
+prints ``connected <id>``, then ``received <n> <first>..<last> ordered`` (or ``unordered``) once ``expect``
+messages arrived, and hangs until killed (60 s).
 """
 
 from __future__ import annotations
@@ -43,6 +47,34 @@ async def client(directory: str, host: str, port: int, expiry: float, count: int
         print("closed", flush=True)
 
 
+async def receiver(directory: str, host: str, port: int, expiry: float, store: str, expect: int) -> None:
+    config = ClientConfig(
+        app_id="test",
+        messages=[Base],
+        settings_store=store,
+        driver_directory=directory,
+        enable_ipc=False,
+        connection_expiry=expiry,
+    )
+    got: list[int] = []
+    done = asyncio.Event()
+    async with Client(config) as endpoint:
+
+        @endpoint.on_message(Base)
+        def message(connection: Connection, message: Base) -> None:
+            got.append(message.n)
+            if len(got) == expect:
+                done.set()
+
+        connection = await endpoint.connect(host, port, timeout=20)
+        print(f"connected {connection.id}", flush=True)
+        if expect:
+            await done.wait()
+            order = "ordered" if got == sorted(got) else "unordered"
+            print(f"received {len(got)} {got[0]}..{got[-1]} {order}", flush=True)
+        await asyncio.sleep(60)
+
+
 async def server(directory: str, address: str, port: int) -> None:
     config = ServerConfig(
         app_id="test",
@@ -73,6 +105,9 @@ if __name__ == "__main__":
     if role == "client":
         directory, host, port, expiry, count, mode = args
         coro = client(directory, host, int(port), float(expiry), int(count), mode)
+    elif role == "receiver":
+        directory, host, port, expiry, store, expect = args
+        coro = receiver(directory, host, int(port), float(expiry), store, int(expect))
     else:
         directory, address, port = args
         coro = server(directory, address, int(port))

@@ -160,3 +160,107 @@ def test_client_behind_a_masquerading_router(tmp_path: Path) -> None:
             server.wait(10)
             shutil.rmtree(server_dir, ignore_errors=True)
             shutil.rmtree(client_dir, ignore_errors=True)
+
+
+# -- buffered sessions: a client lost (SIGKILL) and the same client (same key) back -------------------------
+
+
+def buffered_server(driver_dir: Path, **kwargs: object) -> Server:
+    return Server(ServerConfig(
+        app_id="test", messages=[Base], settings_store=":memory:", driver_directory=driver_dir, enable_ipc=False,
+        connection_expiry=1.0, max_clients=4, buffered_sessions=True, **kwargs,  # type: ignore[arg-type]
+    ))  # fmt: skip
+
+
+async def lose_a_client(server: Server, port: int, store: Path, directory: Path) -> Connection:
+    """A receiver process connects, is SIGKILLed, and the server sees its connection expire."""
+    proc = start_peer("receiver", str(directory), "127.0.0.1", str(port), "1.0", str(store), "0")
+    try:
+        assert (await read_line(proc)).startswith("connected ")
+        while not server.connections:
+            await asyncio.sleep(0.01)
+        (lost,) = server.connections
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 10
+    while not lost.is_closed:
+        assert time.monotonic() < deadline, "the server did not notice the lost client"
+        await asyncio.sleep(0.02)
+    return lost
+
+
+def test_messages_sent_while_a_client_is_lost_arrive_in_order_when_it_returns(driver_dir: Path, tmp_path: Path) -> None:
+    async def main() -> None:
+        port = free_ports(50)
+        disconnects: list[Connection] = []
+        first_dir, second_dir = peer_dir(), peer_dir()
+        store = tmp_path / "client.db"
+        async with buffered_server(driver_dir, buffered_timeout=30.0) as server:
+            server.on_disconnect(disconnects.append)
+            await server.bind(port)
+            try:
+                lost = await lose_a_client(server, port, store, first_dir)
+                assert disconnects == []  # the session waits for the client
+                for n in range(1000):
+                    await lost.send(Base(n))  # queued, in order
+                # Not handed to a transport (False), but queued as well: the refusal says so.
+                assert not lost.send_nowait(Base(1000)) and "queued" in (lost.last_refusal or "")
+                back = start_peer("receiver", str(second_dir), "127.0.0.1", str(port), "1.0", str(store), "1002")
+                try:
+                    assert (await read_line(back)).startswith("connected ")
+                    await lost.send(Base(1001))  # after the return, the old connection forwards to the new one
+                    assert await read_line(back) == "received 1002 0..1001 ordered"
+                    assert disconnects == [lost]  # the lost connection's end, reported when the session resumed
+                    (current,) = server.connections
+                    assert current.remote_public_key == lost.remote_public_key and current is not lost
+                finally:
+                    back.kill()
+            finally:
+                shutil.rmtree(first_dir, ignore_errors=True)
+                shutil.rmtree(second_dir, ignore_errors=True)
+
+    run(main(), 120)
+
+
+def test_a_session_that_expires_or_overflows_tells_the_application_what_was_not_delivered(
+    driver_dir: Path, tmp_path: Path
+) -> None:
+    from slipstream.network import UndeliveredError
+
+    async def main() -> None:
+        port = free_ports(50)
+        disconnects: list[Connection] = []
+        errors: list[BaseException] = []
+        directory = peer_dir()
+        async with buffered_server(driver_dir, buffered_timeout=1.5, buffered_capacity=3) as server:
+            server.on_disconnect(disconnects.append)
+            server.on_error(lambda connection, error: errors.append(error))
+            await server.bind(port)
+            try:
+                lost = await lose_a_client(server, port, tmp_path / "client.db", directory)
+                for n in range(3):
+                    await lost.send(Base(n))
+                try:
+                    await lost.send(Base(3))
+                    raise AssertionError("a full queue must refuse")
+                except UndeliveredError as full:
+                    assert full.messages == (Base(3),)
+                assert disconnects == []
+                deadline = time.monotonic() + 10
+                while not disconnects:
+                    assert time.monotonic() < deadline, "the session did not expire"
+                    await asyncio.sleep(0.02)
+                assert disconnects == [lost]
+                expired = [e for e in errors if isinstance(e, UndeliveredError) and len(e.messages) == 3]
+                assert [e.messages for e in expired] == [(Base(0), Base(1), Base(2))]
+                try:
+                    await lost.send(Base(9))
+                    raise AssertionError("an expired session queues nothing")
+                except Exception as exc:
+                    assert type(exc).__name__ == "ConnectionClosedError", exc
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    run(main(), 90)

@@ -12,7 +12,7 @@ is sans-I/O (``handshake``, ``connection``); ``aio`` is the adapter. May import 
         await server.bind(20000)
 """
 
-from .aio import Client, Connection, Ping, Server
+from .aio import Client, Connection, Ping, Server, Transfer
 from .config import ClientConfig, ConfigError, ConfigTypeError, ServerConfig
 from .errors import (
     ClientError,
@@ -32,8 +32,11 @@ from .errors import (
     ServerFull,
     ServerKeyChanged,
     TooManyConnectionsForAddress,
+    UndeliveredError,
     UnregisteredTypeError,
 )
+from .rmi import RemoteError, RemoteObjectMissing, RmiCallTimeout, RmiConnectionClosed, RmiError
+from .streaming import StreamingError
 
 __all__ = [
     "Client",
@@ -61,5 +64,13 @@ __all__ = [
     "ServerFull",
     "ServerKeyChanged",
     "TooManyConnectionsForAddress",
+    "Transfer",
+    "UndeliveredError",
     "UnregisteredTypeError",
+    "RemoteError",
+    "RemoteObjectMissing",
+    "RmiCallTimeout",
+    "RmiConnectionClosed",
+    "RmiError",
+    "StreamingError",
 ]

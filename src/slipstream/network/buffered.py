@@ -155,6 +155,12 @@ class BufferedSessions(Generic[T]):
         heapq.heappush(self._expiries, (session.expires_ns, key))
         return True
 
+    def ended(self, key: bytes) -> None:
+        """The peer's connection ended deliberately (a close, not a loss): its session ends with it."""
+        session = self._sessions.get(key)
+        if session is not None and session.connected:
+            del self._sessions[key]
+
     def is_waiting(self, key: bytes) -> bool:
         """Whether messages for ``key`` are being queued (its session is disconnected and alive)."""
         session = self._sessions.get(key)

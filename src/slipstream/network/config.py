@@ -207,6 +207,18 @@ class ServerConfig(_EndpointConfig):
     """Half-open handshakes kept at once; beyond it the oldest is dropped (memory stays bounded)."""
     handshakes_per_second: float = 2000.0
     """Budget of Diffie-Hellman work for new handshakes; HELLOs beyond it are dropped (clients retry)."""
+    buffered_sessions: bool = False
+    """Keep a session for a client whose connection is *lost* (it went silent past the expiry; a
+    deliberate close ends the session at once): what the application sends to it meanwhile is queued
+    and delivered in order, first thing, when the same client (its public key) connects again within
+    ``buffered_timeout``; only then, or when the session expires, does ``on_disconnect`` fire. Off by
+    default, so a lost client is reported within the connection expiry."""
+    buffered_rule: FilterCallback | None = None
+    """With buffered sessions on, which connections get one: ``(address, tag) -> bool`` (None: all)."""
+    buffered_timeout: float = 120.0
+    """How long a lost client's session waits for it (the seed's 120 s)."""
+    buffered_capacity: int = 10_000
+    """Messages queued per waiting session; beyond it ``send`` raises UndeliveredError."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -255,6 +267,13 @@ class ServerConfig(_EndpointConfig):
         if not 1 <= self.max_pending_handshakes <= 1_000_000:
             raise ConfigError(f"max_pending_handshakes must be in 1..1000000: {self.max_pending_handshakes}")
         _positive("handshakes_per_second", self.handshakes_per_second)
+        _check_type("buffered_sessions", self.buffered_sessions, bool)
+        if self.buffered_rule is not None and not callable(self.buffered_rule):
+            raise ConfigTypeError(f"buffered_rule must be callable (address, tag) -> bool: {self.buffered_rule!r}")
+        _positive("buffered_timeout", self.buffered_timeout)
+        _check_type("buffered_capacity", self.buffered_capacity, int)
+        if self.buffered_capacity < 0:
+            raise ConfigError(f"buffered_capacity must not be negative: {self.buffered_capacity}")
 
     @property
     def per_address_limit(self) -> int:

@@ -134,6 +134,16 @@ class ServerError(NetworkError):
     """A server cannot do what was asked (bound twice, IPC disabled...)."""
 
 
+class UndeliveredError(NetworkError):
+    """Messages for a peer of a buffered session that will never be delivered: its queue was full
+    (raised by ``send``), or the session expired before the peer came back (reported to ``on_error``
+    with the connection). ``messages`` holds them, oldest first, so the application can act."""
+
+    def __init__(self, message: str, messages: tuple[object, ...]) -> None:
+        super().__init__(message)
+        self.messages = messages
+
+
 __all__ += [
     "ClientError",
     "ClientRejected",
@@ -150,4 +160,5 @@ __all__ += [
     "ServerFull",
     "ServerKeyChanged",
     "TooManyConnectionsForAddress",
+    "UndeliveredError",
 ]

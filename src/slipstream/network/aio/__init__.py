@@ -1,7 +1,7 @@
 """The asyncio adapter: the only part of the network layer that touches an event loop."""
 
 from .client import Client
-from .connection import Connection, Ping
+from .connection import Connection, Ping, Transfer
 from .server import Server
 
-__all__ = ["Client", "Connection", "Ping", "Server"]
+__all__ = ["Client", "Connection", "Ping", "Server", "Transfer"]

@@ -38,6 +38,7 @@ from ..errors import (
     PingTimeout,
     SendSyncTimeout,
     SendTimeout,
+    UndeliveredError,
 )
 from ..events import (
     Closed,
@@ -87,6 +88,8 @@ class EndpointHooks(Protocol):
     def _connection_closed(self, connection: Connection, event: Closed) -> None: ...
 
     def _round_trip(self, connection: Connection, round_trip_ns: int) -> None: ...
+
+    def _buffer(self, connection: Connection, message: object) -> str | None: ...
 
 
 _SEAL_FLUSH = 8
@@ -213,6 +216,8 @@ class Connection:
         """Remote objects over this connection: ``get(Interface, id)``, ``get_global(Interface, id)``,
         ``await create(Interface, *args)``, ``save(obj[, id])``, ``delete(id)``."""
         self._objects_travel = bool(rmi.registry.interfaces)
+        self._successor: Connection | None = None
+        """The connection that took over this one's buffered session (sends go there)."""
         self._track_position = False
         """Set by the endpoint when it captures messages: then ``_session_id`` and ``_position`` follow
         each record received (reading them from the header costs, so only then)."""
@@ -267,22 +272,43 @@ class Connection:
 
     def send_nowait(self, message: object) -> bool:
         """Hand ``message`` to the connection without waiting; False (and ``last_refusal``) when it
-        is closed or back-pressured. An unregistered type raises UnregisteredTypeError."""
-        if self._machine.closed:
-            self.last_refusal = "closed"
+        is closed or back-pressured, or queued for a buffered session's return. An unregistered type
+        raises UnregisteredTypeError."""
+        target = self._current()
+        if target._machine.closed:
+            verdict = target._endpoint._buffer(target, message)
+            self.last_refusal = {
+                "queued": "queued until the peer reconnects (buffered session)",
+                "full": "the buffered session's queue is full",
+            }.get(verdict or "", "closed")
             return False
-        if len(self._backlog) >= BACKLOG_LIMIT:
+        if len(target._backlog) >= BACKLOG_LIMIT:
             self.last_refusal = "back-pressured"
             return False
-        self._send(message)
+        target._send(message)
         return True
 
     async def send(self, message: object) -> None:
         """Send ``message``, waiting out back-pressure up to ``send_timeout``; raises
-        ConnectionClosedError, SendTimeout, UnregisteredTypeError."""
-        if len(self._backlog) >= BACKLOG_LIMIT:
-            await self._wait_room()
-        self._send(message)
+        ConnectionClosedError, SendTimeout, UnregisteredTypeError. With a buffered session waiting for
+        the peer, the message is queued for its return instead (UndeliveredError if the queue is full)."""
+        target = self._current()
+        if target._machine.closed:
+            verdict = target._endpoint._buffer(target, message)
+            if verdict == "queued":
+                return
+            if verdict == "full":
+                raise UndeliveredError(f"connection {target.id}: the buffered session's queue is full", (message,))
+        if len(target._backlog) >= BACKLOG_LIMIT:
+            await target._wait_room()
+        target._send(message)
+
+    def _current(self) -> Connection:
+        """This connection, or the one that took over its buffered session."""
+        connection = self
+        while connection._successor is not None:
+            connection = connection._successor
+        return connection
 
     def _send(self, message: object) -> None:
         if self._objects_travel and self.rmi.endpoint.is_remote_object(message):

@@ -226,9 +226,23 @@ class Endpoint:
             self._recording.disconnected(connection, event)
         connection._fail_waiters()
         self._release_connection(connection)
+        connection._closed_event.set()
+        if not self._session_waits(connection, event):
+            self._fire_disconnect(connection)
+
+    def _fire_disconnect(self, connection: Connection) -> None:
+        """Run ``on_disconnect`` (the connection's, then the endpoint's): once per connection."""
         self._fire(connection._listeners.disconnect, connection)
         self._fire(self.listeners.disconnect, connection)
-        connection._closed_event.set()
+
+    def _session_waits(self, connection: Connection, event: Closed) -> bool:
+        """Whether a buffered session keeps ``connection``'s peer waiting (``on_disconnect`` later)."""
+        return False
+
+    def _buffer(self, connection: Connection, message: object) -> str | None:
+        """A message for a closed connection: ``"queued"`` for its peer's return, ``"full"`` (the
+        queue is; UndeliveredError reported), or None (no session waits: the connection is closed)."""
+        return None
 
     def _release_connection(self, connection: Connection) -> None:
         raise NotImplementedError

@@ -20,10 +20,11 @@ from typing import Any
 from ...client import ADMIN_ACTION, DriverError, ExclusivePublication, FragmentAssembler, Header, Subscription
 from ...client.allocation import IdAllocator, PortAllocator
 from ..admission import AdmissionPolicy, IpFilterRule, RejectReason
+from ..buffered import BufferedSessions, BufferOverflowed, SessionExpired, SessionResumed
 from ..config import ServerConfig
 from ..connection import PlainRecords
-from ..errors import ServerError
-from ..events import ClientAccepted, Rejected
+from ..errors import ServerError, UndeliveredError
+from ..events import ClientAccepted, Closed, Rejected
 from ..handshake import ServerHandshake
 from ..rmi import ObjectTable
 from ..session import RecordLayer
@@ -111,6 +112,15 @@ class Server(Endpoint):
         self._owner: dict[int, _Link] = {}
         self.rejected: list[Rejected] = []
         """Recent rejections (bounded), for operators and tests."""
+        self._buffered: BufferedSessions[object] | None = None
+        if config.buffered_sessions:
+            self._buffered = BufferedSessions(
+                timeout_ns=int(config.buffered_timeout * 1e9),
+                capacity=config.buffered_capacity,
+                rules=() if config.buffered_rule is None else (config.buffered_rule,),
+            )
+        self._waiting: dict[bytes, Connection] = {}
+        """Lost connections whose buffered session waits for the peer (their on_disconnect is pending)."""
         self.rmi = ObjectTable(self.rmi_registry, is_global=True)
         """Global remote objects every client reaches: ``server.rmi.save(obj) -> id``, ``save(obj, id)``,
         ``delete(obj_or_id)``; a client calls them through ``connection.rmi.get_global(Interface, id)``."""
@@ -387,7 +397,67 @@ class Server(Endpoint):
     def _activate(self, starting: _Starting, now_ns: int) -> None:
         connection = self._make_connection(starting, now_ns)
         self._connections[connection.id] = connection
+        queued: list[object] = []
+        sessions = self._buffered
+        if sessions is not None:
+            key = connection.remote_public_key
+            wanted = sessions.wants_buffering(connection.remote_address, connection.tag)
+            queued = sessions.connected(key, now_ns, buffered=wanted)
+            self._session_events()
+            previous = self._waiting.pop(key, None)
+            if previous is not None:  # the session resumes here: the lost connection's end is reported now
+                previous._successor = connection
+                self._fire_disconnect(previous)
+        for message in queued:  # what waited for this peer goes first, in order
+            connection._send(message)
         self._connection_up(connection)
+
+    # -- buffered sessions --------------------------------------------------------------------------
+
+    def _session_waits(self, connection: Connection, event: Closed) -> bool:
+        sessions = self._buffered
+        if sessions is None:
+            return False
+        key = connection.remote_public_key
+        if not event.expired:
+            sessions.ended(key)  # only a lost peer is waited for; a deliberate close ends the session
+            return False
+        if not sessions.disconnected(key, time.monotonic_ns()):
+            return False
+        self._waiting[key] = connection
+        return True
+
+    def _buffer(self, connection: Connection, message: object) -> str | None:
+        sessions = self._buffered
+        key = connection.remote_public_key
+        if sessions is None or self._waiting.get(key) is not connection:
+            return None
+        if sessions.enqueue(key, message):
+            return "queued"
+        self._session_events()
+        return "full"
+
+    def _session_events(self) -> None:
+        assert self._buffered is not None
+        for event in self._buffered.take_events():
+            if isinstance(event, SessionExpired):
+                connection = self._waiting.pop(event.key, None)
+                if connection is None:
+                    continue
+                if event.undelivered:
+                    self._report_error(connection, UndeliveredError(
+                        f"connection {connection.id}: the peer did not come back within "
+                        f"{self.config.buffered_timeout:g} s; {len(event.undelivered)} messages were not delivered",
+                        event.undelivered,
+                    ))  # fmt: skip
+                self._fire_disconnect(connection)
+            elif isinstance(event, BufferOverflowed):
+                connection = self._waiting.get(event.key)
+                self._report_error(connection, UndeliveredError(
+                    f"a buffered session's queue is full ({event.reason}): a message was not queued", (event.message,)
+                ))  # fmt: skip
+            elif isinstance(event, SessionResumed):
+                log.info("buffered session resumed: %d queued messages delivered", event.delivered)
 
     def _make_connection(self, starting: _Starting, now_ns: int) -> Connection:
         config = self.config
@@ -446,6 +516,10 @@ class Server(Endpoint):
 
     def _duty_cycle(self, now_ns: int) -> int:
         work = 0
+        sessions = self._buffered
+        if sessions is not None and (deadline := sessions.deadline_ns) is not None and now_ns >= deadline:
+            sessions.handle_timer(now_ns)
+            self._session_events()
         for link in self._links:
             work += self._handshake_cycle(link, now_ns)
         if self._starting:
@@ -475,6 +549,9 @@ class Server(Endpoint):
                 connection._flush()
                 connection._process_events()
         await self._wait_closings()
+        if self._buffered is not None:
+            self._buffered.close()  # sessions still waiting end now: what they held is reported
+            self._session_events()
         await self._stop_poller()
         for starting in self._starting:
             self._close_streams(starting.publication, starting.subscription)
