@@ -3,19 +3,22 @@
     python network_peer.py client <driver_dir> <host> <port> <expiry_s> <count> <close|hang>
     python network_peer.py server <driver_dir> <listen_address> <port>
     python network_peer.py receiver <driver_dir> <host> <port> <expiry_s> <settings_store> <expect>
+    python network_peer.py streamer <driver_dir> <host> <port> <file>
 
 The client prints ``connected <id>`` once connected, ``sent`` after ``count`` send_syncs, then either
 closes (``closed``) or hangs until killed (at most 60 s). The server prints ``listening``, then
 ``connect <address>`` per client and ``message <n>`` per message, and runs until killed (60 s).
 The receiver (its identity key kept in ``settings_store``, so a second receiver is the same client)
 prints ``connected <id>``, then ``received <n> <first>..<last> ordered`` (or ``unordered``) once ``expect``
-messages arrived, and hangs until killed (60 s).
+messages arrived, and hangs until killed (60 s). The streamer sends ``file`` (a large file as a
+stream), prints ``streaming``, and hangs until killed (60 s).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import msgspec
 
@@ -75,6 +78,17 @@ async def receiver(directory: str, host: str, port: int, expiry: float, store: s
         await asyncio.sleep(60)
 
 
+async def streamer(directory: str, host: str, port: int, path: str) -> None:
+    config = ClientConfig(
+        app_id="test", messages=[Base], settings_store=":memory:", driver_directory=directory, enable_ipc=False
+    )
+    async with Client(config) as endpoint:
+        connection = await endpoint.connect(host, port, timeout=20)
+        await connection.send(Path(path))
+        print("streaming", flush=True)
+        await asyncio.sleep(60)
+
+
 async def server(directory: str, address: str, port: int) -> None:
     config = ServerConfig(
         app_id="test",
@@ -105,6 +119,9 @@ if __name__ == "__main__":
     if role == "client":
         directory, host, port, expiry, count, mode = args
         coro = client(directory, host, int(port), float(expiry), int(count), mode)
+    elif role == "streamer":
+        directory, host, port, path = args
+        coro = streamer(directory, host, int(port), path)
     elif role == "receiver":
         directory, host, port, expiry, store, expect = args
         coro = receiver(directory, host, int(port), float(expiry), store, int(expect))

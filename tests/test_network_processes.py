@@ -264,3 +264,43 @@ def test_a_session_that_expires_or_overflows_tells_the_application_what_was_not_
                 shutil.rmtree(directory, ignore_errors=True)
 
     run(main(), 90)
+
+
+def test_a_stream_cut_off_by_sigkill_of_its_sender_leaves_no_temporary_file(driver_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "big.bin"
+    with source.open("wb") as out:  # 1 GiB, sparse: the sender reads it while the receiver spills it
+        out.truncate(1 << 30)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+
+    async def main() -> None:
+        port = free_ports(50)
+        directory = peer_dir()
+        errors: list[BaseException] = []
+        config = ServerConfig(
+            app_id="test", messages=[Base], settings_store=":memory:", driver_directory=driver_dir, enable_ipc=False,
+            connection_expiry=1.0, max_clients=4, temp_directory=spill,
+        )  # fmt: skip
+        async with Server(config) as server:
+            server.on_error(lambda connection, error: errors.append(error))
+            await server.bind(port)
+            proc = start_peer("streamer", str(directory), "127.0.0.1", str(port), str(source))
+            try:
+                assert await read_line(proc) == "streaming"
+                deadline = time.monotonic() + 20
+                while not (server.connections and any(t.done for t in server.connections[0].transfers.values())):
+                    assert time.monotonic() < deadline, "no bytes of the stream arrived"
+                    await asyncio.sleep(0.01)
+                assert os.listdir(spill)  # the incoming file is being written to a temporary file
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            finally:
+                proc.kill()
+                shutil.rmtree(directory, ignore_errors=True)
+            deadline = time.monotonic() + 10
+            while server.connections or os.listdir(spill):
+                assert time.monotonic() < deadline, os.listdir(spill)
+                await asyncio.sleep(0.02)
+            assert any("connection_lost" in str(e) for e in errors), errors
+
+    run(main(), 90)

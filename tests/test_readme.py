@@ -28,6 +28,8 @@ def test_python_snippet_runs(index: int, driver_dir: Path) -> None:
         assert "[5, 5, 5000]" in done.stdout and "joined Image(" in done.stdout
     if index == 1:
         assert "[b'ping']" in done.stdout
+    if "IAccount" in blocks("python")[index]:  # the remote-objects tour
+        assert done.stdout.splitlines() == ["100 70", "refused: balance 70, asked 1000", "True"], done.stdout
 
 
 def test_shell_tour_runs() -> None:
