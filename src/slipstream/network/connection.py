@@ -350,8 +350,8 @@ class ConnectionMachine:
         Outgoing streams add up to about ``stream_budget`` bytes of chunks (the adapter sizes it to
         the room its transport has, so a large file is read as the transport drains it)."""
         streams = self.streams
-        if streams is not None and streams.sending and not self.closed:
-            for kind, request_id, payload in streams.take_frames(max(stream_budget, 1)):
+        if streams is not None and stream_budget > 0 and streams.sending and not self.closed:
+            for kind, request_id, payload in streams.take_frames(stream_budget):
                 self._append(kind, request_id, payload)
             self._take_stream_events()
         self._seal_batch()

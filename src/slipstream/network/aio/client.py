@@ -34,6 +34,7 @@ from .transport import (
     HANDSHAKE_IPC_REPLY_STREAM,
     HANDSHAKE_IPC_STREAM,
     HANDSHAKE_STREAM,
+    IPC_MTU,
     IdleBackoff,
     host_port,
     invoke,
@@ -295,7 +296,7 @@ class Client(Endpoint):
             )
             try:
                 publication = context.add_exclusive_publication(
-                    ipc_channel(session_id=done.client_session_id, term_length=config.ipc_term_length),
+                    ipc_channel(session_id=done.client_session_id, term_length=config.ipc_term_length, mtu=IPC_MTU),
                     done.client_stream_id,
                 )
             except BaseException:

@@ -92,6 +92,9 @@ class EndpointHooks(Protocol):
     def _buffer(self, connection: Connection, message: object) -> str | None: ...
 
 
+STREAM_BACKLOG = 4
+"""Records waiting for the transport below which an outgoing stream reads its next chunks: what a
+large message or file costs in memory beyond the transport's own buffer."""
 _SEAL_FLUSH = 8
 """Records sealed within one loop step after which ``send`` offers them at once."""
 
@@ -396,7 +399,8 @@ class Connection:
         machine = self._machine
         backlog = self._backlog
         if machine.has_pending:
-            room = (BACKLOG_LIMIT - len(backlog)) * machine.max_payload  # streams read as the transport drains
+            # Streams are read as the transport drains: at most a few chunks wait beyond its buffer.
+            room = max(0, STREAM_BACKLOG - len(backlog)) * machine.max_payload
             backlog.extend(machine.messages_to_send(time.monotonic_ns(), room))
         offered = 0
         publication = self._publication

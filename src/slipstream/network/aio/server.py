@@ -34,6 +34,7 @@ from .transport import (
     HANDSHAKE_IPC_REPLY_STREAM,
     HANDSHAKE_IPC_STREAM,
     HANDSHAKE_STREAM,
+    IPC_MTU,
     host_port,
     ipc_channel,
     listen_host,
@@ -352,7 +353,7 @@ class Server(Endpoint):
                     raise
             else:
                 publication = context.add_exclusive_publication(
-                    ipc_channel(session_id=event.server_session_id, term_length=config.ipc_term_length),
+                    ipc_channel(session_id=event.server_session_id, term_length=config.ipc_term_length, mtu=IPC_MTU),
                     event.server_stream_id,
                 )
                 try:

@@ -115,6 +115,11 @@ def udp_channel(**params: str | int | bool | None) -> str:
     return str(ChannelUri("udp", clean))
 
 
+IPC_MTU = 65504
+"""MTU of a connection's IPC streams: nothing travels over a network, so records up to 64 KiB are one
+frame (fewer fragments to write and reassemble; small messages still share a record)."""
+
+
 def ipc_channel(**params: str | int | bool | None) -> str:
     """A validated ``aeron:ipc`` URI."""
     clean = {name.replace("_", "-"): value for name, value in params.items() if value is not None}

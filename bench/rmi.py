@@ -1,0 +1,429 @@
+"""Remote objects and streaming: slipstream's RMI against Pyro5 and RPyC, and a 1 GiB file streamed.
+
+    python -m bench.rmi [--quick] [--json PATH]
+
+RMI: one client process calls ``add(i, 1)`` on an object a server process hosts, awaiting each
+result (round trips per second), then sends fire-and-forget ``bump()`` calls and waits until the
+host counted them all (calls per second). slipstream is encrypted (Noise + ChaCha20-Poly1305) over
+UDP loopback and over IPC; Pyro5 (serpent over TCP) and RPyC (its classic brine protocol over TCP)
+run with their unencrypted defaults. RPyC has no fire-and-forget: ``rpyc.async_`` still receives a
+reply, so its row counts calls whose replies were not awaited one by one.
+
+Streaming: a client sends a 1 GiB file (``connection.send(Path)``) to a server over IPC and over UDP
+loopback; the time runs from the send to the server's listener holding the checked copy; each
+process reports its peak resident memory (``ru_maxrss``).
+
+Every peer runs in its own "spawn" process (``bench.Children``); every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection as Pipe
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import Children, expect
+
+
+class ICalc(Protocol):
+    def add(self, a: int, b: int) -> int: ...
+
+    def bump(self) -> None: ...
+
+    def count(self) -> int: ...
+
+
+class Calc:
+    def __init__(self) -> None:
+        self.bumps = 0
+
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def bump(self) -> None:
+        self.bumps += 1
+
+    def count(self) -> int:
+        return self.bumps
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    transport: str  # udp, ipc (slipstream); tcp (peers)
+    port: int
+    directory: str
+    calls: int = 20_000
+    oneway: int = 100_000
+    file_bytes: int = 1 << 30
+    file: str = ""
+    spill: str = ""
+
+
+def _free_port() -> int:
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as second:
+                second.bind(("127.0.0.1", port + 1))
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                tcp.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        if port < 60000:
+            return port
+    raise RuntimeError("no free port")
+
+
+def _dir() -> str:
+    return str(Path("/dev/shm") / f"slipstream-bench-rmi-{uuid.uuid4().hex[:10]}")
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def _wait_stop(pipe: Pipe, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pipe.poll(0) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+def _configs(p: Params, **extra: Any) -> tuple[Any, Any]:
+    from slipstream.network import ClientConfig, ServerConfig
+
+    common: dict[str, Any] = dict(
+        app_id="bench", settings_store=":memory:", enable_ipv6=False, enable_ipc=p.transport == "ipc",
+        term_length=4 << 20, ipc_term_length=8 << 20, **extra,
+    )  # fmt: skip
+    server = ServerConfig(
+        interfaces=[(ICalc, Calc)], driver_directory=p.directory, driver="invoker", max_clients=8, **common
+    )
+    client = ClientConfig(
+        interfaces=[ICalc],
+        # over UDP each side has its own driver, as on two hosts; over IPC the client uses the server's
+        driver_directory=p.directory + "-client" if p.transport == "udp" else p.directory,
+        driver="invoker" if p.transport == "udp" else "external",
+        **common,
+    )
+    return server, client
+
+
+# -- slipstream RMI -------------------------------------------------------------------------------------
+
+
+def slip_server(pipe: Pipe, p: Params) -> None:
+    from slipstream.network import Server
+
+    async def main() -> None:
+        server_config, _ = _configs(p)
+        async with Server(server_config) as server:
+            object_id = server.rmi.save(Calc())
+            await server.bind(p.port)
+            pipe.send(("ready", object_id))
+            await _wait_stop(pipe, 300)
+            pipe.send(("memory", _peak_mib()))
+
+    asyncio.run(main())
+
+
+def slip_client(pipe: Pipe, p: Params) -> None:
+    from slipstream.network import Client
+
+    async def main() -> None:
+        object_id = expect(pipe, "go", 60, "client")
+        _, client_config = _configs(p)
+        async with Client(client_config) as client:
+            connection = await client.connect("127.0.0.1", p.port, timeout=30)
+            calc = connection.rmi.get_global(ICalc, object_id)
+            for i in range(500):  # warm-up
+                await calc.add(i, 1)
+            start = time.perf_counter()
+            for i in range(p.calls):
+                assert await calc.add(i, 1) == i + 1
+            awaited = p.calls / (time.perf_counter() - start)
+            oneway = calc.rmi_async()
+            start = time.perf_counter()
+            for i in range(p.oneway):
+                oneway.bump()
+                if i % 2048 == 0:
+                    await asyncio.sleep(0)
+            deadline = time.monotonic() + 120
+            while await calc.count() < p.oneway:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("fire-and-forget calls did not all arrive")
+                await asyncio.sleep(0.001)
+            fire = p.oneway / (time.perf_counter() - start)
+        pipe.send(("result", {"awaited_per_s": awaited, "oneway_per_s": fire}))
+
+    asyncio.run(main())
+
+
+# -- Pyro5 ----------------------------------------------------------------------------------------------
+
+
+def pyro_server(pipe: Pipe, p: Params) -> None:
+    import Pyro5.api
+
+    @Pyro5.api.expose
+    class PyroCalc:
+        def __init__(self) -> None:
+            self.bumps = 0
+
+        def add(self, a: int, b: int) -> int:
+            return a + b
+
+        @Pyro5.api.oneway
+        def bump(self) -> None:
+            with lock:
+                self.bumps += 1
+
+        def count(self) -> int:
+            return self.bumps
+
+    lock = threading.Lock()
+    daemon = Pyro5.api.Daemon(host="127.0.0.1", port=p.port)
+    uri = daemon.register(PyroCalc(), "calc")
+    thread = threading.Thread(target=daemon.requestLoop, daemon=True)
+    thread.start()
+    pipe.send(("ready", str(uri)))
+    expect(pipe, "stop", 300, "pyro server")
+    daemon.shutdown()
+
+
+def pyro_client(pipe: Pipe, p: Params) -> None:
+    import Pyro5.api
+
+    uri = expect(pipe, "go", 60, "pyro client")
+    with Pyro5.api.Proxy(uri) as calc:
+        for i in range(500):
+            calc.add(i, 1)
+        start = time.perf_counter()
+        for i in range(p.calls):
+            assert calc.add(i, 1) == i + 1
+        awaited = p.calls / (time.perf_counter() - start)
+        start = time.perf_counter()
+        for _ in range(p.oneway):
+            calc.bump()
+        deadline = time.monotonic() + 120
+        while calc.count() < p.oneway:
+            if time.monotonic() > deadline:
+                raise TimeoutError("Pyro5 oneway calls did not all arrive")
+            time.sleep(0.001)
+        fire = p.oneway / (time.perf_counter() - start)
+    pipe.send(("result", {"awaited_per_s": awaited, "oneway_per_s": fire}))
+
+
+# -- RPyC -----------------------------------------------------------------------------------------------
+
+
+def rpyc_server(pipe: Pipe, p: Params) -> None:
+    import rpyc
+    from rpyc.utils.server import ThreadedServer
+
+    class CalcService(rpyc.Service):  # type: ignore[misc]
+        calc = Calc()
+
+        def exposed_add(self, a: int, b: int) -> int:
+            return a + b
+
+        def exposed_bump(self) -> None:
+            CalcService.calc.bumps += 1
+
+        def exposed_count(self) -> int:
+            return CalcService.calc.bumps
+
+    server = ThreadedServer(CalcService, hostname="127.0.0.1", port=p.port)
+    thread = threading.Thread(target=server.start, daemon=True)
+    thread.start()
+    pipe.send(("ready", None))
+    expect(pipe, "stop", 300, "rpyc server")
+    server.close()
+
+
+def rpyc_client(pipe: Pipe, p: Params) -> None:
+    import rpyc
+
+    expect(pipe, "go", 60, "rpyc client")
+    conn = rpyc.connect("127.0.0.1", p.port)
+    try:
+        root = conn.root
+        for i in range(500):
+            root.add(i, 1)
+        start = time.perf_counter()
+        for i in range(p.calls):
+            assert root.add(i, 1) == i + 1
+        awaited = p.calls / (time.perf_counter() - start)
+        bump = rpyc.async_(root.bump)
+        start = time.perf_counter()
+        pending = [bump() for _ in range(p.oneway)]
+        for result in pending:
+            result.wait()
+        deadline = time.monotonic() + 120
+        while root.count() < p.oneway:
+            if time.monotonic() > deadline:
+                raise TimeoutError("RPyC async calls did not all arrive")
+            time.sleep(0.001)
+        fire = p.oneway / (time.perf_counter() - start)
+    finally:
+        conn.close()
+    pipe.send(("result", {"awaited_per_s": awaited, "oneway_per_s": fire}))
+
+
+# -- streaming ------------------------------------------------------------------------------------------
+
+
+def stream_server(pipe: Pipe, p: Params) -> None:
+    from slipstream.network import Connection, Server
+
+    async def main() -> None:
+        server_config, _ = _configs(p, temp_directory=p.spill)
+        done = asyncio.Event()
+        arrived: dict[str, Any] = {}
+        async with Server(server_config) as server:
+
+            @server.on_message(Path)
+            def on_file(connection: Connection, path: Path) -> None:
+                arrived.update(at=time.time(), size=path.stat().st_size)
+                done.set()
+
+            await server.bind(p.port)
+            pipe.send(("ready", None))
+            await asyncio.wait_for(done.wait(), 600)
+            pipe.send(("arrived", {**arrived, "server_peak_mib": _peak_mib()}))
+            await _wait_stop(pipe, 60)
+
+    asyncio.run(main())
+
+
+def stream_client(pipe: Pipe, p: Params) -> None:
+    from slipstream.network import Client
+
+    async def main() -> None:
+        expect(pipe, "go", 60, "stream client")
+        _, client_config = _configs(p)
+        async with Client(client_config) as client:
+            connection = await client.connect("127.0.0.1", p.port, timeout=30)
+            started = time.time()
+            await connection.send(Path(p.file))
+            pipe.send(("sent", {"started": started}))
+            while not pipe.poll(0):  # keep the connection (and an invoker driver) running until told
+                await asyncio.sleep(0.01)
+            pipe.send(("memory", _peak_mib()))
+
+    asyncio.run(main())
+
+
+# -- runs -----------------------------------------------------------------------------------------------
+
+
+def _pair(name: str, server: Any, client: Any, p: Params) -> dict[str, Any]:
+    with Children() as children:
+        s = children.start(f"{name}-server", server, p)
+        ready = s.expect("ready", 60)
+        c = children.start(f"{name}-client", client, p)
+        c.send("go", ready)
+        result: dict[str, Any] = c.expect("result", 600)
+        s.send("stop")
+        if name.startswith("slipstream"):
+            result["server_peak_mib"] = s.expect("memory", 30)
+        return result
+
+
+def run_rmi(p: Params) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for transport in ("ipc", "udp"):
+        q = replace(p, transport=transport, port=_free_port(), directory=_dir())
+        try:
+            results[f"slipstream-{transport}"] = _pair(f"slipstream-{transport}", slip_server, slip_client, q)
+        finally:
+            for suffix in ("", "-client"):
+                shutil.rmtree(q.directory + suffix, ignore_errors=True)
+        print(transport, json.dumps(results[f"slipstream-{transport}"]), flush=True)
+    results["pyro5"] = _pair("pyro5", pyro_server, pyro_client, replace(p, transport="tcp", port=_free_port()))
+    print("pyro5", json.dumps(results["pyro5"]), flush=True)
+    results["rpyc"] = _pair("rpyc", rpyc_server, rpyc_client, replace(p, transport="tcp", port=_free_port()))
+    print("rpyc", json.dumps(results["rpyc"]), flush=True)
+    return results
+
+
+def run_streaming(p: Params) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="slipstream-bench-stream-") as scratch:
+        source = Path(scratch) / "source.bin"
+        block = os.urandom(1 << 20)
+        with source.open("wb") as out:
+            for _ in range(p.file_bytes // len(block)):
+                out.write(block)
+        spill = Path(scratch) / "spill"
+        spill.mkdir()
+        for transport in ("ipc", "udp"):
+            q = replace(p, transport=transport, port=_free_port(), directory=_dir(), file=str(source), spill=str(spill))
+            try:
+                with Children() as children:
+                    s = children.start(f"stream-{transport}-server", stream_server, q)
+                    s.expect("ready", 60)
+                    c = children.start(f"stream-{transport}-client", stream_client, q)
+                    c.send("go")
+                    started = c.expect("sent", 120)["started"]
+                    arrived = s.expect("arrived", 600)
+                    c.send("stop")
+                    client_peak = c.expect("memory", 30)
+                    s.send("stop")
+                seconds = arrived["at"] - started
+                results[f"slipstream-{transport}"] = {
+                    "bytes": arrived["size"], "seconds": seconds, "mb_per_s": arrived["size"] / seconds / 1e6,
+                    "server_peak_mib": arrived["server_peak_mib"], "client_peak_mib": client_peak,
+                }  # fmt: skip
+            finally:
+                for suffix in ("", "-client"):
+                    shutil.rmtree(q.directory + suffix, ignore_errors=True)
+                for leftover in spill.iterdir():
+                    leftover.unlink()
+            print("stream", transport, json.dumps(results[f"slipstream-{transport}"]), flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="tiny counts: checks the suite works")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--only", choices=("rmi", "streaming"), help="run one half")
+    args = parser.parse_args(argv)
+    p = Params("udp", 0, "")
+    if args.quick:
+        p = replace(p, calls=300, oneway=2000, file_bytes=8 << 20)
+    results = {
+        "machine": {"cpu_count": os.cpu_count(), "loadavg_at_start": os.getloadavg()},
+        "params": {"calls": p.calls, "oneway": p.oneway, "file_bytes": p.file_bytes},
+        "rmi": run_rmi(p) if args.only != "streaming" else {},
+        "streaming": run_streaming(p) if args.only != "rmi" else {},
+    }
+    rmi = results["rmi"]
+    for transport in ("ipc", "udp") if rmi else ():
+        mine = rmi[f"slipstream-{transport}"]["awaited_per_s"]
+        for peer in ("pyro5", "rpyc"):
+            ratio = mine / rmi[peer]["awaited_per_s"]
+            print(f"awaited calls, slipstream {transport} vs {peer}: {ratio:.2f}x", flush=True)
+    text = json.dumps(results, indent=2)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
