@@ -106,13 +106,15 @@ def test_recording_off_by_default_and_checked(driver_dir: Path, tmp_path: Path) 
 
 def test_captured_messages_come_out_with_their_fields_as_typed_columns(driver_dir: Path, tmp_path: Path) -> None:
     recording = RecordingConfig(directory=tmp_path / "rec", capture_messages=True)
+    note = tmp_path / "note.txt"
+    note.write_text("a file")
     sent = [Quote(i, i / 2, f"S{i}") for i in range(30)] + [Derived(7, "seven"), Base(3)]
 
     async def main() -> dict[str, Any]:
         port = free_ports(50)
         async with Server(server_config(driver_dir, recording=recording)) as server:
             got: list[object] = []
-            for kind in (Quote, Base):
+            for kind in (Quote, Base, Path):
                 server.on_message(kind)(lambda connection, message: got.append(message))
             await server.bind(port)
             async with Client(client_config(driver_dir)) as client:  # the client records nothing
@@ -120,13 +122,17 @@ def test_captured_messages_come_out_with_their_fields_as_typed_columns(driver_di
                 for message in sent:
                     await connection.send(message)
                 await wait_for(lambda: len(got) == len(sent))
+                await connection.send(note)  # a file: captured as an event without message bytes
+                await wait_for(lambda: len(got) == len(sent) + 1)
                 (server_side,) = server.connections
                 return {"channel": server_side._subscription.channel, "stream": server_side._subscription.stream_id}
 
     where = run(main())
     root = tmp_path / "rec"
     captured = rows(root, "captured")
-    assert [row["message_type"] for row in captured] == [type(m).__name__ for m in sent]
+    assert [row["message_type"] for row in captured] == [type(m).__name__ for m in sent] + ["PosixPath"]
+    assert captured[-1]["size"] == 0
+    captured = captured[:-1]
     assert {(row["channel"], row["stream_id"]) for row in captured} == {(where["channel"], where["stream"])}
     assert all(row["size"] == len(row["payload"]) > 0 for row in captured)
     positions = [row["position"] for row in captured]

@@ -321,7 +321,10 @@ class Connection:
         self._after_append()
 
     async def send_sync(self, message: object, timeout: float | None = None) -> None:
-        """Send ``message`` and wait until the remote's listeners have handled it."""
+        """Send ``message`` and wait until the remote's listeners have handled it (a buffered
+        session's successor carries it; a closed connection raises ConnectionClosedError)."""
+        if self._successor is not None:
+            return await self._current().send_sync(message, timeout)
         if len(self._backlog) >= BACKLOG_LIMIT:
             await self._wait_room()
         timeout_s = self.send_timeout if timeout is None else timeout
@@ -333,6 +336,8 @@ class Connection:
 
     async def ping(self, timeout: float | None = None) -> Ping:
         """Round trip to the peer and back (raises PingTimeout, ConnectionClosedError)."""
+        if self._successor is not None:
+            return await self._current().ping(timeout)
         timeout_s = self.send_timeout if timeout is None else timeout
         ping_id = self._machine.ping(time.monotonic_ns(), int(timeout_s * 1e9))
         future: asyncio.Future[Ping] = self._loop.create_future()

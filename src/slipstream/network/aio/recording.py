@@ -35,6 +35,7 @@ from ...telemetry import (
 from ...telemetry.config import RecordingConfig, release
 from ...telemetry.records import CAPTURE_COLUMNS
 from ..admission import RejectReason
+from ..errors import SerializationError
 from ..events import Closed
 from .connection import Connection
 from .transport import host_port
@@ -143,7 +144,10 @@ class EndpointRecording:
             except RecordError:  # fields that are not plain columns: captured, but not as a typed table
                 schema = None
             typed = self._typed[kind] = (schema, schema.names[len(CAPTURE_COLUMNS) :] if schema else ())
-        payload = self._encode(message)
+        try:
+            payload = self._encode(message)
+        except SerializationError:  # a file (its Path) or a remote object: no bytes of a message type
+            payload = b""
         subscription = connection._subscription
         base = (time.time_ns(), subscription.channel, subscription.stream_id, connection._session_id,
                 connection._position, len(payload))  # fmt: skip
