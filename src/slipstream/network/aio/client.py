@@ -185,12 +185,14 @@ class Client(Endpoint):
             self._release_if_idle()
             raise
         backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
+        failed = True
         try:
             wait_until = min(deadline, started + IPC_PROBE_S) if probe else deadline
             while not (hs_pub.is_connected and hs_sub.image_count > 0):
                 invoke(context)
                 if time.monotonic() >= wait_until:
                     if probe:
+                        failed = False  # the UDP attempt that follows uses the same driver
                         return None
                     raise ConnectTimeout(f"no server answered at {where} within {time.monotonic() - started:.1f} s")
                 await backoff.idle(time.monotonic())
@@ -239,10 +241,13 @@ class Client(Endpoint):
                     if work:
                         backoff.reset()
                     await backoff.idle(time.monotonic())
+            failed = False
         finally:
             for item in (hs_pub, hs_sub):
                 with contextlib.suppress(DriverError):
                     item.close()
+            if failed:  # rejected or timed out: a client that never connects holds no driver
+                self._release_if_idle()
         if host is not None and machine.remote_public_key is not None:
             self.store.pin(host, machine.remote_public_key)
         try:

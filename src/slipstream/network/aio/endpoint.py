@@ -366,20 +366,24 @@ class PollGroup:
         if endpoint in self.endpoints:
             self.endpoints.remove(endpoint)
 
+    def _invoke_drivers(self) -> None:
+        """One duty cycle of each invoker-mode driver the endpoints use (a no-op for the others). Its
+        own chores (heartbeats, status messages) do not count as work, or an idle endpoint would never
+        park."""
+        invoked: set[int] = set()
+        for endpoint in self.endpoints:
+            context = endpoint._context
+            if context is not None and id(context) not in invoked:
+                invoked.add(id(context))
+                context.invoke()
+
     async def _run(self) -> None:
         backoff = self.backoff
         try:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
                 work = 0
-                invoked: set[int] = set()
-                for endpoint in self.endpoints:
-                    context = endpoint._context
-                    if context is not None and id(context) not in invoked:
-                        invoked.add(id(context))
-                        # An invoker-mode driver runs here (else 0). Its own chores (heartbeats,
-                        # status messages) do not count as work, or an idle endpoint would never park.
-                        context.invoke()
+                self._invoke_drivers()
                 for endpoint in list(self.endpoints):
                     try:
                         work += endpoint._duty_cycle(now_ns)
@@ -387,9 +391,14 @@ class PollGroup:
                         log.exception("network poller failed")
                         endpoint._report_error(None, exc)
                 if work:
+                    self._invoke_drivers()  # what the cycle just offered leaves now, not a loop turn later
                     backoff.reset()
                     await asyncio.sleep(0)
                 else:
-                    await backoff.idle(now_ns / 1e9)
+                    threaded = any(
+                        (context := endpoint._context) is not None and context.is_embedded and not context.is_invoker
+                        for endpoint in self.endpoints
+                    )
+                    await backoff.idle(now_ns / 1e9, nap=threaded)
         finally:
             self.task = None

@@ -202,8 +202,10 @@ class IdleBackoff:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def idle(self, now_s: float) -> None:
-        """Wait one step of the back-off (``now_s`` is the caller's monotonic time)."""
+    async def idle(self, now_s: float, *, nap: bool = True) -> None:
+        """Wait one step of the back-off (``now_s`` is the caller's monotonic time). ``nap``: an
+        embedded driver thread shares our GIL, so spinning yields it some time; without one (an
+        invoker-mode or standalone driver) a nap only delays the answer (Linux sleeps 50 us or more)."""
         # asyncio cannot sleep less than about a millisecond (its selector waits in milliseconds),
         # so right after work (or a kick) the poller only yields, for ``spin_s``: an answer that
         # follows closely is polled within microseconds, not a millisecond later.
@@ -211,7 +213,7 @@ class IdleBackoff:
             if self._count == 0:
                 self._spin_until = now_s + self.spin_s
             self._count += 1
-            if self._count > self.spins:
+            if nap and self._count > self.spins:
                 # A short blocking nap lets the driver's thread (an embedded driver shares our GIL)
                 # move the data we are waiting for; a bare yield would keep the GIL from it.
                 time.sleep(self.nap_s)
