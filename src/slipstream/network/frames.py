@@ -34,7 +34,7 @@ __all__ = [
 
 
 class FrameKind(IntEnum):
-    """What a frame carries. 16-20 are reserved for remote objects and streaming (a later issue)."""
+    """What a frame carries: messages and their controls, then remote objects (16-17) and streams (18-20)."""
 
     MESSAGE = 1
     SYNC_REQUEST = 2
