@@ -270,3 +270,73 @@ def test_registration_of_interfaces_is_compared_in_the_handshake(driver_dir: Pat
                 pass
 
     run(main(), 60)
+
+
+def test_a_hostile_peer_gets_errors_and_the_host_keeps_serving(driver_dir: Path, tmp_path: Path) -> None:
+    """Over a real connection: calls outside the interface, an absurd stream size, replayed and forged
+    RMI responses. Each is refused or dropped and counted; nothing is allocated for the announced size;
+    the server goes on serving the same connection."""
+    import struct
+
+    from slipstream.network.frames import FrameKind
+
+    request = struct.Struct(">BHHH")  # flags, object id, interface index, method index (network.rmi)
+    start = struct.Struct(">BBIQ")  # flags, inner kind, inner request id, total (network.streaming)
+
+    async def main() -> None:
+        errors: list[BaseException] = []
+        async with connected(driver_dir, "udp", tmp_path) as (server, _client, connection):
+            server.on_error(lambda conn, error: errors.append(error))
+            calc_id = server.rmi.save(Calc())
+            calc = connection.rmi.get_global(ICalc, calc_id)
+            assert await calc.add(1, 2) == 3
+            (server_side,) = server.connections
+            host = server_side.rmi.endpoint
+            args = msgspec.msgpack.encode([1, 2])
+            machine = connection._machine
+            hostile = [
+                request.pack(1, calc_id, 0, 9999) + args,  # a method index outside the interface
+                request.pack(1, calc_id, 999, 0) + args,  # an unknown interface
+                request.pack(1, calc_id, 0, 0) + b"\xc1\xff",  # garbage arguments
+            ]
+            for n, payload in enumerate(hostile):
+                machine.send_frame(FrameKind.RMI_REQUEST, (n + 100) << 16 | 7, payload)
+            machine.send_frame(FrameKind.RMI_RESPONSE, 12345 << 16 | 9, b"\x00\x01")  # forged response
+            machine.send_frame(FrameKind.STREAM_START, 77, start.pack(0, FrameKind.MESSAGE, 0, 1 << 62))
+            connection._after_append()
+            await wait_for(lambda: host.stats.requests_refused == len(hostile), 10)
+            await wait_for(lambda: host.stats.responses_dropped == 1, 10)
+            await wait_for(lambda: any(isinstance(e, StreamingError) and "too_large" in str(e) for e in errors), 10)
+            streams = server_side._machine.streams
+            assert streams is not None and streams.in_memory_bytes == 0 and os.listdir(tmp_path) == []
+            # The same connection still serves: calls, and a large message that does fit the limit.
+            assert await calc.add(20, 22) == 42
+            assert await connection.rmi.get_global(IStore, server.rmi.save(Store())).digest_of(b"ok") == (
+                hashlib.sha256(b"ok").hexdigest()
+            )
+            assert not server_side.is_closed and not connection.is_closed
+
+    run(main(), 60)
+
+
+def test_progress_of_a_large_transfer_is_observable(driver_dir: Path, tmp_path: Path) -> None:
+    data = random.Random(5).randbytes(24 * 1024 * 1024)
+
+    async def main() -> None:
+        async with connected(driver_dir, "ipc", tmp_path) as (server, _client, connection):
+            got: list[int] = []
+            server.on_message(Blob)(lambda conn, blob: got.append(len(blob.data)))
+            seen: list[tuple[int, int]] = []
+            send = asyncio.ensure_future(connection.send(Blob("progress", data)))
+            (server_side,) = server.connections
+            while not got:
+                for transfer in list(server_side.transfers.values()) + list(connection.transfers.values()):
+                    seen.append((transfer.done, transfer.total))
+                await asyncio.sleep(0.001)
+            await send
+            assert got == [len(data)]
+            assert seen and all(0 <= done <= total for done, total in seen)
+            assert any(0 < done < total for done, total in seen)  # bytes so far of the total, mid-way
+            assert connection.transfers == {} and server_side.transfers == {}
+
+    run(main(), 60)
