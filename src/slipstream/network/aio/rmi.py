@@ -290,7 +290,7 @@ class RmiSession:
 
     def _pump(self) -> None:
         endpoint = self.endpoint
-        if not endpoint.has_output and self._timer_at == endpoint.deadline_ns:
+        if not endpoint.has_output and (self._timer is not None or not endpoint.in_flight):
             return
         frames = endpoint.take_frames()
         if frames:
@@ -309,15 +309,16 @@ class RmiSession:
                     self.on_object(event.value)
             elif isinstance(event, RmiOnewayFailed) and self.on_error is not None:
                 self.on_error(RemoteError(event.type_name, f"{event.method}: {event.message}", event.traceback_text))
+        # One timer, moved only when a deadline comes earlier than the one it waits for: each call's
+        # deadline is later than those before it, so a stream of calls leaves it alone, and a timer
+        # that fires with nothing due just re-arms for the next deadline (or none).
         deadline = endpoint.deadline_ns
-        if deadline != self._timer_at:
+        if deadline is not None and (self._timer is None or self._timer_at is None or deadline < self._timer_at):
             if self._timer is not None:
                 self._timer.cancel()
-                self._timer = None
             self._timer_at = deadline
-            if deadline is not None:
-                loop = asyncio.get_running_loop()
-                self._timer = loop.call_at(loop.time() + max(0, deadline - self._clock()) / 1e9, self._on_timer)
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(loop.time() + max(0, deadline - self._clock()) / 1e9, self._on_timer)
 
 
 def _seconds(timeout: float) -> int:
