@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 from ...client import Context, DriverError
+from ...client.aio import Parking
+from ...files.doorbell import Doorbell
 from ..config import ClientConfig, ServerConfig
 from ..errors import MessageDispatchError
 from ..events import Closed
@@ -316,25 +318,67 @@ class PollGroup:
         try:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
-                work = 0
-                invoked: set[int] = set()
-                for endpoint in self.endpoints:
-                    context = endpoint._context
-                    if context is not None and id(context) not in invoked:
-                        invoked.add(id(context))
-                        # An invoker-mode driver runs here (else 0). Its own chores (heartbeats,
-                        # status messages) do not count as work, or an idle endpoint would never park.
-                        context.invoke()
-                for endpoint in list(self.endpoints):
-                    try:
-                        work += endpoint._duty_cycle(now_ns)
-                    except Exception as exc:  # a bug must not silently stop every connection
-                        log.exception("network poller failed")
-                        endpoint._report_error(None, exc)
+                work = self._cycle(now_ns)
                 if work:
                     backoff.reset()
                     await asyncio.sleep(0)
+                elif backoff.deep_due(now_ns / 1e9):
+                    await self._park()
                 else:
                     await backoff.idle(now_ns / 1e9)
         finally:
             self.task = None
+
+    def _cycle(self, now_ns: int) -> int:
+        """One duty cycle of every endpoint (and of invoker-mode drivers); returns the work done."""
+        work = 0
+        invoked: set[int] = set()
+        for endpoint in self.endpoints:
+            context = endpoint._context
+            if context is not None and id(context) not in invoked:
+                invoked.add(id(context))
+                # An invoker-mode driver runs here (else 0). Its own chores (heartbeats,
+                # status messages) do not count as work, or an idle endpoint would never park.
+                context.invoke()
+        for endpoint in list(self.endpoints):
+            try:
+                work += endpoint._duty_cycle(now_ns)
+            except Exception as exc:  # a bug must not silently stop every connection
+                log.exception("network poller failed")
+                endpoint._report_error(None, exc)
+        return work
+
+    async def _park(self) -> None:
+        """The long idle wait: on the doorbells of the endpoints' contexts when every image of their
+        subscriptions has a parking slot (writers then ring us), else the timed deep sleep.
+
+        Parking protocol: set the parked bytes, run one more duty cycle (a frame appended before the
+        bytes were visible is found there), then wait; the bytes are cleared however the wait ends."""
+        contexts: dict[int, Context] = {}
+        for endpoint in self.endpoints:
+            context = endpoint._context
+            if context is not None:
+                contexts.setdefault(id(context), context)
+        parking = Parking()
+        try:
+            bells: list[Doorbell] = []
+            for context in contexts.values():
+                try:
+                    bell = context.doorbell
+                except RuntimeError:  # closing
+                    bells = []
+                    break
+                bells.append(bell)
+                if not parking.park(context.subscriptions, bell.number):
+                    bells = []
+                    break
+            if not bells:
+                parking.unpark()
+                await self.backoff.idle(time.monotonic())
+                return
+            if self._cycle(time.monotonic_ns()):
+                self.backoff.reset()
+                return
+            await self.backoff.park(bells)
+        finally:
+            parking.unpark()

@@ -3,7 +3,7 @@
 Every server and client of a process that names the same driver directory shares one
 :class:`~slipstream.Context` (counted references), as Aeron shares one media driver per host: an
 embedded driver is not started per client, and closing one client never stops the driver another
-still uses. Only the public transport API is used here.
+still uses. Only the public transport API (and its doorbells) is used here.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ... import ChannelUri, Context, DriverConfig
+from ...files.doorbell import Doorbell, wait_any
 from ..config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES
 
 __all__ = [
@@ -156,7 +158,9 @@ def is_local_host(host: str) -> bool:
 class IdleBackoff:
     """How an endpoint's poller parks: yield for ``spin_s`` (at least ``spins`` times), then sleep
     from 50 us doubling to 1 ms;
-    after 20 ms without work, sleep 10 ms (so an idle endpoint wakes 100 times a second).
+    after 20 ms without work (``deep_due``), wait 10 ms: on the doorbells of the logs it reads
+    (``park``: a writer rings, so a message is handled within microseconds) or, when some image has no
+    parking slot, asleep (``idle``). Either way an idle endpoint wakes at most 100 times a second.
     :meth:`kick` wakes a parked poller at once: the application just sent something, and its answer
     should be polled for promptly."""
 
@@ -181,7 +185,9 @@ class IdleBackoff:
         self._sleep_s = min_sleep_s
         self._idle_since: float | None = None
         self._spin_until = 0.0
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[bool | None] | None = None
+        self.parked = False
+        """True while waiting in ``park`` (on the doorbells)."""
 
     def reset(self) -> None:
         """Work was done: start over with the short waits."""
@@ -196,6 +202,26 @@ class IdleBackoff:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def deep_due(self, now_s: float) -> bool:
+        """True when the next wait is the long one: past the spins and ``deep_after_s`` without work."""
+        if self._count < self.spins or now_s < self._spin_until or self._idle_since is None:
+            return False
+        return now_s - self._idle_since >= self.deep_after_s
+
+    async def park(self, doorbells: Sequence[Doorbell]) -> bool:
+        """The long wait on ``doorbells`` (up to ``deep_sleep_s``; a kick ends it too): True if rung.
+
+        The caller has set its parked bytes and polled once more after that (the parking protocol)."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool | None] = loop.create_future()
+        self._waiter = waiter
+        self.parked = True
+        try:
+            return bool(await wait_any(doorbells, self.deep_sleep_s, waiter))
+        finally:
+            self.parked = False
+            self._waiter = None
 
     async def idle(self, now_s: float) -> None:
         """Wait one step of the back-off (``now_s`` is the caller's monotonic time)."""
@@ -220,7 +246,8 @@ class IdleBackoff:
             delay = self._sleep_s
             self._sleep_s = min(self._sleep_s * 2, self.max_sleep_s)
         loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
+        waiter: asyncio.Future[bool | None] = loop.create_future()
+        self._waiter = waiter
         handle = loop.call_later(delay, _wake, waiter)
         try:
             await waiter
@@ -229,6 +256,6 @@ class IdleBackoff:
             self._waiter = None
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
+def _wake(waiter: asyncio.Future[bool | None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
