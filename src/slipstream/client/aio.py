@@ -86,6 +86,11 @@ class Parking:
                     complete = False
         return complete
 
+    def ready(self) -> bool:
+        """True when some parked image already holds a frame (appended before its byte was visible):
+        the re-check of the parking protocol, cheaper than a poll when no handler is at hand."""
+        return any(image._has_frame() for image in self._images)
+
     def unpark(self) -> None:
         """Clear what ``park`` set (call once the wait is over, woken or not)."""
         images, self._images = self._images, []

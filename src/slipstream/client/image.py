@@ -152,6 +152,15 @@ class Image:
         waiting reader falls back to a timed back-off."""
         return self._parking is not None and not self._closed
 
+    def _has_frame(self) -> bool:
+        """True when a complete frame waits at this subscriber's position: a cheap re-check after parking
+        (the frame's length is positive once written; a frame being written is not counted, its writer
+        rings after the commit)."""
+        if self._closed:
+            return False
+        position = self._position
+        return self._terms_i32[(position >> self._bits) % 3][(position & self._mask) >> 2] > 0
+
     def _park(self, number: int) -> bool:
         """Ask writers to ring doorbell ``number`` after their next append (False: no slot, not parked).
         Balance each True with one ``_unpark``."""

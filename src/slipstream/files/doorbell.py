@@ -25,6 +25,7 @@ import mmap
 import os
 import socket
 import threading
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
@@ -119,7 +120,11 @@ class Doorbell:
         self._sock = sock
         self._fd = sock.fileno()
         self._lock = threading.Lock()
-        self._waiters: dict[asyncio.AbstractEventLoop, set[asyncio.Future[bool | None]]] = {}
+        self._waiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[asyncio.Future[bool | None]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Loops the descriptor is registered with (it stays registered between waits: two system calls
+        less per wait, and a stale ring is drained on arrival), and each loop's waiting futures."""
         self.wakeups = 0
         self.timeouts = 0
         self.closed = False
@@ -153,22 +158,22 @@ class Doorbell:
     def _unregister(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[bool | None]) -> None:
         with self._lock:
             waiters = self._waiters.get(loop)
-            if waiters is None:
-                return
-            waiters.discard(future)
-            if not waiters:
-                del self._waiters[loop]
-                if not self.closed:
-                    loop.remove_reader(self._fd)
+            if waiters is not None:
+                waiters.discard(future)
 
     def _on_readable(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.drain()
+        """Drain, and wake every waiter: this loop's here, other loops' through their own thread (the
+        loop that drains first would otherwise leave the others nothing to see)."""
+        if not self.drain():
+            return
         with self._lock:
-            waiters = list(self._waiters.get(loop, ()))
-        for future in waiters:
-            if not future.done():
-                future.set_result(True)
-                self.wakeups += 1
+            waiting = [(other, list(futures)) for other, futures in self._waiters.items() if futures]
+        for other, futures in waiting:
+            if other is loop:
+                _wake_all(futures, self)
+            else:
+                with contextlib.suppress(RuntimeError):  # that loop is closed
+                    other.call_soon_threadsafe(_wake_all, futures, self)
 
     def close(self) -> None:
         """Stop listening (rings to this number are dropped from now on) and wake every waiter, as a ring
@@ -178,10 +183,12 @@ class Doorbell:
         with self._lock:
             self.closed = True
             waiting = {loop: list(futures) for loop, futures in self._waiters.items()}
+            self._waiters.clear()
         for loop, futures in waiting.items():
             try:
                 loop.remove_reader(self._fd)
-                loop.call_soon_threadsafe(_wake_all, futures)
+                if futures:
+                    loop.call_soon_threadsafe(_wake_all, futures, None)
             except (RuntimeError, ValueError):  # the loop is closed already
                 pass
         self._sock.close()
@@ -216,10 +223,12 @@ async def wait_any(
     return result
 
 
-def _wake_all(futures: list[asyncio.Future[bool | None]]) -> None:
+def _wake_all(futures: list[asyncio.Future[bool | None]], bell: Doorbell | None) -> None:
     for future in futures:
         if not future.done():
             future.set_result(True)
+            if bell is not None:
+                bell.wakeups += 1
 
 
 def _time_out(future: asyncio.Future[bool | None]) -> None:

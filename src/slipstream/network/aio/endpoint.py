@@ -315,18 +315,34 @@ class PollGroup:
 
     async def _run(self) -> None:
         backoff = self.backoff
+        parked: tuple[Parking, list[Doorbell]] | None = None
         try:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
                 work = self._cycle(now_ns)
                 if work:
+                    if parked is not None:
+                        parked[0].unpark()
+                        parked = None
                     backoff.reset()
                     await asyncio.sleep(0)
                 elif backoff.deep_due(now_ns / 1e9):
-                    await self._park()
+                    if parked is None:
+                        parked = self._park()
+                        if parked is not None and parked[0].ready():
+                            continue  # appended before our bytes were visible: the next cycle takes it
+                    if parked is None:
+                        await backoff.idle(now_ns / 1e9)
+                    elif not await backoff.park(parked[1]):
+                        # Rung or kicked: images or endpoints may have changed, so park afresh next time.
+                        # A wait that timed out (nothing happened) stays parked: no re-parking every 10 ms.
+                        parked[0].unpark()
+                        parked = None
                 else:
                     await backoff.idle(now_ns / 1e9)
         finally:
+            if parked is not None:
+                parked[0].unpark()
             self.task = None
 
     def _cycle(self, now_ns: int) -> int:
@@ -348,37 +364,27 @@ class PollGroup:
                 endpoint._report_error(None, exc)
         return work
 
-    async def _park(self) -> None:
-        """The long idle wait: on the doorbells of the endpoints' contexts when every image of their
-        subscriptions has a parking slot (writers then ring us), else the timed deep sleep.
+    def _park(self) -> tuple[Parking, list[Doorbell]] | None:
+        """Park every subscription of the endpoints' contexts on the contexts' doorbells, for the long idle
+        wait; None (nothing left parked) when some image has no parking slot: the caller then sleeps.
 
-        Parking protocol: set the parked bytes, run one more duty cycle (a frame appended before the
-        bytes were visible is found there), then wait; the bytes are cleared however the wait ends."""
+        Parking protocol: set the parked bytes, re-check the images (``Parking.ready``), then wait; the
+        bytes are cleared once work is found."""
         contexts: dict[int, Context] = {}
         for endpoint in self.endpoints:
             context = endpoint._context
             if context is not None:
                 contexts.setdefault(id(context), context)
         parking = Parking()
-        try:
-            bells: list[Doorbell] = []
-            for context in contexts.values():
-                try:
-                    bell = context.doorbell
-                except RuntimeError:  # closing
-                    bells = []
-                    break
-                bells.append(bell)
-                if not parking.park(context.subscriptions, bell.number):
-                    bells = []
-                    break
-            if not bells:
+        bells: list[Doorbell] = []
+        for context in contexts.values():
+            try:
+                bell = context.doorbell
+            except RuntimeError:  # closing
                 parking.unpark()
-                await self.backoff.idle(time.monotonic())
-                return
-            if self._cycle(time.monotonic_ns()):
-                self.backoff.reset()
-                return
-            await self.backoff.park(bells)
-        finally:
-            parking.unpark()
+                return None
+            bells.append(bell)
+            if not parking.park(context.subscriptions, bell.number):
+                parking.unpark()
+                return None
+        return (parking, bells) if bells else None

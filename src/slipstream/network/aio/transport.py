@@ -210,15 +210,17 @@ class IdleBackoff:
         return now_s - self._idle_since >= self.deep_after_s
 
     async def park(self, doorbells: Sequence[Doorbell]) -> bool:
-        """The long wait on ``doorbells`` (up to ``deep_sleep_s``; a kick ends it too): True if rung.
+        """The long wait on ``doorbells`` (up to ``deep_sleep_s``): False when it timed out, True when a
+        ring or a kick ended it.
 
-        The caller has set its parked bytes and polled once more after that (the parking protocol)."""
+        The caller has set its parked bytes and checked its images once more after that (the parking
+        protocol)."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool | None] = loop.create_future()
         self._waiter = waiter
         self.parked = True
         try:
-            return bool(await wait_any(doorbells, self.deep_sleep_s, waiter))
+            return await wait_any(doorbells, self.deep_sleep_s, waiter) is not False
         finally:
             self.parked = False
             self._waiter = None
