@@ -341,6 +341,12 @@ class Context:
         embedded = self._embedded
         return embedded is not None and embedded.is_invoker
 
+    def invoker_fileno(self) -> int | None:
+        """For an invoker-mode embedded driver: a descriptor readable while it has input (datagrams,
+        commands) that only :meth:`invoke` will take in; a parked event loop waits on it. Else None."""
+        embedded = self._embedded
+        return embedded.input_fileno() if embedded is not None else None
+
     def invoke(self) -> int:
         """Run one duty cycle of an invoker-mode embedded driver on this thread and return the work it
         did; 0 (and nothing done) when the driver has its own thread or process, so a loop may call it

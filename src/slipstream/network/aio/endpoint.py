@@ -7,7 +7,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from ...client import Context, DriverError
@@ -20,7 +20,7 @@ from ..serialization import Serialization
 from ..store import SettingsStore
 from .connection import Connection, Listeners, is_coroutine_result
 from .recording import EndpointRecording
-from .transport import IdleBackoff, acquire_context, release_context
+from .transport import IdleBackoff, acquire_context, input_pending, release_context
 
 __all__ = ["CLOSE_GRACE_S", "Endpoint", "PollGroup"]
 
@@ -315,11 +315,16 @@ class PollGroup:
 
     async def _run(self) -> None:
         backoff = self.backoff
-        parked: tuple[Parking, list[Doorbell]] | None = None
+        parked: tuple[Parking, list[Doorbell], list[int]] | None = None
+        woken_by: Sequence[int] = ()
+        mute_inputs = False
         try:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
                 work = self._cycle(now_ns)
+                # Input a cycle leaves unread must not wake us in a loop: the next wait leaves it out.
+                mute_inputs = bool(woken_by) and not work and input_pending(woken_by)
+                woken_by = ()
                 if work:
                     if parked is not None:
                         parked[0].unpark()
@@ -333,11 +338,16 @@ class PollGroup:
                             continue  # appended before our bytes were visible: the next cycle takes it
                     if parked is None:
                         await backoff.idle(now_ns / 1e9)
-                    elif not await backoff.park(parked[1]):
-                        # Rung or kicked: images or endpoints may have changed, so park afresh next time.
-                        # A wait that timed out (nothing happened) stays parked: no re-parking every 10 ms.
+                        continue
+                    inputs = () if mute_inputs else parked[2]
+                    outcome = await backoff.park(parked[1], inputs)
+                    if outcome != "timeout":
+                        # Rung, kicked or input: images or endpoints may have changed, so park afresh
+                        # next time. A wait that timed out stays parked: no re-parking every 10 ms.
                         parked[0].unpark()
                         parked = None
+                    if outcome == "input":
+                        woken_by = inputs
                 else:
                     await backoff.idle(now_ns / 1e9)
         finally:
@@ -364,7 +374,7 @@ class PollGroup:
                 endpoint._report_error(None, exc)
         return work
 
-    def _park(self) -> tuple[Parking, list[Doorbell]] | None:
+    def _park(self) -> tuple[Parking, list[Doorbell], list[int]] | None:
         """Park every subscription of the endpoints' contexts on the contexts' doorbells, for the long idle
         wait; None (nothing left parked) when some image has no parking slot: the caller then sleeps.
 
@@ -377,7 +387,11 @@ class PollGroup:
                 contexts.setdefault(id(context), context)
         parking = Parking()
         bells: list[Doorbell] = []
+        inputs: list[int] = []
         for context in contexts.values():
+            fd = context.invoker_fileno()  # an invoker-mode driver's datagrams wake us too
+            if fd is not None:
+                inputs.append(fd)
             try:
                 bell = context.doorbell
             except RuntimeError:  # closing
@@ -387,4 +401,4 @@ class PollGroup:
             if not parking.park(context.subscriptions, bell.number):
                 parking.unpark()
                 return None
-        return (parking, bells) if bells else None
+        return (parking, bells, inputs) if bells else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import threading
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ __all__ = [
     "HANDSHAKE_STREAM",
     "IdleBackoff",
     "acquire_context",
+    "input_pending",
     "invoke",
     "ipc_channel",
     "parse_source",
@@ -209,9 +211,10 @@ class IdleBackoff:
             return False
         return now_s - self._idle_since >= self.deep_after_s
 
-    async def park(self, doorbells: Sequence[Doorbell]) -> bool:
-        """The long wait on ``doorbells`` (up to ``deep_sleep_s``): False when it timed out, True when a
-        ring or a kick ended it.
+    async def park(self, doorbells: Sequence[Doorbell], inputs: Sequence[int] = ()) -> str:
+        """The long wait on ``doorbells`` and on the readable descriptors ``inputs`` (an invoker-mode
+        driver's input: only our invoke takes it in, so nobody rings for it), up to ``deep_sleep_s``.
+        Returns what ended it: ``"timeout"``, ``"rung"``, ``"input"`` or ``"kick"``.
 
         The caller has set its parked bytes and checked its images once more after that (the parking
         protocol)."""
@@ -219,11 +222,24 @@ class IdleBackoff:
         waiter: asyncio.Future[bool | None] = loop.create_future()
         self._waiter = waiter
         self.parked = True
+        woke: list[int] = []
+
+        def on_input(fd: int) -> None:
+            woke.append(fd)
+            _wake(waiter)
+
+        for fd in inputs:
+            loop.add_reader(fd, on_input, fd)
         try:
-            return await wait_any(doorbells, self.deep_sleep_s, waiter) is not False
+            result = await wait_any(doorbells, self.deep_sleep_s, waiter)
         finally:
+            for fd in inputs:
+                loop.remove_reader(fd)
             self.parked = False
             self._waiter = None
+        if result is None:
+            return "input" if woke else "kick"
+        return "rung" if result else "timeout"
 
     async def idle(self, now_s: float) -> None:
         """Wait one step of the back-off (``now_s`` is the caller's monotonic time)."""
@@ -256,6 +272,14 @@ class IdleBackoff:
         finally:
             handle.cancel()
             self._waiter = None
+
+
+def input_pending(fds: Sequence[int]) -> bool:
+    """Whether any of ``fds`` is readable right now (a zero-timeout poll): input a duty cycle left unread."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _wake(waiter: asyncio.Future[bool | None]) -> None:
