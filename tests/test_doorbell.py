@@ -378,7 +378,9 @@ def test_parked_server_is_rung_by_a_client_message(driver_dir: Path, mode: str) 
 
             await server.bind(port)
             group = PollGroup.for_loop(asyncio.get_running_loop())
-            group.backoff.deep_sleep_s = PARK_S  # a wake-up by timeout would take 5 s: the test would see it
+            # Every pause is the long one, 5 s: a wake-up by timeout would take that long (the test sees it).
+            group.backoff.deep_sleep_s = PARK_S
+            group.backoff.deep_after_s = 0.0
             state["group"] = group
             state["context"] = server._context
             server_ready.set()

@@ -331,25 +331,27 @@ class PollGroup:
                         parked = None
                     backoff.reset()
                     await asyncio.sleep(0)
-                elif backoff.deep_due(now_ns / 1e9):
+                    continue
+                pause = backoff.next_pause(now_ns / 1e9)
+                if pause is None:
+                    await backoff.idle(now_ns / 1e9)  # still yielding: no pause yet
+                    continue
+                if parked is None:
+                    parked = self._park()
                     if parked is None:
-                        parked = self._park()
-                        if parked is not None and parked[0].ready():
-                            continue  # appended before our bytes were visible: the next cycle takes it
-                    if parked is None:
-                        await backoff.idle(now_ns / 1e9)
+                        await backoff.sleep(pause)  # some image has no parking slot: a timed pause
                         continue
-                    inputs = () if mute_inputs else parked[2]
-                    outcome = await backoff.park(parked[1], inputs)
-                    if outcome != "timeout":
-                        # Rung, kicked or input: images or endpoints may have changed, so park afresh
-                        # next time. A wait that timed out stays parked: no re-parking every 10 ms.
-                        parked[0].unpark()
-                        parked = None
-                    if outcome == "input":
-                        woken_by = inputs
-                else:
-                    await backoff.idle(now_ns / 1e9)
+                    if parked[0].ready():
+                        continue  # appended before our bytes were visible: the next cycle takes it
+                inputs = () if mute_inputs else parked[2]
+                outcome = await backoff.park(parked[1], pause, inputs)
+                if outcome != "timeout":
+                    # Rung, kicked or input: images or endpoints may have changed, so park afresh next
+                    # time. A pause that timed out stays parked: no re-parking on every pause.
+                    parked[0].unpark()
+                    parked = None
+                if outcome == "input":
+                    woken_by = inputs
         finally:
             if parked is not None:
                 parked[0].unpark()
@@ -375,8 +377,8 @@ class PollGroup:
         return work
 
     def _park(self) -> tuple[Parking, list[Doorbell], list[int]] | None:
-        """Park every subscription of the endpoints' contexts on the contexts' doorbells, for the long idle
-        wait; None (nothing left parked) when some image has no parking slot: the caller then sleeps.
+        """Park every subscription of the endpoints' contexts on the contexts' doorbells, for the idle
+        pauses; None (nothing left parked) when some image has no parking slot: the caller then sleeps.
 
         Parking protocol: set the parked bytes, re-check the images (``Parking.ready``), then wait; the
         bytes are cleared once work is found."""
