@@ -63,9 +63,9 @@ def zero_buffer(view: memoryview) -> None:
 
 
 Doorbell = tuple[memoryview, int, Callable[[], None]]
-"""A flag in shared memory (view, index) that, when set after an append, calls for the callable: a
-parked media driver asks to be woken this way when it has data to send, and parked subscribers of an
-IPC log (its parking table's word, see ``layout``)."""
+"""A flag in shared memory (view, index) that, when set after an append, calls for the callable: the
+parked media driver's flag in cnc.dat (it has data to send), or the parked word of an IPC log's parking
+table (subscribers wait on their doorbells, see ``layout``)."""
 
 
 class BufferClaim:
