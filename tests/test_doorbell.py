@@ -33,6 +33,7 @@ from slipstream.logbuffer.layout import (
     CORRELATION_ID_OFFSET,
     DOORBELL_NUMBERS_INDEX,
     DOORBELL_NUMBERS_OFFSET,
+    PARKED_WORD_INDEX,
     PARKED_WORD_OFFSET,
     PARKING_SLOTS,
 )
@@ -106,6 +107,29 @@ def test_ring_parked_rings_only_parked_slots() -> None:
     finally:
         for bell in bells:
             bell.close()
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["python", "c"])
+def test_an_ipc_appender_rings_only_while_someone_is_parked(fast: bool) -> None:
+    """The appender reads the log's own parked word after each append (the C path from the metadata
+    buffer it already holds) and calls for a ring only when some slot is parked."""
+    from slipstream.logbuffer import ExclusiveAppender, PyExclusiveAppender, fast_path_active
+
+    if fast and not fast_path_active():
+        pytest.skip("C fast path not active")
+    cls = ExclusiveAppender if fast else PyExclusiveAppender
+    log = LogBuffers(bytearray(compute_log_length(1 << 16)), 1 << 16)
+    log.initialize(initial_term_id=0, session_id=1, stream_id=2, mtu=1408)
+    limit = memoryview(bytearray(8)).cast("q")
+    limit[0] = 1 << 40
+    rings: list[int] = []
+    app = cls(log, (limit, 0), (log.meta_i64, PARKED_WORD_INDEX, lambda: rings.append(log.parked_word())))
+    assert app.offer(b"x" * 32) > 0 and rings == []
+    log.set_parked(5, True)
+    assert app.offer(b"y" * 32) > 0 and app.offer(b"z" * 5000) > 0  # whole and fragmented
+    assert rings == [1 << 40, 1 << 40]
+    log.set_parked(5, False)
+    assert app.offer(b"x" * 32) > 0 and len(rings) == 2
 
 
 def test_parking_slot_counts_its_holders(tmp_path: Path) -> None:
