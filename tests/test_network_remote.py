@@ -327,8 +327,9 @@ def test_progress_of_a_large_transfer_is_observable(driver_dir: Path, tmp_path: 
             got: list[int] = []
             server.on_message(Blob)(lambda conn, blob: got.append(len(blob.data)))
             seen: list[tuple[int, int]] = []
-            send = asyncio.ensure_future(connection.send(Blob("progress", data)))
+            await wait_for(lambda: server.connections)  # the server may activate it just after the client
             (server_side,) = server.connections
+            send = asyncio.ensure_future(connection.send(Blob("progress", data)))
             while not got:
                 for transfer in list(server_side.transfers.values()) + list(connection.transfers.values()):
                     seen.append((transfer.done, transfer.total))

@@ -1,18 +1,24 @@
 """Waiting for data and for room from asyncio code, without burning a core.
 
-Shared memory has no file descriptor to wake an event loop, so a waiting coroutine polls with a
-back-off: it yields to the loop a few times (fast when data follows closely), then sleeps, doubling
-the pause up to ``max_sleep_s``. A parked subscriber therefore costs a few wake-ups per millisecond
-at most, and a message reaches it within about ``max_sleep_s``.
+Shared memory has no file descriptor to wake an event loop, so a waiting reader first yields to the
+loop a few times (fast when data follows closely), then parks on its context's doorbell (see
+``slipstream.files.doorbell``): it sets its parked byte in each image's log, polls once more (a frame
+appended before the byte was visible is found here), and waits on the doorbell's descriptor, which the
+writer rings after its append. So a parked reader costs nothing while idle and still wakes within
+microseconds. The wait has a timeout (``park_timeout_s``) as a safety net only. An image without a
+parking slot (more readers than slots) makes the reader fall back to sleeping, doubling the pause up
+to ``max_sleep_s``. Waiting for room (``offer_async``) always uses the timed back-off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 
 from ..logbuffer import ADMIN_ACTION, BACK_PRESSURED, CLOSED, NOT_CONNECTED, FragmentHandler
 from .errors import renewed
+from .image import Image
 from .publication import ExclusivePublication
 from .subscription import Subscription
 
@@ -20,16 +26,25 @@ _RETRY = frozenset((BACK_PRESSURED, NOT_CONNECTED, ADMIN_ACTION))
 
 
 class AsyncBackoff:
-    """Yield ``spins`` times, then sleep from ``min_sleep_s`` doubling to ``max_sleep_s``."""
+    """Yield ``spins`` times, then park on the doorbell (``poll_async``: at most ``park_timeout_s`` per
+    wait) or sleep from ``min_sleep_s`` doubling to ``max_sleep_s``."""
 
-    def __init__(self, spins: int = 20, min_sleep_s: float = 5e-5, max_sleep_s: float = 1e-3) -> None:
-        if spins < 0 or not 0 < min_sleep_s <= max_sleep_s:
-            raise ValueError("need spins >= 0 and 0 < min_sleep_s <= max_sleep_s")
+    def __init__(
+        self, spins: int = 20, min_sleep_s: float = 5e-5, max_sleep_s: float = 1e-3, park_timeout_s: float = 0.01
+    ) -> None:
+        if spins < 0 or not 0 < min_sleep_s <= max_sleep_s or not park_timeout_s > 0:
+            raise ValueError("need spins >= 0, 0 < min_sleep_s <= max_sleep_s and park_timeout_s > 0")
         self.spins = spins
         self.min_sleep_s = min_sleep_s
         self.max_sleep_s = max_sleep_s
+        self.park_timeout_s = park_timeout_s
         self._count = 0
         self._sleep_s = min_sleep_s
+
+    @property
+    def spinning(self) -> bool:
+        """True while ``idle`` would still only yield."""
+        return self._count < self.spins
 
     async def idle(self) -> None:
         """Pause once: yield while spins remain, else sleep and double the next sleep (up to the cap)."""
@@ -46,6 +61,43 @@ class AsyncBackoff:
         self._sleep_s = self.min_sleep_s
 
 
+class Parking:
+    """The parked bytes one wait has set, in the logs of the images it reads: ``unpark`` clears them.
+
+    ``park`` is the first step of the protocol (set parked, poll once more, then wait on the doorbell);
+    it reports whether every image could park, since a reader that waits on the doorbell for an image
+    without a slot would wait out its timeout."""
+
+    __slots__ = ("_images",)
+
+    def __init__(self) -> None:
+        self._images: list[Image] = []
+
+    def park(self, subscriptions: Iterable[Subscription], number: int) -> bool:
+        """Ask the writers of every image of ``subscriptions`` to ring doorbell ``number``; False if
+        some image has no parking slot (the others are parked all the same: ``unpark`` still needed)."""
+        complete = True
+        images = self._images
+        for subscription in subscriptions:
+            for image in subscription.images:
+                if image._park(number):
+                    images.append(image)
+                elif not image.is_closed:
+                    complete = False
+        return complete
+
+    def ready(self) -> bool:
+        """True when some parked image already holds a frame (appended before its byte was visible):
+        the re-check of the parking protocol, cheaper than a poll when no handler is at hand."""
+        return any(image._has_frame() for image in self._images)
+
+    def unpark(self) -> None:
+        """Clear what ``park`` set (call once the wait is over, woken or not)."""
+        images, self._images = self._images, []
+        for image in images:
+            image._unpark()
+
+
 async def poll_async(
     subscription: Subscription,
     handler: FragmentHandler,
@@ -56,8 +108,9 @@ async def poll_async(
 ) -> int:
     """Wait until at least one fragment was delivered (returns the count) or ``timeout_s`` passed (0).
 
-    Returns 0 at once for a closed subscription; raises ``DriverLostError`` (within a back-off pause)
-    when the media driver is lost, also while waiting."""
+    After ``backoff.spins`` yields it parks on the context's doorbell (see the module's docstring).
+    Returns 0 at once for a closed subscription; raises ``DriverLostError`` (the context rings parked
+    readers when it loses the driver) when the media driver is lost, also while waiting."""
     backoff = backoff or AsyncBackoff()
     backoff.reset()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -65,9 +118,27 @@ async def poll_async(
         fragments = subscription.poll(handler, fragment_limit)  # raises DriverLostError once the driver is lost
         if fragments or subscription.is_closed:
             return fragments
-        if deadline is not None and time.monotonic() >= deadline:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
             return 0
-        await backoff.idle()
+        bell = None if backoff.spinning else subscription.doorbell
+        if bell is None:
+            await backoff.idle()
+            continue
+        parking = Parking()
+        try:
+            if not parking.park((subscription,), bell.number):
+                parking.unpark()
+                await backoff.idle()  # some image has no slot: its writer would not ring
+                continue
+            # Parked: poll once more, so a frame appended before our byte was visible is not missed.
+            fragments = subscription.poll(handler, fragment_limit)
+            if fragments or subscription.is_closed:
+                return fragments
+            wait_s = backoff.park_timeout_s if deadline is None else min(backoff.park_timeout_s, deadline - now)
+            await bell.wait(wait_s)
+        finally:
+            parking.unpark()
 
 
 async def offer_async(

@@ -32,6 +32,7 @@ from ..files import commands as cmd
 from ..files.cnc import PARKED_INDEX, CncError, CncFile
 from ..files.counters import CountersReader
 from ..files.directory import LOCK_FILE, default_directory, map_file
+from ..files.doorbell import Doorbell, ring
 from ..wire.uri import ChannelUri, check_supported
 from ._args import check_callable, check_channel, check_stream_id
 from .errors import DriverLostError, DriverUnavailableError, RegistrationError, renewed
@@ -107,6 +108,7 @@ class Context:
         self._driver_error: DriverError | None = None
         self._sequence = 0
         self._decoder = cmd.driver_decoder()
+        self._doorbell: Doorbell | None = None
         if driver == "embedded":
             self._embedded = MediaDriver(self._driver_config).launch_embedded()
         try:
@@ -275,6 +277,7 @@ class Context:
                 subscription = self._subscriptions.get(message.subscription_registration_id)
                 if subscription is not None:
                     subscription._remove_image(message.correlation_id)
+                    self._ring_doorbell()
             case cmd.PublicationReady() | cmd.SubscriptionReady() | cmd.OperationSuccess() | cmd.ErrorResponse():
                 pending = self._pending.get(message.correlation_id)
                 if pending is not None:
@@ -304,8 +307,11 @@ class Context:
             position_values=self._values,
             position_index=self._counters.value_index(message.subscriber_position_counter_id),
             join_position=message.join_position,
+            log_path=Path(message.log_file),
+            parking_slot=message.parking_slot,
         )
         subscription._add_image(image)
+        self._ring_doorbell()  # a reader parked on this subscription should poll the new image now
 
     def _lose_driver(self, error: DriverError) -> None:
         with self._state_lock:
@@ -320,6 +326,7 @@ class Context:
             publication._lose(error)
         for subscription in list(self._subscriptions.values()):
             subscription._lose(error)
+        self._ring_doorbell()  # parked readers raise DriverLostError now, not after their timeout
         if self.on_driver_lost is not None:
             try:
                 self.on_driver_lost(error)
@@ -333,6 +340,12 @@ class Context:
         """True when this context's embedded driver runs only inside :meth:`invoke`."""
         embedded = self._embedded
         return embedded is not None and embedded.is_invoker
+
+    def invoker_fileno(self) -> int | None:
+        """For an invoker-mode embedded driver: a descriptor readable while it has input (datagrams,
+        commands) that only :meth:`invoke` will take in; a parked event loop waits on it. Else None."""
+        embedded = self._embedded
+        return embedded.input_fileno() if embedded is not None else None
 
     def invoke(self) -> int:
         """Run one duty cycle of an invoker-mode embedded driver on this thread and return the work it
@@ -456,6 +469,7 @@ class Context:
             on_available_image=on_available_image,
             on_unavailable_image=on_unavailable_image,
             on_close=self._close_subscription,
+            doorbell=lambda: self.doorbell,
         )
         self._subscriptions[correlation_id] = subscription
         try:
@@ -465,6 +479,31 @@ class Context:
             subscription._release_all()
             raise
         return subscription
+
+    @property
+    def doorbell(self) -> Doorbell:
+        """This context's doorbell (made on first use, closed with the context): asyncio readers park on
+        it, and writers of the logs they read ring it (see ``slipstream.files.doorbell``)."""
+        bell = self._doorbell
+        if bell is None:
+            with self._state_lock:
+                bell = self._doorbell
+                if bell is None:
+                    if self._closed:
+                        raise RuntimeError("the context is closed")
+                    bell = self._doorbell = Doorbell()
+        return bell
+
+    @property
+    def subscriptions(self) -> tuple[Subscription, ...]:
+        """The subscriptions this context made that are still open (a snapshot)."""
+        return tuple(s for s in list(self._subscriptions.values()) if not s.is_closed)
+
+    def _ring_doorbell(self) -> None:
+        """Wake this context's parked readers: their images changed or the driver went away."""
+        bell = self._doorbell
+        if bell is not None:
+            ring(bell.number)
 
     def _ring(self) -> None:
         """Wake a parked driver: it has datagrams to send for us."""
@@ -487,6 +526,7 @@ class Context:
         self._subscriptions.pop(subscription.registration_id, None)
         self._remove(cmd.RemoveSubscription, subscription.registration_id)
         subscription._release_all()
+        self._ring_doorbell()
 
     def _remove(self, kind: type[cmd.RemovePublication] | type[cmd.RemoveSubscription], registration_id: int) -> None:
         if self._driver_error is not None or self._closed:
@@ -536,6 +576,8 @@ class Context:
         with contextlib.suppress(CncError, BufferError):
             self._cnc.close()
         self._stop_embedded()
+        if self._doorbell is not None:
+            self._doorbell.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "driver lost" if self._driver_error is not None else "open"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
+from pathlib import Path
 
 from ..files.directory import close_mapping
+from ..files.doorbell import ParkingSlot, map_parking_slot
 from ..logbuffer import BlockHandler, FragmentHandler, Header, LogBuffers, read_term, scan_block
 from ..wire.positions import compute_term_id
 
@@ -25,6 +28,8 @@ class Image:
         position_values: memoryview,
         position_index: int,
         join_position: int,
+        log_path: Path | None = None,
+        parking_slot: int = -1,
     ) -> None:
         self.subscription_registration_id = subscription_registration_id
         self.correlation_id = correlation_id
@@ -44,6 +49,11 @@ class Image:
         self._index = position_index
         self._position = join_position
         self._closed = False
+        self._parking: ParkingSlot | None = (
+            map_parking_slot(log_path, self._log.term_length, parking_slot)
+            if log_path is not None and parking_slot >= 0
+            else None
+        )
         self.is_corrupt = False
         """Set when the log held a frame that cannot be valid; the image then delivers nothing more."""
 
@@ -135,10 +145,47 @@ class Image:
         """True once the image is gone (publisher left, subscription closed, driver lost) or corrupt."""
         return self._closed
 
+    @property
+    def can_park(self) -> bool:
+        """True when this image has a slot in its log's parking table: a writer rings a parked reader's
+        doorbell. Without one (more subscribers than slots, or a log this process may not write) a
+        waiting reader falls back to a timed back-off."""
+        return self._parking is not None and not self._closed
+
+    def _has_frame(self) -> bool:
+        """True when a complete frame waits at this subscriber's position: a cheap re-check after parking
+        (the frame's length is positive once written; a frame being written is not counted, its writer
+        rings after the commit)."""
+        if self._closed:
+            return False
+        position = self._position
+        return self._terms_i32[(position >> self._bits) % 3][(position & self._mask) >> 2] > 0
+
+    def _park(self, number: int) -> bool:
+        """Ask writers to ring doorbell ``number`` after their next append (False: no slot, not parked).
+        Balance each True with one ``_unpark``."""
+        parking = self._parking
+        if parking is None or self._closed:
+            return False
+        try:
+            parking.park(number)
+        except ValueError:  # released by the client thread meanwhile
+            return False
+        return True
+
+    def _unpark(self) -> None:
+        parking = self._parking
+        if parking is not None:
+            with contextlib.suppress(ValueError):
+                parking.unpark()
+
     def _release(self) -> None:
         """Stop delivering and drop the mapping. Called by the client thread; a poll running in another
         thread keeps its own references, so the memory stays valid until that poll returns."""
         self._closed = True
+        parking, self._parking = self._parking, None
+        if parking is not None:
+            parking.close()
         close_mapping(self._mapping)
 
     def __repr__(self) -> str:

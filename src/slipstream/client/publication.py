@@ -10,11 +10,14 @@ from __future__ import annotations
 import mmap
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 from ..errors import DriverError
 from ..files.directory import close_mapping
+from ..files.doorbell import ring_parked
 from ..logbuffer import CLOSED, BufferClaim, ExclusiveAppender, LogBuffers
+from ..logbuffer.layout import PARKED_WORD_INDEX
 
 
 class Offer(Protocol):
@@ -53,6 +56,12 @@ class ExclusivePublication:
         self._mapping = mapping
         self._log = LogBuffers(memoryview(mapping))
         # UDP publications ring the doorbell: the driver does the sending, and may be parked in select.
+        # IPC publications ring the subscribers parked in the log's parking table: after each append the
+        # appender reads the parked word (one 8-byte read) and rings only if it is nonzero.
+        if doorbell is None and channel.startswith("aeron:ipc"):
+            meta = self._log.meta_i64
+            doorbell = (meta, PARKED_WORD_INDEX, partial(ring_parked, meta))
+        self._bell = doorbell
         self._appender = ExclusiveAppender(self._log, (limit_values, limit_index), doorbell)
         self.offer = self._appender.offer  # type: ignore[method-assign]
         self._limit_values = limit_values
@@ -67,7 +76,10 @@ class ExclusivePublication:
         """Reserve a frame of ``length`` bytes (at most ``max_payload_length``) to write in place."""
         if self._closed:
             return CLOSED
-        return self._appender.claim(length, self._limit_values[self._limit_index], claim)
+        result = self._appender.claim(length, self._limit_values[self._limit_index], claim)
+        if result > 0:
+            claim._bell = self._bell
+        return result
 
     @property
     def position(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import DriverError
+from ..files.doorbell import Doorbell
 from ..logbuffer import BlockHandler, FragmentHandler
 from .errors import renewed
 from .image import Image
@@ -26,6 +27,7 @@ class Subscription:
         on_available_image: ImageHandler | None,
         on_unavailable_image: ImageHandler | None,
         on_close: Callable[[Subscription], None],
+        doorbell: Callable[[], Doorbell] | None = None,
     ) -> None:
         self.channel = channel
         self.stream_id = stream_id
@@ -33,6 +35,7 @@ class Subscription:
         self.on_available_image = on_available_image
         self.on_unavailable_image = on_unavailable_image
         self._on_close = on_close
+        self._doorbell = doorbell
         self._images: tuple[Image, ...] = ()
         self._round_robin = 0
         self._closed = False
@@ -82,6 +85,17 @@ class Subscription:
     def images(self) -> tuple[Image, ...]:
         """The images attached now (a snapshot: the tuple is replaced, never changed)."""
         return self._images
+
+    @property
+    def doorbell(self) -> Doorbell | None:
+        """The doorbell of the context that made this subscription (made on first use), on which an
+        asyncio reader parks; None for a subscription made without a context, or once closed."""
+        if self._doorbell is None or self._closed:
+            return None
+        try:
+            return self._doorbell()
+        except RuntimeError:  # the context closed
+            return None
 
     @property
     def image_count(self) -> int:

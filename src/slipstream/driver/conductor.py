@@ -34,6 +34,8 @@ from ..files.counters import (
 from ..files.directory import IMAGES_DIR, PUBLICATIONS_DIR
 from ..files.error_log import DistinctErrorLog
 from ..files.loss_report import LossReport
+from ..logbuffer import LogBuffers
+from ..logbuffer.layout import PARKING_SLOTS
 from ..protocol.events import (
     GapFilled,
     ImageCreated,
@@ -455,6 +457,8 @@ class DriverConductor:
         self._add_subscriber(
             link,
             image.subscribers,
+            receiver.log,
+            image.parking,
             image.correlation_id,
             receiver.session_id,
             receiver.stream_id,
@@ -468,6 +472,8 @@ class DriverConductor:
         self,
         link: SubscriptionLink,
         subscribers: dict[int, int],
+        log: LogBuffers,
+        parking: dict[int, int],
         correlation_id: int,
         session_id: int,
         stream_id: int,
@@ -476,7 +482,8 @@ class DriverConductor:
         source_identity: str,
         now_ns: int,
     ) -> None:
-        """A subscriber position counter at ``join``, and the client told that an image appeared."""
+        """A subscriber position counter at ``join``, a parking slot if one is free, and the client told
+        that an image appeared."""
         counter_id = self.counters.allocate(
             f"sub-pos: {link.registration_id} {session_id} {stream_id} {link.channel} @{join}",
             SUBSCRIBER_POSITION_TYPE_ID,
@@ -487,6 +494,7 @@ class DriverConductor:
         )
         self.counters.set(counter_id, join)
         subscribers[link.registration_id] = counter_id
+        slot = _claim_parking_slot(log, parking, link.registration_id)
         self._send(
             link.client,
             cmd.ImageAvailable(
@@ -498,6 +506,7 @@ class DriverConductor:
                 counter_id,
                 join,
                 source_identity,
+                slot,
             ),
         )
 
@@ -552,6 +561,7 @@ class DriverConductor:
     def _unlink_image(self, image: DriverImage, now_ns: int, notify: bool) -> None:
         for registration_id, counter_id in list(image.subscribers.items()):
             self.counters.free(counter_id, now_ns // 1_000_000)
+            _free_parking_slot(image.receiver.log, image.parking, registration_id)
             link = self.subscriptions.get(registration_id)
             if notify and link is not None:
                 self._send(link.client, cmd.ImageUnavailable(registration_id, image.correlation_id))
@@ -589,6 +599,8 @@ class DriverConductor:
         self._add_subscriber(
             link,
             publication.subscribers,
+            publication.log,
+            publication.parking,
             publication.registration_id,
             publication.session_id,
             publication.stream_id,
@@ -602,6 +614,7 @@ class DriverConductor:
         counter_id = publication.subscribers.pop(link.registration_id, None)
         if counter_id is None:
             return
+        _free_parking_slot(publication.log, publication.parking, link.registration_id)
         self.counters.free(counter_id, now_ns // 1_000_000)
         if notify:
             self._send(link.client, cmd.ImageUnavailable(link.registration_id, publication.registration_id))
@@ -619,6 +632,7 @@ class DriverConductor:
             counter_id = image.subscribers.pop(link.registration_id, None)
             if counter_id is not None:
                 self.counters.free(counter_id, now_ns // 1_000_000)
+                _free_parking_slot(image.receiver.log, image.parking, link.registration_id)
         still_wanted = any(
             (other := self.subscriptions.get(r)) is not None and other.stream_id == link.stream_id
             for r in channel.subscriptions
@@ -776,6 +790,29 @@ class DriverConductor:
             channel.close()
         self.receive_channels.clear()
         self.poller.close()
+
+
+def _claim_parking_slot(log: LogBuffers, parking: dict[int, int], registration_id: int) -> int:
+    """Give a new subscriber of ``log`` a free slot of its parking table (-1 if all are taken).
+
+    The conductor is the slots' only allocator, so assignment needs no atomics; the slot is cleared
+    first, and from then on only the subscriber writes its parked byte, until ``_free_parking_slot``."""
+    used = set(parking.values())
+    for slot in range(PARKING_SLOTS):
+        if slot not in used:
+            log.set_parked(slot, False)
+            log.set_doorbell_number(slot, 0)
+            parking[registration_id] = slot
+            return slot
+    return -1
+
+
+def _free_parking_slot(log: LogBuffers, parking: dict[int, int], registration_id: int) -> None:
+    """Take an unlinked subscriber's slot back: a subscriber that died parked must not be rung forever."""
+    slot = parking.pop(registration_id, None)
+    if slot is not None:
+        log.set_parked(slot, False)  # the byte first: a writer that still sees it set reads number 0, rings none
+        log.set_doorbell_number(slot, 0)
 
 
 def _wants(link: SubscriptionLink, stream_id: int, session_id: int) -> bool:

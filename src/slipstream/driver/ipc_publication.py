@@ -47,6 +47,8 @@ class IpcPublication(DriverPublication):
     state: PublicationState = PublicationState.ACTIVE
     subscribers: dict[int, int] = field(default_factory=dict)
     """Subscription registration id -> subscriber position counter id."""
+    parking: dict[int, int] = field(default_factory=dict)
+    """Subscription registration id -> its slot in the log's parking table (doorbells)."""
     position_counters: dict[int, int] = field(default_factory=dict)
     """Type id -> counter id of the per-stream position counters the driver keeps current."""
     stuck_position: int = -1

@@ -170,6 +170,15 @@ class MediaDriver:
             return 0
         return self._duty_cycle(conductor)
 
+    def input_fileno(self) -> int | None:
+        """In invoker mode, a descriptor readable while the driver has input waiting (a datagram, a
+        client's command): an application that parks its loop waits on it too, then invokes. None
+        otherwise (a driver thread reads its own input)."""
+        conductor = self._conductor
+        if not self.is_invoker or conductor is None or self._closed:
+            return None
+        return conductor.poller.fileno()
+
     def launch_embedded(self) -> MediaDriver:
         """Start, and serve on a daemon thread inside this process unless in invoker mode."""
         self.start()

@@ -41,6 +41,10 @@ class SocketPoller(Generic[T]):
         watched = self.watched
         return [(fd, watched[fd]) for fd, _ in self._epoll.poll(timeout_s if timeout_s > 0 else 0) if fd in watched]
 
+    def fileno(self) -> int:
+        """The epoll descriptor: readable while a watched descriptor is (an event loop can wait on it)."""
+        return self._epoll.fileno()
+
     def close(self) -> None:
         """Release the epoll descriptor (the watched sockets are their owners' to close)."""
         self._epoll.close()

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import cast
 
 from ..files.directory import map_file, release_log_file
+from ..files.doorbell import ring_parked
 from ..logbuffer import LogBuffers, compute_log_length
+from ..logbuffer.layout import PARKED_WORD_INDEX
 from ..protocol.config import ReceiverConfig
 from ..protocol.image import ImageLog, ImageParams, PublicationImageReceiver
 from ..protocol.receive_endpoint import ReceiveEndpoint
@@ -46,6 +48,10 @@ class DriverImage:
     source_identity: str
     subscribers: dict[int, int] = field(default_factory=dict)
     """Subscription registration id -> subscriber position counter id."""
+    parking: dict[int, int] = field(default_factory=dict)
+    """Subscription registration id -> its slot in the log's parking table (doorbells)."""
+    rung_position: int = -1
+    """Rebuild position when parked subscribers were last rung: a datagram that added nothing rings no one."""
     removed: bool = False
     position_counters: dict[int, int] = field(default_factory=dict)
 
@@ -102,11 +108,24 @@ class ReceiveChannel:
         for data, segment, source in self.sock.receive_batches(_RECV_BUDGET) if readable else ():
             receive.on_datagrams(data, segment, now_ns, source)
             work += 1
+        if work:
+            self._ring_parked()
         if receive.poll_due(now_ns):
             for datagram, destination in receive.poll(now_ns):
                 self.sock.send([datagram], cast(SocketAddress, destination))
                 work += 1
         return work
+
+    def _ring_parked(self) -> None:
+        """After a batch of datagrams: ring the parked subscribers of each image whose log grew (once per
+        batch, not per frame); an image nobody is parked on costs one 8-byte read."""
+        for image in self.images.values():
+            meta = image.receiver.log.meta_i64
+            if meta[PARKED_WORD_INDEX]:
+                position = image.receiver.rebuild_position
+                if position != image.rung_position:
+                    image.rung_position = position
+                    ring_parked(meta)
 
     @property
     def short_sends(self) -> int:

@@ -146,6 +146,8 @@ class ImageAvailable(msgspec.Struct, tag=True, frozen=True):
     subscriber_position_counter_id: int
     join_position: int
     source_identity: str
+    parking_slot: int = -1
+    """The subscriber's slot in the log's parking table (``logbuffer.layout``), or -1: all taken."""
 
 
 class ImageUnavailable(msgspec.Struct, tag=True, frozen=True):

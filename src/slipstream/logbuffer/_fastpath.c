@@ -299,12 +299,31 @@ static PyObject *core_offer(AppenderCore *self, PyObject *const *args, Py_ssize_
     }
     self->term_offset = resulting;
     store_i64_release((char *)mb.buf + self->active_index * 8, self->term_id_shifted | resulting);
+    /* An IPC log's parking table lives in the metadata whose buffer we hold already: the doorbell check
+     * is then one 8-byte read, with no second buffer request. */
+    int parked_read = 0;
+    int64_t parked = 0;
+    if (self->parked == self->tail_i64 && self->parked_index >= 0 && (self->parked_index + 1) * 8 <= (long long)mb.len) {
+        parked = __atomic_load_n((const int64_t *)((char *)mb.buf + self->parked_index * 8), __ATOMIC_RELAXED);
+        parked_read = 1;
+    }
     PyBuffer_Release(&mb);
     PyBuffer_Release(&tb);
     PyBuffer_Release(&pb);
     PyObject *result = PyLong_FromLongLong(position + required);
     if (result == NULL) {
         return NULL;
+    }
+    if (parked_read) {
+        if (parked && self->wake != NULL) {
+            PyObject *r = PyObject_CallNoArgs(self->wake);
+            if (r == NULL) {
+                Py_DECREF(result);
+                return NULL;
+            }
+            Py_DECREF(r);
+        }
+        return result;
     }
     return ring_doorbell(self, result);
 }

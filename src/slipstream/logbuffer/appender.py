@@ -62,16 +62,24 @@ def zero_buffer(view: memoryview) -> None:
         del holder
 
 
+Doorbell = tuple[memoryview, int, Callable[[], None]]
+"""A flag in shared memory (view, index) that, when set after an append, calls for the callable: the
+parked media driver's flag in cnc.dat (it has data to send), or the parked word of an IPC log's parking
+table (subscribers wait on their doorbells, see ``layout``)."""
+
+
 class BufferClaim:
     """A frame reserved by ``try_claim``: write the payload into ``buffer``, then ``commit`` or ``abort``.
 
     Until then, subscribers stop at this frame, so claims should be short-lived.
     """
 
-    __slots__ = ("_frame_length", "_offset", "_term", "_term_i32", "buffer")
+    __slots__ = ("_bell", "_frame_length", "_offset", "_term", "_term_i32", "buffer")
 
     def __init__(self) -> None:
         self.buffer: memoryview = memoryview(b"")
+        self._bell: Doorbell | None = None
+        """Set by a publication's ``try_claim``: rung after the commit, as ``offer`` rings after its append."""
         self._term: memoryview | None = None
         self._term_i32: memoryview | None = None
         self._offset = 0
@@ -115,11 +123,11 @@ class BufferClaim:
         self.buffer = memoryview(b"")
         term_i32[self._offset >> 2] = self._frame_length
         self._term = self._term_i32 = None
-
-
-Doorbell = tuple[memoryview, int, Callable[[], None]]
-"""A flag in shared memory (view, index) that, when set after an append, calls for the callable: a
-parked media driver asks to be woken this way when it has data to send."""
+        bell = self._bell
+        if bell is not None:
+            self._bell = None
+            if bell[0][bell[1]]:
+                bell[2]()
 
 
 def unblock(log: LogBuffers, position: int) -> bool:

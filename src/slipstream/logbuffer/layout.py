@@ -32,6 +32,17 @@ ACTIVE_TERM_COUNT_OFFSET: Final = 24
 END_OF_STREAM_POSITION_OFFSET: Final = 128
 IS_CONNECTED_OFFSET: Final = 136
 ACTIVE_TRANSPORT_COUNT_OFFSET: Final = 140
+PARKED_WORD_OFFSET: Final = 144
+"""Eight parked bytes, one per parking slot, in one 8-byte word: a writer asks "is anyone parked?" with
+one aligned 8-byte read after each append. Byte ``i`` is written only by the subscriber that owns slot ``i``."""
+DOORBELL_NUMBERS_OFFSET: Final = 152
+"""Eight int64 doorbell numbers, one per parking slot (0: none): whom a writer rings when byte ``i`` is set."""
+PARKING_SLOTS: Final = 8
+"""Subscribers of one log that may park on a doorbell; others fall back to a timed back-off."""
+PARKED_WORD_INDEX: Final = PARKED_WORD_OFFSET >> 3
+"""Index of the parked word in ``LogBuffers.meta_i64``."""
+DOORBELL_NUMBERS_INDEX: Final = DOORBELL_NUMBERS_OFFSET >> 3
+"""Index of slot 0's doorbell number in ``LogBuffers.meta_i64``."""
 CORRELATION_ID_OFFSET: Final = 256
 INITIAL_TERM_ID_OFFSET: Final = 264
 DEFAULT_FRAME_HEADER_LENGTH_OFFSET: Final = 268
@@ -238,6 +249,27 @@ class LogBuffers:
     def active_transport_count(self, value: int) -> None:
         self._meta_i32[ACTIVE_TRANSPORT_COUNT_OFFSET >> 2] = value
 
+    # -- parking slots (a doorbell per parked subscriber) -------------------------------------------
+
+    def parked_word(self) -> int:
+        """The eight parked bytes as one word: nonzero when some subscriber waits for a ring."""
+        return int(self.meta_i64[PARKED_WORD_INDEX])
+
+    def is_parked(self, slot: int) -> bool:
+        return bool(self._meta[PARKED_WORD_OFFSET + slot])
+
+    def set_parked(self, slot: int, parked: bool) -> None:
+        """One byte store: each slot's byte has a single writer, so no read-modify-write of the word."""
+        _check_slot(slot)
+        self._meta[PARKED_WORD_OFFSET + slot] = 1 if parked else 0
+
+    def doorbell_number(self, slot: int) -> int:
+        return int(self.meta_i64[DOORBELL_NUMBERS_INDEX + slot])
+
+    def set_doorbell_number(self, slot: int, number: int) -> None:
+        _check_slot(slot)
+        self.meta_i64[DOORBELL_NUMBERS_INDEX + slot] = number
+
     def producer_position(self) -> int:
         """Position just after the last frame appended, read from the active tail counter."""
         term_count = self.active_term_count
@@ -256,6 +288,11 @@ class LogBuffers:
         """Release every view so the underlying mapping can be closed."""
         for v in (*self.terms_i32, *self.terms, self.meta_i64, self._meta_i32, self._meta, self._buffer):
             v.release()
+
+
+def _check_slot(slot: int) -> None:
+    if not 0 <= slot < PARKING_SLOTS:
+        raise IndexError(f"parking slot {slot} outside [0, {PARKING_SLOTS})")
 
 
 def _find_term_length(view: memoryview) -> int:

@@ -7,10 +7,12 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from ...client import Context, DriverError
+from ...client.aio import Parking
+from ...files.doorbell import Doorbell
 from ..config import ClientConfig, ServerConfig
 from ..connection import ConnectionMachine, Records
 from ..errors import MessageDispatchError
@@ -23,7 +25,7 @@ from ..store import SettingsStore
 from ..streaming import Streams
 from .connection import Connection, Listeners, is_coroutine_result
 from .recording import EndpointRecording
-from .transport import IdleBackoff, acquire_context, release_context
+from .transport import IdleBackoff, acquire_context, input_pending, release_context
 
 __all__ = ["CLOSE_GRACE_S", "Endpoint", "PollGroup"]
 
@@ -379,26 +381,94 @@ class PollGroup:
 
     async def _run(self) -> None:
         backoff = self.backoff
+        parked: tuple[Parking, list[Doorbell], list[int]] | None = None
+        woken_by: Sequence[int] = ()
+        mute_inputs = False
         try:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
-                work = 0
-                self._invoke_drivers()
-                for endpoint in list(self.endpoints):
-                    try:
-                        work += endpoint._duty_cycle(now_ns)
-                    except Exception as exc:  # a bug must not silently stop every connection
-                        log.exception("network poller failed")
-                        endpoint._report_error(None, exc)
+                work = self._cycle(now_ns)
+                # Input a cycle leaves unread must not wake us in a loop: the next wait leaves it out.
+                mute_inputs = bool(woken_by) and not work and input_pending(woken_by)
+                woken_by = ()
                 if work:
-                    self._invoke_drivers()  # what the cycle just offered leaves now, not a loop turn later
+                    if parked is not None:
+                        parked[0].unpark()
+                        parked = None
                     backoff.reset()
                     await asyncio.sleep(0)
-                else:
-                    threaded = any(
-                        (context := endpoint._context) is not None and context.is_embedded and not context.is_invoker
-                        for endpoint in self.endpoints
-                    )
-                    await backoff.idle(now_ns / 1e9, nap=threaded)
+                    continue
+                pause = backoff.next_pause(now_ns / 1e9)
+                if pause is None:
+                    await backoff.idle(now_ns / 1e9, nap=self._threaded())  # still yielding: no pause yet
+                    continue
+                if parked is None:
+                    parked = self._park()
+                    if parked is None:
+                        await backoff.sleep(pause)  # some image has no parking slot: a timed pause
+                        continue
+                    if parked[0].ready():
+                        continue  # appended before our bytes were visible: the next cycle takes it
+                inputs = () if mute_inputs else parked[2]
+                outcome = await backoff.park(parked[1], pause, inputs)
+                if outcome != "timeout":
+                    # Rung, kicked or input: images or endpoints may have changed, so park afresh next
+                    # time. A pause that timed out stays parked: no re-parking on every pause.
+                    parked[0].unpark()
+                    parked = None
+                if outcome == "input":
+                    woken_by = inputs
         finally:
+            if parked is not None:
+                parked[0].unpark()
             self.task = None
+
+    def _cycle(self, now_ns: int) -> int:
+        """One duty cycle of every endpoint (and of invoker-mode drivers); returns the work done."""
+        work = 0
+        self._invoke_drivers()
+        for endpoint in list(self.endpoints):
+            try:
+                work += endpoint._duty_cycle(now_ns)
+            except Exception as exc:  # a bug must not silently stop every connection
+                log.exception("network poller failed")
+                endpoint._report_error(None, exc)
+        if work:
+            self._invoke_drivers()  # what the cycle just offered leaves now, not a loop turn later
+        return work
+
+    def _threaded(self) -> bool:
+        """Whether an embedded driver thread shares our GIL (then a spinning poller naps for it)."""
+        return any(
+            (context := endpoint._context) is not None and context.is_embedded and not context.is_invoker
+            for endpoint in self.endpoints
+        )
+
+    def _park(self) -> tuple[Parking, list[Doorbell], list[int]] | None:
+        """Park every subscription of the endpoints' contexts on the contexts' doorbells, for the idle
+        pauses; None (nothing left parked) when some image has no parking slot: the caller then sleeps.
+
+        Parking protocol: set the parked bytes, re-check the images (``Parking.ready``), then wait; the
+        bytes are cleared once work is found."""
+        contexts: dict[int, Context] = {}
+        for endpoint in self.endpoints:
+            context = endpoint._context
+            if context is not None:
+                contexts.setdefault(id(context), context)
+        parking = Parking()
+        bells: list[Doorbell] = []
+        inputs: list[int] = []
+        for context in contexts.values():
+            fd = context.invoker_fileno()  # an invoker-mode driver's datagrams wake us too
+            if fd is not None:
+                inputs.append(fd)
+            try:
+                bell = context.doorbell
+            except RuntimeError:  # closing
+                parking.unpark()
+                return None
+            bells.append(bell)
+            if not parking.park(context.subscriptions, bell.number):
+                parking.unpark()
+                return None
+        return (parking, bells, inputs) if bells else None

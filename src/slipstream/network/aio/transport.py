@@ -3,18 +3,21 @@
 Every server and client of a process that names the same driver directory shares one
 :class:`~slipstream.Context` (counted references), as Aeron shares one media driver per host: an
 embedded driver is not started per client, and closing one client never stops the driver another
-still uses. Only the public transport API is used here.
+still uses. Only the public transport API (and its doorbells) is used here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import select
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ... import ChannelUri, Context, DriverConfig
+from ...files.doorbell import Doorbell, wait_any
 from ..config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "HANDSHAKE_STREAM",
     "IdleBackoff",
     "acquire_context",
+    "input_pending",
     "invoke",
     "ipc_channel",
     "parse_source",
@@ -159,11 +163,13 @@ def is_local_host(host: str) -> bool:
 
 
 class IdleBackoff:
-    """How an endpoint's poller parks: yield for ``spin_s`` (at least ``spins`` times), then sleep
-    from 50 us doubling to 1 ms;
-    after 20 ms without work, sleep 10 ms (so an idle endpoint wakes 100 times a second).
-    :meth:`kick` wakes a parked poller at once: the application just sent something, and its answer
-    should be polled for promptly."""
+    """How an endpoint's poller waits when idle: yield for ``spin_s`` (at least ``spins`` times), then
+    pause from 50 us doubling to 1 ms, and after 20 ms without work pause 10 ms (so an idle endpoint
+    wakes at most 100 times a second). A pause is spent parked on the doorbells of the logs the
+    poller reads (``park``: a writer rings, so a message is handled within microseconds, not after
+    asyncio's millisecond-rounded sleep) or, when some image has no parking slot, asleep (``idle``).
+    :meth:`kick` ends a pause at once: the application just sent something, and its answer should be
+    polled for promptly."""
 
     def __init__(
         self,
@@ -186,7 +192,9 @@ class IdleBackoff:
         self._sleep_s = min_sleep_s
         self._idle_since: float | None = None
         self._spin_until = 0.0
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[bool | None] | None = None
+        self.parked = False
+        """True while waiting in ``park`` (on the doorbells)."""
 
     def reset(self) -> None:
         """Work was done: start over with the short waits."""
@@ -196,39 +204,81 @@ class IdleBackoff:
         self._spin_until = 0.0
 
     def kick(self) -> None:
-        """Reset the back-off and end a sleep in progress."""
+        """Reset the back-off and end a pause in progress."""
         self.reset()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def idle(self, now_s: float, *, nap: bool = True) -> None:
-        """Wait one step of the back-off (``now_s`` is the caller's monotonic time). ``nap``: an
-        embedded driver thread shares our GIL, so spinning yields it some time; without one (an
-        invoker-mode or standalone driver) a nap only delays the answer (Linux sleeps 50 us or more)."""
-        # asyncio cannot sleep less than about a millisecond (its selector waits in milliseconds),
-        # so right after work (or a kick) the poller only yields, for ``spin_s``: an answer that
-        # follows closely is polled within microseconds, not a millisecond later.
+    def next_pause(self, now_s: float) -> float | None:
+        """The pause the next wait takes (and the back-off moves on), or None while it only yields
+        (``idle`` does that); ``now_s`` is the caller's monotonic time."""
         if self._count < self.spins or now_s < self._spin_until:
-            if self._count == 0:
-                self._spin_until = now_s + self.spin_s
-            self._count += 1
-            if nap and self._count > self.spins:
-                # A short blocking nap lets the driver's thread (an embedded driver shares our GIL)
-                # move the data we are waiting for; a bare yield would keep the GIL from it.
-                time.sleep(self.nap_s)
-            await asyncio.sleep(0)
-            return
+            return None
         if self._idle_since is None:
             self._idle_since = now_s
         if now_s - self._idle_since >= self.deep_after_s:
-            delay = self.deep_sleep_s
-        else:
-            delay = self._sleep_s
-            self._sleep_s = min(self._sleep_s * 2, self.max_sleep_s)
+            return self.deep_sleep_s
+        pause = self._sleep_s
+        self._sleep_s = min(pause * 2, self.max_sleep_s)
+        return pause
+
+    async def park(self, doorbells: Sequence[Doorbell], pause_s: float, inputs: Sequence[int] = ()) -> str:
+        """A pause of up to ``pause_s`` on ``doorbells`` and on the readable descriptors ``inputs`` (an
+        invoker-mode driver's input: only our invoke takes it in, so nobody rings for it). Returns what
+        ended it: ``"timeout"``, ``"rung"``, ``"input"`` or ``"kick"``.
+
+        The caller has set its parked bytes and checked its images once more after that (the parking
+        protocol)."""
         loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        handle = loop.call_later(delay, _wake, waiter)
+        waiter: asyncio.Future[bool | None] = loop.create_future()
+        self._waiter = waiter
+        self.parked = True
+        woke: list[int] = []
+
+        def on_input(fd: int) -> None:
+            woke.append(fd)
+            _wake(waiter)
+
+        for fd in inputs:
+            loop.add_reader(fd, on_input, fd)
+        try:
+            result = await wait_any(doorbells, pause_s, waiter)
+        finally:
+            for fd in inputs:
+                loop.remove_reader(fd)
+            self.parked = False
+            self._waiter = None
+        if result is None:
+            return "input" if woke else "kick"
+        return "rung" if result else "timeout"
+
+    async def idle(self, now_s: float, *, nap: bool = True) -> None:
+        """Wait one step of the back-off without doorbells: yield, or sleep the next pause. ``nap``:
+        an embedded driver thread shares our GIL, so spinning yields it some time; without one (an
+        invoker-mode or standalone driver) a nap only delays the answer (Linux sleeps 50 us or more)."""
+        pause = self.next_pause(now_s)
+        if pause is not None:
+            await self.sleep(pause)
+            return
+        # asyncio cannot sleep less than about a millisecond (its selector waits in milliseconds),
+        # so right after work (or a kick) the poller only yields, for ``spin_s``: an answer that
+        # follows closely is polled within microseconds, not a millisecond later.
+        if self._count == 0:
+            self._spin_until = now_s + self.spin_s
+        self._count += 1
+        if nap and self._count > self.spins:
+            # A short blocking nap lets the driver's thread (an embedded driver shares our GIL)
+            # move the data we are waiting for; a bare yield would keep the GIL from it.
+            time.sleep(self.nap_s)
+        await asyncio.sleep(0)
+
+    async def sleep(self, pause_s: float) -> None:
+        """Sleep ``pause_s`` (a kick ends it): the pause of a poller that cannot park on doorbells."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool | None] = loop.create_future()
+        self._waiter = waiter
+        handle = loop.call_later(pause_s, _wake, waiter)
         try:
             await waiter
         finally:
@@ -236,6 +286,14 @@ class IdleBackoff:
             self._waiter = None
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
+def input_pending(fds: Sequence[int]) -> bool:
+    """Whether any of ``fds`` is readable right now (a zero-timeout poll): input a duty cycle left unread."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _wake(waiter: asyncio.Future[bool | None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
