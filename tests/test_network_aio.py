@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import socket
 from collections.abc import Coroutine
 from pathlib import Path
@@ -724,3 +725,29 @@ def test_packet_capture_shows_no_plaintext(driver_dir: Path) -> None:
     assert any(control in frame for frame in frames)
     assert len(frames) > 20
     assert not any(marker in frame.replace(control, b"") for frame in frames)
+
+
+def test_160_clients_at_once_are_never_refused_an_image(driver_dir: Path) -> None:
+    """Every client's handshake stream and connection stream land on the server's one port, and a
+    closed handshake stream lingers: the receiver's image bound must leave room for both (at 256, the
+    97th client's connection stream was refused until the linger ended, 10 s later)."""
+    from slipstream.files import observe
+
+    async def main() -> None:
+        port = free_ports(300)
+        clients_dir = driver_dir.with_name(driver_dir.name + "-clients")
+        async with Server(server_config(driver_dir, max_clients=200, driver="invoker")) as server:
+            await server.bind(port)
+            clients = [Client(client_config(clients_dir, driver="invoker")) for _ in range(160)]
+            try:
+                await asyncio.gather(*(client.connect("127.0.0.1", port, timeout=60) for client in clients))
+                assert len(server.connections) == 160
+                refused = [e.text for e in observe.errors(driver_dir) if "SETUP refused" in e.text]
+                assert refused == []
+            finally:
+                await asyncio.gather(*(client.close() for client in clients))
+
+    try:
+        run(main(), 120)
+    finally:
+        shutil.rmtree(driver_dir.with_name(driver_dir.name + "-clients"), ignore_errors=True)

@@ -259,3 +259,18 @@ def test_explicit_session_ids_clash_only_within_a_channel(ctx: Context) -> None:
     ctx.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{free_port()}|session-id=77", 13)  # other channel
     with pytest.raises(RegistrationError, match="SESSION_IN_USE"):
         ctx.add_exclusive_publication(first, 13)
+
+
+def test_a_setup_the_receiver_refuses_is_reported_in_the_error_log(driver_dir: Path) -> None:
+    """A valid SETUP refused by a local limit (here a term longer than max_term_length) never connects;
+    the driver says why in its error log instead of leaving the stream silently unconnected."""
+    port = free_port()
+    with Context(driver_dir) as ctx:
+        ctx.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 9)
+        publication = ctx.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=128m", 9)
+
+        def refused() -> bool:
+            return any("SETUP refused" in e.text and "max_term_length" in e.text for e in observe.errors(driver_dir))
+
+        wait_for(refused, 10)
+        assert not publication.is_connected

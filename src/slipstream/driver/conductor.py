@@ -96,6 +96,7 @@ class DriverConductor:
         self.cnc = cnc
         self.loss_report = loss_report
         self.error_log = DistinctErrorLog(cnc.error_log)
+        self._refused_seen: dict[int, int] = {}
         self._invalid_seen: dict[int, int] = {}
         self.counters: CountersManager = cnc.counters_manager()
         self.poller: SocketPoller[ClientSession | str | None] = SocketPoller()
@@ -754,6 +755,16 @@ class DriverConductor:
             if delta > 0:
                 self.record_error(f"invalid datagrams dropped on {channel}", delta)
             seen[key] = count
+        # Valid SETUPs the receiver refused (max_images, max_term_length, a log it could not make): the
+        # stream never connects, so say why, once per distinct reason and channel.
+        refused = self._refused_seen
+        for receive_channel in self.receive_channels.values():
+            receiver = receive_channel.receive
+            delta = receiver.setups_rejected - refused.get(id(receive_channel), 0)
+            if delta > 0:
+                reason = (receiver.last_error or "").removeprefix("SETUP refused: ")
+                self.record_error(f"SETUP refused on {receive_channel.endpoint.channel}: {reason}", delta)
+            refused[id(receive_channel)] = receiver.setups_rejected
 
     def _record_loss(self, channel: ReceiveChannel, event: LossDetected) -> None:
         image = next(

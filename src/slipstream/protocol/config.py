@@ -74,8 +74,12 @@ class ReceiverConfig:
     connection_timeout_ns: int = RECEIVE_DESTINATION_TIMEOUT_NS
     """SMs and NAKs go to a sender only while its packets arrived within this period."""
     eos_linger_multiple: int = IMAGE_SM_EOS_MULTIPLE
-    max_images: int = 256
-    """Images (including lingering ones) an endpoint holds at once; further SETUPs are refused."""
+    max_images: int = 1024
+    """Images (including lingering ones) an endpoint holds at once; further SETUPs are refused. A
+    network server's port carries every client's handshake stream (which lingers for the image liveness
+    timeout after the client closes it) and its connection stream, so this is well above twice the
+    256 clients a server takes by default (at 256, the 97th of 160 clients connecting at once waited
+    the 10 s linger out). Image logs are sparse files: memory is spent as data arrives."""
     max_term_length: int = 64 * 1024 * 1024
     """Largest term length accepted from a SETUP: an image log is three terms, allocated on the
     peer's word, so this caps what one SETUP can cost. Raise it to accept up to 1 GiB terms."""
