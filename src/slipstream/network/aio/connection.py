@@ -389,11 +389,15 @@ class Connection:
 
     def _after_append(self) -> None:
         self._endpoint._kick()
-        if self._machine.sealed_count >= _SEAL_FLUSH:
-            self._flush()
         if not self._flush_scheduled:
+            # The first message of a loop turn leaves at once (a lone request or reply does not wait a
+            # turn of the loop); the ones that follow in the same turn share records and go with the
+            # scheduled flush.
             self._flush_scheduled = True
+            self._flush()
             self._loop.call_soon(self._scheduled_flush)
+        elif self._machine.sealed_count >= _SEAL_FLUSH:
+            self._flush()
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
