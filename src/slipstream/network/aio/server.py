@@ -453,10 +453,7 @@ class Server(Endpoint):
                     ))  # fmt: skip
                 self._fire_disconnect(connection)
             elif isinstance(event, BufferOverflowed):
-                connection = self._waiting.get(event.key)
-                self._report_error(connection, UndeliveredError(
-                    f"a buffered session's queue is full ({event.reason}): a message was not queued", (event.message,)
-                ))  # fmt: skip
+                pass  # the sender is told at once: ``send`` raises UndeliveredError, ``send_nowait`` says why
             elif isinstance(event, SessionResumed):
                 log.info("buffered session resumed: %d queued messages delivered", event.delivered)
 
