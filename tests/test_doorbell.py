@@ -79,6 +79,24 @@ def test_ring_to_a_dead_or_full_doorbell_never_raises() -> None:
         sock.sendto(b"x", doorbell_address(number))  # what ring swallowed
 
 
+def test_a_doorbell_found_gone_is_left_alone_for_a_while() -> None:
+    """A subscriber that died parked must not cost its writers a failed system call per append."""
+    from slipstream.files import doorbell
+
+    number = (os.getpid() << 16) | 0xFFFE  # never bound by this process's doorbells
+    ring(number)  # nobody there: remembered as gone
+    assert doorbell._gone.get(number, 0) > time.monotonic()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as late:  # a new owner of the name (pid reuse)
+        late.bind(doorbell_address(number))
+        late.setblocking(False)
+        ring(number)  # still within GONE_QUIET_S: not sent
+        with pytest.raises(BlockingIOError):
+            late.recv(16)
+        doorbell._gone[number] = time.monotonic() - 1  # the quiet period is over
+        ring(number)
+        assert late.recv(16) == b"\x01" and number not in doorbell._gone
+
+
 def test_doorbell_numbers_are_unique_and_drain_counts_rings() -> None:
     bells = [Doorbell() for _ in range(3)]
     try:

@@ -25,6 +25,7 @@ import mmap
 import os
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -48,6 +49,12 @@ _counter = itertools.count(1)
 _sender: socket.socket | None = None
 _sender_lock = threading.Lock()
 _RING: Final = b"\x01"
+GONE_QUIET_S: Final = 1.0
+"""How long a doorbell found gone is left alone (a new process reusing the pid, and so the number,
+waits on its safety timeout meanwhile, never on data)."""
+_GONE_LIMIT: Final = 4096
+_gone: dict[int, float] = {}
+"""Numbers of doorbells found gone -> until when they are not rung."""
 
 
 def doorbell_address(number: int) -> bytes:
@@ -75,11 +82,25 @@ def _sending_socket() -> socket.socket:
 
 
 def ring(number: int) -> None:
-    """Ring doorbell ``number``: one byte, never blocking, never raising (gone or already rung is fine)."""
-    try:  # noqa: SIM105 (no context manager on the writer's path)
+    """Ring doorbell ``number``: one byte, never blocking, never raising (gone or already rung is fine).
+
+    A doorbell found gone (its subscriber died parked, before the driver freed its slot) is not rung
+    again for ``GONE_QUIET_S``: a writer would otherwise pay a failed system call on every append until
+    the driver times the dead client out."""
+    if _gone:
+        until = _gone.get(number)
+        if until is not None:
+            if time.monotonic() < until:
+                return
+            del _gone[number]
+    try:
         _sending_socket().sendto(_RING, socket.MSG_DONTWAIT, doorbell_address(number))
+    except (ConnectionRefusedError, FileNotFoundError):
+        if len(_gone) >= _GONE_LIMIT:
+            _gone.clear()
+        _gone[number] = time.monotonic() + GONE_QUIET_S
     except OSError:
-        pass
+        pass  # its queue is full: it is rung already
 
 
 def ring_parked(meta_i64: memoryview) -> None:
