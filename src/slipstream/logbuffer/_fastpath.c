@@ -170,6 +170,19 @@ static void core_dealloc(AppenderCore *self) {
     Py_DECREF(tp);
 }
 
+/* Call the wake hook (a reader is parked) and hand ``result`` back; NULL (result released) if it raised. */
+static PyObject *call_wake(AppenderCore *self, PyObject *result) {
+    if (self->wake != NULL) {
+        PyObject *r = PyObject_CallNoArgs(self->wake);
+        if (r == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    return result;
+}
+
 static PyObject *ring_doorbell(AppenderCore *self, PyObject *result) {
     if (self->parked != NULL && self->parked != Py_None) {
         int64_t flag;
@@ -177,13 +190,8 @@ static PyObject *ring_doorbell(AppenderCore *self, PyObject *result) {
             Py_DECREF(result);
             return NULL;
         }
-        if (flag && self->wake != NULL) {
-            PyObject *r = PyObject_CallNoArgs(self->wake);
-            if (r == NULL) {
-                Py_DECREF(result);
-                return NULL;
-            }
-            Py_DECREF(r);
+        if (flag) {
+            return call_wake(self, result);
         }
     }
     return result;
@@ -315,15 +323,7 @@ static PyObject *core_offer(AppenderCore *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     if (parked_read) {
-        if (parked && self->wake != NULL) {
-            PyObject *r = PyObject_CallNoArgs(self->wake);
-            if (r == NULL) {
-                Py_DECREF(result);
-                return NULL;
-            }
-            Py_DECREF(r);
-        }
-        return result;
+        return parked ? call_wake(self, result) : result;
     }
     return ring_doorbell(self, result);
 }
