@@ -6,6 +6,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 py="${1:-$here/.venv/bin/python}"
 [ -x "$py" ] || py="$(command -v python3)"
+py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")"  # the script changes directory: a relative path would break
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 cp -r "$here/src" "$here/tests" "$here/setup.py" "$here/pyproject.toml" "$here/README.md" "$scratch/"
