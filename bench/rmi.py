@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
@@ -209,22 +210,34 @@ def pyro_client(pipe: Pipe, p: Params) -> None:
 
     uri = expect(pipe, "go", 60, "pyro client")
     with Pyro5.api.Proxy(uri) as calc:
-        for i in range(500):
-            calc.add(i, 1)
-        start = time.perf_counter()
-        for i in range(p.calls):
-            assert calc.add(i, 1) == i + 1
-        awaited = p.calls / (time.perf_counter() - start)
-        start = time.perf_counter()
-        for _ in range(p.oneway):
-            calc.bump()
-        deadline = time.monotonic() + 120
-        while calc.count() < p.oneway:
-            if time.monotonic() > deadline:
-                raise TimeoutError("Pyro5 oneway calls did not all arrive")
-            time.sleep(0.001)
-        fire = p.oneway / (time.perf_counter() - start)
-    pipe.send(("result", {"awaited_per_s": awaited, "oneway_per_s": fire}))
+
+        def oneway() -> None:
+            for _ in range(p.oneway):
+                calc.bump()
+
+        result = _blocking_rates(calc.add, oneway, calc.count, p, "Pyro5 oneway calls")
+    pipe.send(("result", result))
+
+
+def _blocking_rates(
+    add: Callable[[int, int], int], oneway: Callable[[], None], count: Callable[[], int], p: Params, what: str
+) -> dict[str, float]:
+    """A blocking peer's awaited calls per second (``add`` one at a time) and fire-and-forget calls per
+    second (``oneway`` sends ``p.oneway`` of them; done once the host's ``count`` has them all)."""
+    for i in range(500):  # warm-up
+        add(i, 1)
+    start = time.perf_counter()
+    for i in range(p.calls):
+        assert add(i, 1) == i + 1
+    awaited = p.calls / (time.perf_counter() - start)
+    start = time.perf_counter()
+    oneway()
+    deadline = time.monotonic() + 120
+    while count() < p.oneway:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not all arrive")
+        time.sleep(0.001)
+    return {"awaited_per_s": awaited, "oneway_per_s": p.oneway / (time.perf_counter() - start)}
 
 
 # -- RPyC -----------------------------------------------------------------------------------------------
@@ -261,26 +274,17 @@ def rpyc_client(pipe: Pipe, p: Params) -> None:
     conn = rpyc.connect("127.0.0.1", p.port)
     try:
         root = conn.root
-        for i in range(500):
-            root.add(i, 1)
-        start = time.perf_counter()
-        for i in range(p.calls):
-            assert root.add(i, 1) == i + 1
-        awaited = p.calls / (time.perf_counter() - start)
         bump = rpyc.async_(root.bump)
-        start = time.perf_counter()
-        pending = [bump() for _ in range(p.oneway)]
-        for result in pending:
-            result.wait()
-        deadline = time.monotonic() + 120
-        while root.count() < p.oneway:
-            if time.monotonic() > deadline:
-                raise TimeoutError("RPyC async calls did not all arrive")
-            time.sleep(0.001)
-        fire = p.oneway / (time.perf_counter() - start)
+
+        def oneway() -> None:
+            pending = [bump() for _ in range(p.oneway)]
+            for result in pending:
+                result.wait()
+
+        result = _blocking_rates(root.add, oneway, root.count, p, "RPyC async calls")
     finally:
         conn.close()
-    pipe.send(("result", {"awaited_per_s": awaited, "oneway_per_s": fire}))
+    pipe.send(("result", result))
 
 
 # -- streaming ------------------------------------------------------------------------------------------

@@ -74,3 +74,19 @@ def test_quick_benchmark_writes_every_row_of_both_suites(tmp_path: Path) -> None
     assert machine["cpu_count"] >= 1
     assert machine["python"] and machine["pyzmq"] and machine["libzmq"]
     assert document["raw"], "raw figures are kept"
+
+
+def test_rmi_and_streaming_benchmark_runs_with_its_peers(tmp_path: Path) -> None:
+    """``python -m bench.rmi --quick``: slipstream over IPC and UDP, Pyro5 and RPyC, and a file streamed."""
+    out = tmp_path / "rmi.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.rmi", "--quick", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert set(results["rmi"]) == {"slipstream-ipc", "slipstream-udp", "pyro5", "rpyc"}
+    for row in results["rmi"].values():
+        assert row["awaited_per_s"] > 0 and row["oneway_per_s"] > 0
+    for row in results["streaming"].values():
+        assert row["bytes"] == results["params"]["file_bytes"] and row["mb_per_s"] > 0
