@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slipstream import Context, DriverConfig, Header, MediaDriver
+from slipstream import Context, DriverConfig, Header, MediaDriver, Subscription
 
 TIMEOUT_S = 20.0
 
@@ -120,3 +120,47 @@ def test_invoker_driver_answers_commands_and_closes_cleanly(driver_dir: Path) ->
         assert seen == [b"hello"]
     # The directory is free again: another driver can take it.
     MediaDriver(DriverConfig(directory=driver_dir)).start().close()
+
+
+def test_invoker_busy_while_a_stream_has_data_in_flight(two_dirs: tuple[Path, Path]) -> None:
+    """An event loop parks long only when no stream of its invoker-mode driver has data in flight: a
+    subscriber in another process would move without waking it, and its publisher waits on our limit."""
+    seen: list[bytes] = []
+
+    def drain(ctx: Context, sub: Subscription, deadline: float) -> None:
+        while ctx.invoker_busy():
+            assert time.monotonic() < deadline, "still busy with everything consumed"
+            ctx.invoke()
+            sub.poll(lambda payload, header: seen.append(bytes(payload)), 10)
+
+    with invoker_context(two_dirs[0]) as ctx:
+        assert not ctx.invoker_busy()
+        sub = ctx.add_subscription("aeron:ipc", 4)
+        pub = ctx.add_exclusive_publication("aeron:ipc", 4)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not pub.is_connected:
+            assert time.monotonic() < deadline
+            ctx.invoke()
+        assert not ctx.invoker_busy()
+        assert pub.offer(b"ipc") > 0
+        assert ctx.invoker_busy()  # appended, not yet read
+        drain(ctx, sub, deadline)
+        assert seen == [b"ipc"]
+
+        channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+        udp_sub = ctx.add_subscription(channel, 5)
+        udp_pub = ctx.add_exclusive_publication(channel, 5)
+        while not (udp_pub.is_connected and udp_sub.image_count):
+            assert time.monotonic() < deadline
+            ctx.invoke()
+        drain(ctx, udp_sub, deadline)
+        assert udp_pub.offer(b"udp") > 0
+        assert ctx.invoker_busy()  # not yet sent
+        drain(ctx, udp_sub, deadline)
+        while not seen[1:]:
+            assert time.monotonic() < deadline
+            ctx.invoke()
+            udp_sub.poll(lambda payload, header: seen.append(bytes(payload)), 10)
+        assert seen == [b"ipc", b"udp"]
+    with Context(two_dirs[1], driver="embedded") as threaded:
+        assert not threaded.invoker_busy()  # a driver thread keeps its own time

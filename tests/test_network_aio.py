@@ -7,6 +7,7 @@ import asyncio
 import random
 import shutil
 import socket
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -751,3 +752,43 @@ def test_160_clients_at_once_are_never_refused_an_image(driver_dir: Path) -> Non
         run(main(), 120)
     finally:
         shutil.rmtree(driver_dir.with_name(driver_dir.name + "-clients"), ignore_errors=True)
+
+
+def test_an_idle_connection_parks_long_and_timers_still_fire(driver_dir: Path) -> None:
+    """Idle, the poller sleeps up to 50 ms between duty cycles (each wake-up costs CPU), but a pause
+    ends when a connection's timer (a ping's timeout) is due, not at the pause's end."""
+
+    async def main() -> None:
+        port = free_ports(50)
+        async with (
+            Server(server_config(driver_dir, driver="invoker")) as server,
+            Client(client_config(driver_dir, driver="invoker")) as client,
+        ):
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            await connection.ping(timeout=5)
+            group = server._group
+            assert group is not None and group is client._group  # one poller for the loop
+            cycles = 0
+            real_cycle = group._cycle
+
+            def counted(now_ns: int) -> int:
+                nonlocal cycles
+                cycles += 1
+                return real_cycle(now_ns)
+
+            group._cycle = counted  # type: ignore[method-assign]
+            await asyncio.sleep(0.2)  # past the short pauses
+            cycles = 0
+            await asyncio.sleep(1.0)
+            # 50 ms pauses (about 20 a second) plus a cycle per datagram (heartbeats and status messages of
+            # the handshake and connection streams, both sides in this loop): about 70; 10 ms pauses made 140.
+            assert cycles < 100, cycles
+            # A long pause ends when a connection's timer is due: here a ping's timeout.
+            assert group._until_due(10.0, time.monotonic_ns()) > 0.5  # keepalive and expiry are seconds away
+            ping = asyncio.ensure_future(connection.ping(timeout=0.3))
+            await asyncio.sleep(0)
+            assert group._until_due(10.0, time.monotonic_ns()) <= 0.3
+            await ping
+
+    run(main())

@@ -347,6 +347,13 @@ class Context:
         embedded = self._embedded
         return embedded.input_fileno() if embedded is not None else None
 
+    def invoker_busy(self) -> bool:
+        """For an invoker-mode embedded driver: whether some stream has data in flight, so
+        :meth:`invoke` is due again within a millisecond or so even if :meth:`invoker_fileno` stays
+        quiet (a parked loop's cue not to sleep long). False otherwise."""
+        embedded = self._embedded
+        return embedded is not None and embedded.data_in_flight()
+
     def invoke(self) -> int:
         """Run one duty cycle of an invoker-mode embedded driver on this thread and return the work it
         did; 0 (and nothing done) when the driver has its own thread or process, so a loop may call it

@@ -149,6 +149,29 @@ class DriverConductor:
             work += self._on_timer(now_ns)
         return work
 
+    def data_in_flight(self) -> bool:
+        """Whether some stream has data not yet consumed (or sent). Then the driver wants a duty cycle
+        every millisecond or so even without input: a subscriber in another process moves its position
+        without telling us, and its publisher waits on the limit (or the sender on the status message)
+        that only a duty cycle sets. An idle driver's own chores (heartbeats, status messages, the
+        100 ms timer) tolerate running late, so an invoker-mode driver's application may park longer."""
+        counters = self.counters
+        for publication in self.publications.values():
+            if publication.subscribers and counters.min_value(publication.subscribers.values()) < (
+                publication.producer_position()
+            ):
+                return True
+        for network in self.sender.publications.values():
+            if network.sender.sender_position < network.sender.producer_position():
+                return True
+        for channel in self.receiver.channels.values():
+            for image in channel.images.values():
+                if image.subscribers and (
+                    counters.min_value(image.subscribers.values()) < image.receiver.rebuild_position
+                ):
+                    return True
+        return False
+
     def park(self, timeout_s: float) -> int:
         """Sleep until a client speaks (commands, doorbell), a datagram arrives, or ``timeout_s``.
 

@@ -170,6 +170,12 @@ class MediaDriver:
             return 0
         return self._duty_cycle(conductor)
 
+    def data_in_flight(self) -> bool:
+        """In invoker mode, whether the application should invoke again soon even without input (see
+        ``DriverConductor.data_in_flight``); False for a driver with its own thread."""
+        conductor = self._conductor
+        return self.is_invoker and conductor is not None and not self._closed and conductor.data_in_flight()
+
     def input_fileno(self) -> int | None:
         """In invoker mode, a descriptor readable while the driver has input waiting (a datagram, a
         client's command): an application that parks its loop waits on it too, then invokes. None

@@ -59,6 +59,7 @@ from ..streaming import (
     StreamStarted,
 )
 from .rmi import RmiSession
+from .transport import BUSY_CADENCE_NS
 
 __all__ = ["Connection", "ConnectionListener", "ErrorListener", "Listeners", "MessageListener", "Ping", "Transfer"]
 
@@ -438,6 +439,13 @@ class Connection:
             self._position = header.position
         self._machine.receive(payload, self._now_ns)
         self._process_events()
+
+    def _deadline_ns(self, now_ns: int) -> int | None:
+        """When ``_poll`` is next due if nothing arrives: the machine's timers, or soon while output
+        waits (back-pressure clears without waking anyone)."""
+        if self._backlog or self._machine.has_pending:
+            return now_ns + BUSY_CADENCE_NS
+        return self._machine.deadline_ns
 
     def _poll(self, now_ns: int) -> int:
         """One duty cycle: receive, run timers, flush. Returns the work done."""

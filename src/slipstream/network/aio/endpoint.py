@@ -25,7 +25,7 @@ from ..store import SettingsStore
 from ..streaming import Streams
 from .connection import Connection, Listeners, is_coroutine_result
 from .recording import EndpointRecording
-from .transport import IdleBackoff, acquire_context, input_pending, release_context
+from .transport import IdleBackoff, acquire_context, earliest, input_pending, release_context
 
 __all__ = ["CLOSE_GRACE_S", "Endpoint", "PollGroup"]
 
@@ -258,6 +258,11 @@ class Endpoint:
         """The connections that are up (read by the recording's sampler thread: a copied list)."""
         raise NotImplementedError
 
+    def _deadline_ns(self, now_ns: int) -> int | None:
+        """When the duty cycle is next due if nothing arrives (how long an idle poller may park): the
+        earliest timer of the connections; None when none runs."""
+        return earliest((connection._deadline_ns(now_ns) for connection in self._live_connections()), None)
+
     def _stop_recording(self) -> None:
         """Final statistics, then the recorder goes back (``close`` calls this before the driver goes)."""
         if self._recording is not None:
@@ -399,6 +404,8 @@ class PollGroup:
                     await asyncio.sleep(0)
                     continue
                 pause = backoff.next_pause(now_ns / 1e9)
+                if pause is not None and pause > backoff.max_sleep_s:
+                    pause = self._until_due(pause, now_ns)  # a long pause ends by the next timer
                 if pause is None:
                     await backoff.idle(now_ns / 1e9, nap=self._threaded())  # still yielding: no pause yet
                     continue
@@ -436,6 +443,21 @@ class PollGroup:
         if work:
             self._invoke_drivers()  # what the cycle just offered leaves now, not a loop turn later
         return work
+
+    def _until_due(self, pause_s: float, now_ns: int) -> float:
+        """``pause_s``, cut short to end when the earliest timer of the endpoints' connections is due,
+        or to the back-off's short pause while an invoker-mode driver has data in flight; never below
+        that short pause (a timer already due gets a cycle soon, not a spin). The driver's periodic
+        chores run at the pause's end: a heartbeat may be late, nothing is lost."""
+        short = self.backoff.max_sleep_s
+        for endpoint in self.endpoints:
+            context = endpoint._context
+            if context is not None and context.invoker_busy():
+                return short
+        due = earliest((endpoint._deadline_ns(now_ns) for endpoint in self.endpoints), None)
+        if due is None:
+            return pause_s
+        return min(pause_s, max(short, (due - now_ns) / 1e9))
 
     def _threaded(self) -> bool:
         """Whether an embedded driver thread shares our GIL (then a spinning poller naps for it)."""

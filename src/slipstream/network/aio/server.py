@@ -31,10 +31,12 @@ from ..session import RecordLayer
 from .connection import Connection
 from .endpoint import Endpoint
 from .transport import (
+    BUSY_CADENCE_NS,
     HANDSHAKE_IPC_REPLY_STREAM,
     HANDSHAKE_IPC_STREAM,
     HANDSHAKE_STREAM,
     IPC_MTU,
+    earliest,
     host_port,
     ipc_channel,
     listen_host,
@@ -485,6 +487,16 @@ class Server(Endpoint):
 
     def _live_connections(self) -> list[Connection]:
         return list(self._connections.values())
+
+    def _deadline_ns(self, now_ns: int) -> int | None:
+        """The connections' timers, the handshakes' (answers waiting for room: soon) and the buffered
+        sessions' expiry."""
+        due = super()._deadline_ns(now_ns)
+        for link in self._links:
+            due = earliest((now_ns + BUSY_CADENCE_NS if link.outbox else link.machine.deadline_ns,), due)
+        if self._buffered is not None:
+            due = earliest((self._buffered.deadline_ns,), due)
+        return due
 
     def _release_connection(self, connection: Connection) -> None:
         self._connections.pop(connection.id, None)

@@ -13,7 +13,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ... import ChannelUri, Context, DriverConfig
@@ -164,10 +164,12 @@ def is_local_host(host: str) -> bool:
 
 class IdleBackoff:
     """How an endpoint's poller waits when idle: yield for ``spin_s`` (at least ``spins`` times), then
-    pause from 50 us doubling to 1 ms, and after 20 ms without work pause 10 ms (so an idle endpoint
-    wakes at most 100 times a second). A pause is spent parked on the doorbells of the logs the
-    poller reads (``park``: a writer rings, so a message is handled within microseconds, not after
-    asyncio's millisecond-rounded sleep) or, when some image has no parking slot, asleep (``idle``).
+    pause from 50 us doubling to 1 ms, and after 20 ms without work pause up to 50 ms, cut short by
+    the poller to the next timer of its connections or invoker-mode driver (an idle endpoint wakes
+    about 20 times a second: each wake-up is a cold start that costs far more on a loaded machine
+    than on an idle one). A pause is spent parked on the doorbells of the logs the poller reads
+    (``park``: a writer rings, so a message is handled within microseconds, not after asyncio's
+    millisecond-rounded sleep) or, when some image has no parking slot, asleep (``idle``).
     :meth:`kick` ends a pause at once: the application just sent something, and its answer should be
     polled for promptly."""
 
@@ -178,7 +180,7 @@ class IdleBackoff:
         nap_s: float = 2e-5,
         min_sleep_s: float = 5e-5,
         max_sleep_s: float = 1e-3,
-        deep_sleep_s: float = 1e-2,
+        deep_sleep_s: float = 5e-2,
         deep_after_s: float = 0.02,
     ) -> None:
         self.spins = spins
@@ -284,6 +286,19 @@ class IdleBackoff:
         finally:
             handle.cancel()
             self._waiter = None
+
+
+BUSY_CADENCE_NS = 1_000_000
+"""How soon a connection with output waiting (back-pressure) wants its next duty cycle."""
+
+
+def earliest(deadlines: Iterable[int | None], start: int | None) -> int | None:
+    """The smallest of ``start`` and ``deadlines``, ignoring None (no timer running)."""
+    best = start
+    for deadline in deadlines:
+        if deadline is not None and (best is None or deadline < best):
+            best = deadline
+    return best
 
 
 def input_pending(fds: Sequence[int]) -> bool:
