@@ -1,6 +1,6 @@
 """``python -m bench``: slipstream vs pyzmq on this machine, side by side, in one invocation.
 
-Two suites, both by default (``--suite ipc|udp|all``). IPC: slipstream ``aeron:ipc`` vs pyzmq
+Two suites, both by default (``--suite ipc|udp|aeron-c|all``). IPC: slipstream ``aeron:ipc`` vs pyzmq
 ``ipc://``. UDP: slipstream ``aeron:udp`` on 127.0.0.1 vs pyzmq ``tcp://127.0.0.1``. Each measures
 throughput (one publisher process -> one subscriber process, interleaved rounds, median reported)
 and round-trip latency (ping-pong between two processes, percentiles); UDP adds a bulk transfer of
@@ -8,6 +8,9 @@ large fragmented messages. slipstream runs against a standalone driver process i
 under /dev/shm, so no driver thread shares the GIL with a measured loop; one extra IPC row puts the
 driver on a thread of the publisher, as the embedded default does. Every run is bounded in count
 and in time. The table goes to stdout, progress to stderr, everything measured to one JSON file.
+A third, optional suite (``aeron-c``, in the default run only when ``--aeron-dir`` or
+``$SLIPSTREAM_AERON_C_DIR`` names a build) runs the reference Aeron C driver and samples through the
+same figures and prints them beside slipstream's as a yardstick (``bench.aeron_c``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,17 @@ from .report import Plan
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=("ipc", "udp", "all"), default="all", help="which suite (default all)")
+    parser.add_argument(
+        "--suite",
+        choices=("ipc", "udp", "aeron-c", "all"),
+        default="all",
+        help="which suite (default all: ipc and udp, and aeron-c when an Aeron C build is given)",
+    )
+    parser.add_argument(
+        "--aeron-dir",
+        default=os.environ.get("SLIPSTREAM_AERON_C_DIR") or None,
+        help="Aeron C build for the aeron-c yardstick suite (default $SLIPSTREAM_AERON_C_DIR)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny counts: checks the suite works, measures little")
     parser.add_argument(
         "--messages", type=int, help="messages per throughput run (default 1000000)"
@@ -108,16 +121,20 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def run_suite(args: argparse.Namespace) -> int:
-    from . import ipc, loss, measure_parallelism, report, udp
+    from . import aeron_c, ipc, loss, measure_parallelism, report, udp
 
     plan = make_plan(args)
-    suites = report.SUITES if args.suite == "all" else (args.suite,)
+    if args.suite == "all":
+        suites: tuple[str, ...] = report.SUITES + ((aeron_c.SUITE,) if args.aeron_dir else ())
+    else:
+        suites = (args.suite,)
     started = datetime.now()
     out: Path = args.out or report.default_output(started, suites)
     rows: list[report.Row] = []
     notes: list[str] = []
     raw: dict[str, Any] = {}
     not_measured: list[dict[str, str]] = []
+    yardstick: list[aeron_c.YardstickRow] | None = None
     t_suite = time.perf_counter()
     report.progress(f"suites: {', '.join(suites)}; plan: {plan}")
     parallelism = measure_parallelism(2, 0.3 if args.quick else 1.0)
@@ -134,7 +151,12 @@ def run_suite(args: argparse.Namespace) -> int:
     with scratch_dir("slipstream-bench-", "/dev/shm") as shm, scratch_dir("slipstream-bench-zmq-", None) as zdir:
         for suite in suites:
             t_part = time.perf_counter()
-            if suite == "ipc":
+            if suite == aeron_c.SUITE:
+                aeron_plan = aeron_c.make_plan(args.quick, args.rounds, args.time_limit)
+                yard = aeron_c.run_suite(aeron_plan, args.aeron_dir, shm, only=args.only)
+                yardstick = yard.rows
+                result = report.SuiteResult(notes=yard.notes, raw=yard.raw, not_measured=yard.not_measured)
+            elif suite == "ipc":
                 result = ipc.run_suite(plan, shm, zdir, quick=args.quick, only=args.only)
             else:
                 result = udp.run_suite(plan, shm, quick=args.quick, only=args.only, profile_dir=args.profile_driver)
@@ -150,6 +172,8 @@ def run_suite(args: argparse.Namespace) -> int:
             raw.update(result.raw)
             not_measured.extend(result.not_measured)
 
+    if yardstick is not None:
+        aeron_c.compare(yardstick, rows)
     notes.append(f"suite took {time.perf_counter() - t_suite:.1f} s")
     notes.extend(f"not measured: {item['benchmark']} ({item['reason']})" for item in not_measured)
     options = {
@@ -160,6 +184,7 @@ def run_suite(args: argparse.Namespace) -> int:
         "throughput_fragment_limit": ipc.THROUGHPUT_FRAGMENT_LIMIT,
         "latency_fragment_limit": ipc.LATENCY_FRAGMENT_LIMIT,
         "async_wait": ipc.ASYNC_WAIT,
+        "aeron_dir": args.aeron_dir,
     }
     report.write_json(
         out,
@@ -170,9 +195,13 @@ def run_suite(args: argparse.Namespace) -> int:
         raw=raw,
         suites=suites,
         not_measured=not_measured,
+        aeron_c=yardstick,
     )
     print(report.format_table(rows))
     print()
+    if yardstick is not None:
+        print(aeron_c.format_table(yardstick))
+        print()
     for note in notes:
         print(f"- {note}")
     print(f"\nresults: {out}")

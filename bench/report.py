@@ -28,6 +28,7 @@ SUITES = ("ipc", "udp")
 SUITE_TITLES = {
     "ipc": "IPC: slipstream aeron:ipc vs pyzmq ipc://, two processes",
     "udp": "UDP: slipstream aeron:udp on 127.0.0.1 (standalone driver) vs pyzmq tcp://127.0.0.1, two processes",
+    "aeron-c": "Aeron C yardstick: the reference C media driver and C client samples",
 }
 
 
@@ -353,9 +354,13 @@ def write_json(
     raw: dict[str, Any],
     suites: Sequence[str] = ("ipc",),
     not_measured: Sequence[dict[str, str]] = (),
+    aeron_c: Sequence[Any] | None = None,
+    note: str | None = None,
 ) -> None:
-    """Write atomically (temp file, then rename) so a crash never leaves a half-written result."""
-    document = {
+    """Write atomically (temp file, then rename) so a crash never leaves a half-written result.
+    ``aeron_c`` holds the Aeron C yardstick's rows (``bench.aeron_c``) when that suite ran; ``note``
+    a remark of whoever ran it (what else loaded the machine, say)."""
+    document: dict[str, Any] = {
         "suite": suites[0] if len(suites) == 1 else "all",
         "suites": list(suites),
         "started": started.isoformat(timespec="seconds"),
@@ -366,6 +371,10 @@ def write_json(
         "notes": list(notes),
         "raw": raw,
     }
+    if aeron_c is not None:
+        document["aeron_c"] = [asdict(row) for row in aeron_c]
+    if note:
+        document["note"] = note
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(document, indent=2, allow_nan=True, default=str) + "\n")
