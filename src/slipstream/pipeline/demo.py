@@ -158,6 +158,9 @@ def abuse_loop(output: Path, recording: Path, *, master: str | None, threshold: 
     from .session import spark_session
 
     spark = spark_session(master)
+    # The tour prints what the loop does; Spark's streaming notices (AQE off for streams, a trigger
+    # falling behind on a busy machine) are not news to the person watching it.
+    spark.sparkContext.setLogLevel("ERROR")
     driver_dir = _driver_dir("loop")
     checkpoint = output / "checkpoints" / "abuse-list"
     shutil.rmtree(checkpoint, ignore_errors=True)
