@@ -1,16 +1,29 @@
 """``slipstream record``: capture any stream (and the driver's counters) into a recording directory.
 
-An Aeron-Archive-like capture: one more subscriber on ``--channel``/``--stream`` whose messages
-become rows of the ``captured`` kind, written as Parquet segments under ``--output``. It runs until
-Ctrl-C / SIGTERM or ``--duration`` and finalizes its segments on the way out; a SIGKILL loses at most
-one flush interval, and the next recorder (or ``pipeline report``) finalizes what was flushed.
+An Aeron-Archive-like capture in two processes. This one is the hot side: one more subscriber on
+``--channel``/``--stream`` that writes the term bytes to raw files (:class:`RawCapture`: no pyarrow,
+no per-message work, sleeps sized to the publisher's window). A child process (this command again,
+with ``--convert-raw``) runs at idle priority (``SCHED_IDLE``): it converts each rotated raw file into
+rows of the ``captured`` kind (and ``typed.<Type>`` with ``--decoder``), written as Parquet segments
+under ``--output`` by a :class:`Recorder`, and deletes the raw file once its rows are durable. On a busy
+machine the conversion waits for idle CPU instead of taking it from the stream; when the raw backlog
+passes half of its bound the child returns to normal priority, and at the bound the capture stops
+reading (the publisher is slowed, nothing is lost).
+
+It runs until Ctrl-C / SIGTERM or ``--duration``; then the child converts what is left, finalizes the
+segments and reports. A SIGKILL of this process loses nothing read (the child converts the raw files
+when its pipe closes); a SIGKILL of both leaves raw files that the next recorder on the same root (or
+``pipeline report``) converts, and at most the last flush interval is lost on a power cut.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
+import os
+import select
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -21,15 +34,11 @@ from typing import Any
 from ..client import Context
 from ..errors import DriverError
 from ..files.directory import default_directory
-from ..telemetry import (
-    Decoder,
-    DriverSampler,
-    Recorder,
-    RecorderConfig,
-    StreamCapture,
-    TelemetryError,
-    default_writer_id,
-)
+from ..telemetry.rawcapture import RAW_DIR, RawCapture, pending_bytes
+from ..telemetry.segments import check_writer_id
+
+_MAX_PENDING_BYTES = 1 << 30
+"""Raw bytes waiting for conversion at which the capture stops reading (flow control; disk, not RAM)."""
 
 
 def register(commands: Any) -> None:
@@ -55,19 +64,33 @@ def register(commands: Any) -> None:
         metavar="MODULE:NAME",
         help="a callable bytes -> message|None that types payloads (e.g. made by telemetry.msgspec_decoder)",
     )
+    parser.add_argument("--convert-raw", type=Path, default=None, help=argparse.SUPPRESS)
     parser.set_defaults(run=run)
-
-
-def _load_decoder(spec: str) -> Decoder:
-    module_name, _, name = spec.partition(":")
-    if not module_name or not name:
-        raise ValueError(f"--decoder: expected MODULE:NAME, got {spec!r}")
-    decoder: Decoder = getattr(importlib.import_module(module_name), name)
-    return decoder
 
 
 def run(args: argparse.Namespace) -> int:
     """Capture until a signal or ``--duration``; exit code 2 on bad options."""
+    if args.convert_raw is not None:
+        return _run_converter(args)
+    return _run_capture(args)
+
+
+def _child_argv(args: argparse.Namespace, writer_id: str, raw_dir: Path) -> list[str]:
+    argv = [sys.executable, "-m", "slipstream", "record", "--channel", args.channel, "--stream", str(args.stream),
+            "--output", str(args.output), "--flush-interval", str(args.flush_interval), "--segment-age",
+            str(args.segment_age), "--writer-id", writer_id, "--convert-raw", str(raw_dir)]  # fmt: skip
+    if args.dir is not None:
+        argv += ["--dir", str(args.dir)]
+    if args.counters:
+        argv.append("--counters")
+    if args.decoder:
+        argv += ["--decoder", args.decoder]
+    return argv
+
+
+def _run_capture(args: argparse.Namespace) -> int:
+    from ..telemetry.recorder import default_writer_id
+
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -76,37 +99,122 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        decoder = _load_decoder(args.decoder) if args.decoder else None
-        config = RecorderConfig(flush_interval_s=args.flush_interval, segment_max_age_s=args.segment_age)
-        recorder = Recorder(args.output, writer_id=args.writer_id or default_writer_id("capture"), config=config)
-    except (ValueError, ImportError, AttributeError, TelemetryError) as exc:
+        writer_id = check_writer_id(args.writer_id) if args.writer_id else default_writer_id("capture")
+    except ValueError as exc:
         print(f"slipstream record: {exc}", file=sys.stderr)
         return 2
+    raw_dir = args.output / writer_id / RAW_DIR / "capture-0"
+    started = time.monotonic()
+    child = subprocess.Popen(_child_argv(args, writer_id, raw_dir), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    if child.stdout.readline().strip() != b"ready":
+        return child.wait() or 2
+    capture: RawCapture | None = None
     try:
         with Context(args.dir) as context:
-            capture = StreamCapture(context, args.channel, args.stream, recorder, decoder=decoder)
-            sampler = DriverSampler(recorder, context.directory).start() if args.counters else None
+            stdin = child.stdin
+
+            def on_rotate(seq: int) -> None:
+                try:
+                    stdin.write(b"r")
+                    stdin.flush()
+                except OSError:
+                    stop.set()  # the converter is gone: stop rather than fill the disk unseen
+
+            capture = RawCapture(
+                context, args.channel, args.stream, raw_dir, max_pending_bytes=_MAX_PENDING_BYTES,
+                flush_interval_s=args.flush_interval, decoder_spec=args.decoder, on_rotate=on_rotate,
+            )  # fmt: skip
             print(
-                f"recording {args.channel} stream {args.stream} into {recorder.writer_dir} (Ctrl-C to stop)",
+                f"recording {args.channel} stream {args.stream} into {args.output / writer_id} (Ctrl-C to stop)",
                 flush=True,
             )
             if args.duration is not None:
                 threading.Timer(args.duration, stop.set).start()
-            started = time.monotonic()
             capture.run(stop)
-            if sampler is not None:
-                sampler.stop()
             capture.close()
     except DriverError as exc:
         print(f"slipstream record: {exc}", file=sys.stderr)
-        recorder.close()
+        if capture is not None:
+            capture.close()
+        child.stdin.close()
+        child.wait()
         return 2
-    recorder.close()
+    capture_cpu = time.process_time()
+    child.stdin.close()  # the converter converts what is left, finalizes and reports
+    line = child.stdout.readline()
+    code = child.wait()
+    if code != 0 or not line:
+        print(f"slipstream record: the converter failed (exit {code}); raw files stay in {raw_dir}", file=sys.stderr)
+        return 1
+    summary = json.loads(line)
     elapsed = time.monotonic() - started
+    children = os.times()
+    conversion_cpu = children.children_user + children.children_system
     print(
-        f"recorded {capture.messages} messages ({capture.bytes} bytes) in {elapsed:.1f} s; "
-        f"dropped {capture.dropped}; {recorder.segments_finalized} segments in {recorder.writer_dir}; "
-        f"cpu {time.process_time():.1f} s",
+        f"recorded {summary['messages']} messages ({summary['bytes']} bytes) in {elapsed:.1f} s; "
+        f"dropped {summary['dropped']}; {summary['segments']} segments in {args.output / writer_id}; "
+        f"cpu {capture_cpu + conversion_cpu:.2f} s (capture {capture_cpu:.2f} s, conversion {conversion_cpu:.2f} s "
+        f"at idle priority)",
         flush=True,
     )
+    return 0
+
+
+def _lower_priority(idle: bool) -> None:
+    """Every thread of this process to ``SCHED_IDLE`` (runs only on CPU nobody else wants), or back to
+    normal. Each thread, because Linux schedules threads; a process is never left half-lowered, so no
+    thread waits for the GIL held by a starved one. Unprivileged processes may do both."""
+    policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+        except (OSError, AttributeError):
+            if idle:
+                os.nice(19)
+            return
+
+
+def _run_converter(args: argparse.Namespace) -> int:
+    """The child: idle priority, a Recorder, a RawConverter on its flush hook, until stdin closes."""
+    from ..telemetry import DriverSampler, Recorder, RecorderConfig, TelemetryError
+    from ..telemetry.capture import RawConverter, load_decoder
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the capture decides when to stop: it closes our stdin
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _lower_priority(True)
+    try:
+        decoder = load_decoder(args.decoder) if args.decoder else None
+        config = RecorderConfig(flush_interval_s=args.flush_interval, segment_max_age_s=args.segment_age)
+        recorder = Recorder(args.output, writer_id=args.writer_id, config=config)
+    except (ValueError, ImportError, AttributeError, TelemetryError) as exc:
+        print(f"slipstream record: {exc}", file=sys.stderr)
+        return 2
+    converter = RawConverter(args.convert_raw, recorder, decoder=decoder)
+    recorder.add_flush_hook(converter.flush_hook, after=converter.durable)
+    sampler = DriverSampler(recorder, args.dir or default_directory()).start() if args.counters else None
+    print("ready", flush=True)
+    stdin = sys.stdin.fileno()
+    idle = True
+    while True:
+        readable, _, _ = select.select([stdin], [], [], args.flush_interval)
+        if readable:
+            if not os.read(stdin, 4096):
+                break  # the capture closed (or died): convert the rest, raw files still being written too
+            recorder.request_flush()
+        backlog = pending_bytes(args.convert_raw)
+        if idle and backlog > _MAX_PENDING_BYTES // 2:
+            idle = False  # falling behind a busy stream: take a fair share of CPU before the capture stalls
+        elif not idle and backlog < _MAX_PENDING_BYTES // 4:
+            idle = True
+        else:
+            continue
+        _lower_priority(idle)
+    if sampler is not None:
+        sampler.stop()
+    converter.convert(final=True)  # the file the capture was writing too, if it died before rotating it
+    recorder.close()  # its last flush writes the rows; the converter's after-hook then deletes the raw files
+    summary = {"messages": converter.messages, "bytes": converter.bytes, "dropped": converter.dropped,
+               "segments": recorder.segments_finalized}  # fmt: skip
+    print(json.dumps(summary), flush=True)
     return 0

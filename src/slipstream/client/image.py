@@ -126,6 +126,11 @@ class Image:
         return self._log.term_length
 
     @property
+    def publication_window(self) -> int:
+        """How far the publisher may run ahead of the slowest subscriber: how long a reader may wait."""
+        return self._log.publication_window or self._log.term_length // 2
+
+    @property
     def initial_term_id(self) -> int:
         """Term id the stream started with."""
         return self._log.initial_term_id

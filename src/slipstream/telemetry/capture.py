@@ -1,9 +1,11 @@
 """Stream capture (an Aeron-Archive-like recording of any stream) and the driver-files sampler.
 
-``StreamCapture`` is one more subscriber on the stream: it copies each whole message into a row and
-hands the poll's rows to the recorder in one call; Arrow and disk happen on the recorder's thread.
-A capture that falls behind holds the publisher back only as any slow subscriber would (flow
-control), which is what the recording-overhead benchmark measures.
+A capture has two halves that never share a CPU's time slice if they can help it. The hot side,
+:class:`~slipstream.telemetry.rawcapture.RawCapture`, writes the stream's term bytes to raw files and
+does nothing else. :class:`RawConverter` turns raw files into ``captured`` rows (and ``typed.<Type>``
+rows with a decoder) for a recorder, vectorized with numpy, wherever CPU is cheap: the recorder's writer
+thread (:class:`StreamCapture`, one process), a low-priority process (``slipstream record``), or the
+recovery after a kill (:func:`recover_raw`). A raw file is deleted only once its rows are durable.
 
 ``DriverSampler`` reads the driver's files (counters, loss report, error log) on a thread at a
 fixed interval: every counter each time, loss and error entries when their count changed.
@@ -11,22 +13,26 @@ fixed interval: every counter each time, loss and error entries when their count
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import logging
+import os
 import threading
 import time
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..client import Context, Subscription
 from ..files.observe import TYPE_NAMES as COUNTER_TYPE_NAMES
 from ..files.observe import NoDriverError, counters, errors, loss, parse_stream_label
+from .rawcapture import RAW_DIR, RawBlock, RawCapture, RawContent, raw_capture_dirs, raw_files, read_raw
 from .recorder import Recorder
 from .records import CapturedMessage, CounterSample, ErrorSample, KindSchema, LossSample, typed_schema
-from .segments import arrow_schema
+from .segments import LOCK_FILE, arrow_schema, finalized_segments, table_from_rows, try_lock, write_segment
 
 log = logging.getLogger("slipstream.telemetry")
 
@@ -56,22 +62,20 @@ def msgspec_decoder(*types: type[Any]) -> Decoder:
     return decode
 
 
+def load_decoder(spec: str) -> Decoder:
+    """The decoder named ``MODULE:NAME`` (how ``slipstream record --decoder`` and recovery find it)."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ValueError(f"--decoder: expected MODULE:NAME, got {spec!r}")
+    decoder: Decoder = getattr(importlib.import_module(module_name), name)
+    return decoder
+
+
 _HEADER_LENGTH = 32
 _UNFRAGMENTED = 0xC0
 _BEGIN = 0x80
 _END = 0x40
 _DATA = 0x01
-
-
-@dataclass(slots=True)
-class _Block:
-    """Whole frames copied out of one image's term at one poll: converted later, on the writer thread."""
-
-    timestamp_ns: int
-    session_id: int
-    position: int
-    """Stream position of the block's first byte."""
-    data: bytes
 
 
 @dataclass(slots=True)
@@ -86,9 +90,9 @@ class _Run:
     stamps: list[int]
 
 
-def _runs(blocks: list[_Block]) -> list[_Run]:
+def _runs(blocks: list[RawBlock]) -> list[_Run]:
     runs: list[_Run] = []
-    parts: list[list[bytes]] = []
+    parts: list[list[bytes | memoryview]] = []
     ends: list[int] = []
     for block in blocks:
         index = next((i for i in range(len(runs) - 1, -1, -1) if runs[i].session_id == block.session_id), None)
@@ -103,108 +107,104 @@ def _runs(blocks: list[_Block]) -> list[_Run]:
         parts.append([block.data])
         ends.append(block.position + len(block.data))
     for run, chunks in zip(runs, parts, strict=True):
-        run.data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        run.data = bytes(chunks[0]) if len(chunks) == 1 else b"".join(chunks)
     return runs
 
 
-class StreamCapture:
-    """Records every message of ``channel``/``stream_id`` into ``recorder`` (kind ``captured``); with a
-    decoder, recognised messages also go to ``typed.<Type>`` with their fields as typed columns.
+class _Sink(Protocol):
+    """Where converted rows go: a :class:`Recorder`, or recovery's segment writer."""
 
-    The hot path is a block poll: each image's new frames are copied in one piece per poll (no call
-    per message). The recorder's writer thread turns blocks into columns (vectorized with numpy for
-    runs of same-sized messages, frame by frame otherwise, reassembling fragmented messages), so the
-    capture keeps up with a fast stream. When ``max_pending_bytes`` of blocks wait for the writer the
-    capture stops reading, so a recorder that cannot keep up slows the publisher through flow control
-    (like any slow subscriber) rather than losing messages or growing without bound.
+    def extend_table(self, schema: KindSchema, table: Any, *, bounded: bool = True) -> bool: ...
+
+    def extend(self, schema: KindSchema, rows: list[tuple[object, ...]]) -> bool: ...
+
+
+class RawConverter:
+    """Turns one capture's raw files, in order, into ``captured`` rows of ``sink`` (with a decoder, also
+    ``typed.<Type>`` rows with the message's fields as typed columns).
+
+    Runs of same-sized unfragmented messages are converted with numpy in one go, anything else frame
+    by frame (mixed sizes, padding, fragmented messages reassembled per session, across files). A file
+    is deleted by :meth:`durable`, which the sink's owner calls once what was converted is on disk; a
+    file in which a still-incomplete message began is kept until it completes, so a recovery that
+    re-reads it reassembles the message (rows already durable are skipped by position).
     """
 
-    def __init__(
-        self,
-        context: Context,
-        channel: str,
-        stream_id: int,
-        recorder: Recorder,
-        *,
-        decoder: Decoder | None = None,
-        block_length_limit: int = 1 << 20,
-        max_pending_bytes: int = 64 << 20,
-    ) -> None:
-        self.channel = channel
-        self.stream_id = stream_id
-        self.recorder = recorder
+    def __init__(self, raw_dir: str | Path, sink: _Sink, *, decoder: Decoder | None = None) -> None:
+        self.raw_dir = Path(raw_dir)
+        self.sink = sink
         self.decoder = decoder
-        self.block_length_limit = block_length_limit
-        self.max_pending_bytes = max_pending_bytes
         self.messages = 0
-        """Messages converted and handed to the recorder so far (lags the stream by up to a flush)."""
+        """Messages converted and handed to the sink so far."""
         self.bytes = 0
         self.dropped = 0
-        """Messages the recorder refused (its pending-row bound was reached)."""
-        self.backlogged_polls = 0
-        """Polls skipped because ``max_pending_bytes`` of blocks were waiting (the capture was behind)."""
+        """Messages the sink refused."""
+        self.files = 0
         self._typed: dict[type[Any], tuple[KindSchema, tuple[str, ...]]] = {}
-        self._lock = threading.Lock()
-        self._convert_lock = threading.Lock()
-        self._blocks: list[_Block] = []
-        self._pending_bytes = 0
-        self._flush_requested = False
         self._partial: dict[int, bytearray] = {}
-        self._now = 0
-        self._image_position = 0
-        self.subscription: Subscription = context.add_subscription(channel, stream_id)
-        recorder.add_flush_hook(self.convert)
+        self._lock = threading.Lock()
+        self._done: set[int] = set()
+        self._converted: list[Path] = []
+        """Converted since the last flush hook: their rows are in the sink, maybe not durable yet."""
+        self._flushing: list[Path] = []
+        """Converted before the flush in progress: durable once it succeeds."""
+        self._kept: list[Path] = []
 
-    def _on_block(self, block: memoryview, session_id: int, term_id: int) -> None:
-        copied = _Block(self._now, session_id, self._image_position, bytes(block))
+    def convert(self, *, final: bool = False) -> int:
+        """Convert the rotated raw files not converted yet (with ``final``, the one being written too:
+        its writer is gone); returns how many files that was."""
         with self._lock:
-            self._blocks.append(copied)
-            self._pending_bytes += len(block)
+            converted = 0
+            for raw in raw_files(self.raw_dir):
+                if raw.seq in self._done or not (raw.closed or final):
+                    continue
+                content = read_raw(raw.path)
+                self._done.add(raw.seq)
+                self._converted.append(raw.path)
+                converted += 1
+                if content is not None and content.blocks:
+                    self._convert(content)
+            self.files += converted
+            return converted
 
-    def poll(self, fragment_limit: int = 0) -> int:
-        """Copy what every image has new; returns the bytes read (0 while the writer is behind).
+    def flush_hook(self) -> None:
+        """For ``Recorder.add_flush_hook``: convert, and mark what was converted as this flush's."""
+        self.convert()
+        with self._lock:
+            self._flushing.extend(self._converted)
+            self._converted = []
 
-        ``fragment_limit`` is accepted for symmetry with ``Subscription.poll`` and ignored: a block poll
-        reads up to ``block_length_limit`` bytes per image."""
-        if self._pending_bytes >= self.max_pending_bytes:
-            self.backlogged_polls += 1
-            return 0
-        self._now = time.time_ns()
-        read = 0
-        for image in self.subscription.images:
-            self._image_position = image.position
-            read += image.block_poll(self._on_block, self.block_length_limit)
-        if self._pending_bytes >= self.max_pending_bytes >> 2 and not self._flush_requested:
-            self._flush_requested = True  # a fast stream: convert before the backlog stops the capture
-            self.recorder.request_flush()
-        return read
+    def durable(self) -> None:
+        """The flush that followed :meth:`flush_hook` made its rows durable: delete those raw files."""
+        with self._lock:
+            self._kept.extend(self._flushing)
+            self._flushing = []
+            if self._partial:
+                return  # a message begun in a kept file is incomplete: a recovery needs its start
+            for path in self._kept:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            self._kept = []
 
-    def convert(self) -> None:
-        """Turn the waiting blocks into rows for the recorder (the recorder's writer thread calls this
-        before each flush; call it yourself to see ``messages`` up to date)."""
-        with self._convert_lock:
-            with self._lock:
-                blocks, self._blocks = self._blocks, []
-                self._pending_bytes = 0
-                self._flush_requested = False
-            if not blocks:
-                return
-            import pyarrow as pa
-            import pyarrow.compute as pc
+    def _convert(self, content: RawContent) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
-            tables = [self._block_table(run) for run in _runs(blocks)]
-            kept = [t for t in tables if t is not None]
-            if not kept:
-                return
-            table = pa.concat_tables(kept)
-            if self.decoder is not None:
-                table = self._decode(table)
-            self.messages += table.num_rows
-            self.bytes += int(pc.sum(table.column("size")).as_py() or 0)
-            if not self.recorder.extend_table(_CAPTURED, table, bounded=False):
-                self.dropped += table.num_rows
+        tables = [self._block_table(run, content) for run in _runs(content.blocks)]
+        kept = [t for t in tables if t is not None]
+        if not kept:
+            return
+        table = pa.concat_tables(kept)
+        if self.decoder is not None:
+            table = self._decode(table)
+        self.messages += table.num_rows
+        self.bytes += int(pc.sum(table.column("size")).as_py() or 0)
+        if not self.sink.extend_table(_CAPTURED, table, bounded=False):
+            self.dropped += table.num_rows
 
-    def _columns(self, run: _Run, frame_offsets: Any, positions: Any, sizes: Any, payloads: Any) -> Any:
+    def _columns(
+        self, run: _Run, content: RawContent, frame_offsets: Any, positions: Any, sizes: Any, payloads: Any
+    ) -> Any:
         import numpy as np
         import pyarrow as pa
 
@@ -214,8 +214,8 @@ class StreamCapture:
         return pa.Table.from_arrays(
             [
                 pa.array(timestamps, pa.int64()),
-                pa.repeat(pa.scalar(self.channel, pa.string()), n),  # constants: no Python list per row
-                pa.repeat(pa.scalar(self.stream_id, pa.int64()), n),
+                pa.repeat(pa.scalar(content.channel, pa.string()), n),  # constants: no Python list per row
+                pa.repeat(pa.scalar(content.stream_id, pa.int64()), n),
                 pa.repeat(pa.scalar(run.session_id, pa.int64()), n),
                 pa.array(positions, pa.int64()),
                 pa.array(sizes, pa.int64()),
@@ -225,7 +225,7 @@ class StreamCapture:
             schema=_captured_arrow(),
         )
 
-    def _block_table(self, block: _Run) -> Any:
+    def _block_table(self, block: _Run, content: RawContent) -> Any:
         import numpy as np
         import pyarrow as pa
 
@@ -249,10 +249,10 @@ class StreamCapture:
                 )
                 offsets = aligned * np.arange(n, dtype=np.int64)
                 positions = block.position + aligned + offsets
-                return self._columns(block, offsets, positions, np.full(n, size, dtype=np.int64), payloads)
-        return self._walk(block)
+                return self._columns(block, content, offsets, positions, np.full(n, size, dtype=np.int64), payloads)
+        return self._walk(block, content)
 
-    def _walk(self, block: _Run) -> Any:
+    def _walk(self, block: _Run, content: RawContent) -> Any:
         """Frame by frame: mixed sizes, padding, fragmented messages (reassembled per session)."""
         import pyarrow as pa
 
@@ -292,7 +292,7 @@ class StreamCapture:
         if not payloads:
             return None
         sizes = [len(p) for p in payloads]
-        return self._columns(block, starts, positions, sizes, pa.array(payloads, pa.binary()))
+        return self._columns(block, content, starts, positions, sizes, pa.array(payloads, pa.binary()))
 
     def _decode(self, table: Any) -> Any:
         import pyarrow as pa
@@ -315,21 +315,199 @@ class StreamCapture:
                 (*row.values(), *(getattr(message, name) for name in typed[1]))
             )
         for cls, rows in typed_rows.items():
-            self.recorder.extend(self._typed[cls][0], rows)  # bounded: typed rows are Python tuples
+            self.sink.extend(self._typed[cls][0], rows)  # bounded: typed rows are Python tuples
         index = table.schema.get_field_index("message_type")
         return table.set_column(index, "message_type", pa.array(names, pa.string()))
 
-    def run(self, stop: threading.Event, *, idle_s: float = 0.001) -> None:
-        """Poll until ``stop`` is set, sleeping ``idle_s`` when there was nothing to read."""
-        while not stop.is_set():
-            if self.poll() == 0:
-                stop.wait(idle_s)
+
+class StreamCapture:
+    """Records every message of ``channel``/``stream_id`` into ``recorder`` (kind ``captured``); with a
+    decoder, recognised messages also go to ``typed.<Type>`` with their fields as typed columns.
+
+    One process: a :class:`RawCapture` writes the term bytes into ``<writer_dir>/.raw/capture-<n>/``
+    and the recorder's writer thread converts them before each flush (:class:`RawConverter`). Call
+    :meth:`poll` (or :meth:`run`) from your thread. Nothing read is lost: a kill leaves raw files that
+    the next recorder on the same root converts. When ``max_pending_bytes`` of raw files wait for
+    conversion the capture stops reading, so a recorder that cannot keep up slows the publisher
+    through flow control (like any slow subscriber). ``slipstream record`` runs the same two halves in
+    two processes, the converter at idle priority.
+    """
+
+    def __init__(
+        self,
+        context: Context,
+        channel: str,
+        stream_id: int,
+        recorder: Recorder,
+        *,
+        decoder: Decoder | None = None,
+        block_length_limit: int = 8 << 20,
+        max_pending_bytes: int = 1 << 30,
+    ) -> None:
+        self.channel = channel
+        self.stream_id = stream_id
+        self.recorder = recorder
+        self.decoder = decoder
+        self.raw = RawCapture(
+            context, channel, stream_id, new_capture_dir(recorder.writer_dir),
+            block_length_limit=block_length_limit, max_pending_bytes=max_pending_bytes,
+            flush_interval_s=recorder.config.flush_interval_s, fsync=recorder.config.fsync,
+            on_rotate=lambda seq: recorder.request_flush(),
+        )  # fmt: skip
+        self.converter = RawConverter(self.raw.raw_dir, recorder, decoder=decoder)
+        self.subscription: Subscription = self.raw.subscription
+        recorder.add_flush_hook(self._flush_hook, after=self.converter.durable)
+
+    @property
+    def messages(self) -> int:
+        """Messages converted and handed to the recorder so far (lags the stream by up to a flush)."""
+        return self.converter.messages
+
+    @property
+    def bytes(self) -> int:
+        return self.converter.bytes
+
+    @property
+    def dropped(self) -> int:
+        """Messages the recorder refused."""
+        return self.converter.dropped
+
+    @property
+    def backlogged_polls(self) -> int:
+        """Polls skipped because ``max_pending_bytes`` of raw files waited for conversion."""
+        return self.raw.backlogged_polls
+
+    def poll(self, fragment_limit: int = 0) -> int:
+        """Write what every image has new to the raw file; returns the bytes read (0 while backlogged)."""
+        return self.raw.poll(fragment_limit)
+
+    def _flush_hook(self) -> None:
+        self.raw.rotate()
+        self.converter.flush_hook()
+
+    def convert(self) -> None:
+        """Convert what was read so far (the recorder's writer thread does this before each flush; call
+        it yourself to see ``messages`` up to date)."""
+        self.raw.rotate()
+        self.converter.convert()
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set (see :meth:`RawCapture.run`: large polls, sleeps sized to the window)."""
+        self.raw.run(stop)
 
     def close(self) -> None:
-        """Stop capturing; what was read is converted now (the recorder's close writes it)."""
-        self.subscription.close()
-        self.recorder.remove_flush_hook(self.convert)
-        self.convert()
+        """Stop capturing; what was read is converted and flushed now (unless the recorder is closed
+        already: then the raw files stay for the next recorder's recovery)."""
+        self.raw.close()
+        if not self.recorder.closed:
+            self.recorder.flush()
+        self.recorder.remove_flush_hook(self._flush_hook)
+
+
+def new_capture_dir(writer_dir: Path) -> Path:
+    """A fresh ``<writer_dir>/.raw/capture-<n>`` for one capture."""
+    base = writer_dir / RAW_DIR
+    base.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while True:
+        path = base / f"capture-{n}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            n += 1
+            continue
+        return path
+
+
+class _SegmentSink:
+    """Recovery's sink: each kind's rows become one finalized segment after the writer's last, minus
+    rows a conversion before the kill already made durable (at or below the kind's last position per
+    channel, stream and session: a raw file deleted just after its rows were written, or kept for an
+    incomplete message, is converted once)."""
+
+    def __init__(self, writer_dir: Path, fsync: bool) -> None:
+        self.writer_dir = writer_dir
+        self.fsync = fsync
+        self.kinds: dict[str, tuple[KindSchema, list[Any], list[tuple[object, ...]]]] = {}
+
+    def extend_table(self, schema: KindSchema, table: Any, *, bounded: bool = True) -> bool:
+        self.kinds.setdefault(schema.kind, (schema, [], []))[1].append(table)
+        return True
+
+    def extend(self, schema: KindSchema, rows: list[tuple[object, ...]]) -> bool:
+        self.kinds.setdefault(schema.kind, (schema, [], []))[2].extend(rows)
+        return True
+
+    def write(self) -> int:
+        import pyarrow as pa
+
+        made = 0
+        for schema, tables, rows in self.kinds.values():
+            arrow = arrow_schema(schema, self.writer_dir.name)
+            parts = [table_from_rows(arrow, rows)] if rows else []
+            parts.extend(t.cast(arrow) for t in tables)
+            kind_dir = self.writer_dir / schema.kind
+            table = _above_floors(pa.concat_tables(parts), kind_dir)
+            if table.num_rows == 0:
+                continue
+            kind_dir.mkdir(parents=True, exist_ok=True)
+            seq = max((seq for seq, _ in finalized_segments(kind_dir)), default=-1) + 1
+            write_segment(table, kind_dir, seq, fsync=self.fsync)
+            made += 1
+        return made
+
+
+def _above_floors(table: Any, kind_dir: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    keys = ["channel", "stream_id", "session_id"]
+    segments = [pq.read_table(path, columns=[*keys, "position"]) for _, path in finalized_segments(kind_dir)]
+    if not segments:
+        return table
+    floors = pa.concat_tables(segments).group_by(keys).aggregate([("position", "max")]).to_pylist()
+    keep = pa.array([True] * table.num_rows)
+    for floor in floors:
+        seen = pc.and_(
+            pc.and_(pc.equal(table["channel"], floor["channel"]), pc.equal(table["stream_id"], floor["stream_id"])),
+            pc.and_(pc.equal(table["session_id"], floor["session_id"]),
+                    pc.less_equal(table["position"], floor["position_max"])),
+        )  # fmt: skip
+        keep = pc.and_(keep, pc.invert(seen))
+    return table.filter(keep)
+
+
+def recover_raw(writer_dir: Path, *, fsync: bool = True) -> int:
+    """Convert the raw files a dead capture left in ``writer_dir`` into finalized segments (typed too,
+    when the capture's decoder is importable) and delete them; captures still writing (their directory
+    is locked) are left alone. Returns how many segments that made."""
+    made = 0
+    for raw_dir in raw_capture_dirs(writer_dir):
+        lock = try_lock(raw_dir)
+        if lock is None:
+            continue
+        try:
+            files = raw_files(raw_dir)
+            if files:
+                first = read_raw(files[0].path)
+                decoder = None
+                if first is not None and first.decoder:
+                    try:
+                        decoder = load_decoder(first.decoder)
+                    except (ImportError, AttributeError, ValueError):
+                        log.warning("recovering %s: decoder %s not importable; no typed rows", raw_dir, first.decoder)
+                sink = _SegmentSink(writer_dir, fsync)
+                RawConverter(raw_dir, sink, decoder=decoder).convert(final=True)
+                made += sink.write()
+                for raw in files:
+                    raw.path.unlink()
+            with contextlib.suppress(OSError):
+                (raw_dir / LOCK_FILE).unlink()
+                raw_dir.rmdir()
+        finally:
+            os.close(lock)
+    return made
 
 
 @functools.cache

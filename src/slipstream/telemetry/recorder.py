@@ -117,7 +117,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._kinds: dict[str, _Kind] = {}
-        self._hooks: list[Callable[[], object]] = []
+        self._hooks: list[tuple[Callable[[], object], Callable[[], object] | None]] = []
         self._pending_rows = 0
         self.dropped_rows = 0
         """Rows refused because ``max_pending_rows`` were waiting (bounded memory)."""
@@ -192,17 +192,17 @@ class Recorder:
             self._pending_rows += table.num_rows
         return True
 
-    def add_flush_hook(self, hook: Callable[[], object]) -> None:
+    def add_flush_hook(self, hook: Callable[[], object], *, after: Callable[[], object] | None = None) -> None:
         """Run ``hook`` on the writer thread at the start of every flush: a producer that defers its
-        conversion work (raw blocks to rows) does it there, off its own hot path."""
+        conversion work (raw files to rows) does it there, off its own hot path. ``after`` runs once that
+        flush has made everything durable (the producer may then delete its raw files)."""
         with self._lock:
-            self._hooks.append(hook)
+            self._hooks.append((hook, after))
 
     def remove_flush_hook(self, hook: Callable[[], object]) -> None:
         """Stop calling ``hook`` (a capture that closes removes its own)."""
         with self._lock:
-            if hook in self._hooks:
-                self._hooks.remove(hook)
+            self._hooks = [entry for entry in self._hooks if entry[0] != hook]
 
     def request_flush(self) -> None:
         """Ask the writer thread to flush now rather than at the next interval (a producer whose
@@ -231,7 +231,8 @@ class Recorder:
     def flush(self, *, finalize: bool = False) -> None:
         """Make every pending row durable now (and finalize the open segments if ``finalize``)."""
         with self._flush_lock:
-            for hook in list(self._hooks):
+            hooks = list(self._hooks)
+            for hook, _ in hooks:
                 try:
                     hook()
                 except Exception:  # one producer's bug must not stop everyone's rows
@@ -262,6 +263,12 @@ class Recorder:
                     or now - segment.opened_at >= self.config.segment_max_age_s
                 ):
                     self._finalize(kind)
+            for _, after in hooks:
+                if after is not None:
+                    try:
+                        after()
+                    except Exception:
+                        log.exception("recorder %s: after-flush hook %r failed", self.writer_id, after)
 
     def _write(self, kind: _Kind, rows: list[tuple[object, ...]], tables: list[Any]) -> None:
         import pyarrow as pa

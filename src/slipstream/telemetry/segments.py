@@ -6,6 +6,7 @@
     ROOT/<writer>/<kind>/00000007.parquet      a finalized segment: immutable, complete
     ROOT/<writer>/<kind>/00000008.arrows       the open segment's journal (Arrow IPC stream)
     ROOT/<writer>/<kind>/.00000008.parquet.tmp a segment being finalized (never read)
+    ROOT/<writer>/.raw/capture-0/000000000003.raw  a stream capture's raw term bytes, not converted yet
 
 One writer (one recorder, one process) owns a writer directory, so within it segments are
 finalized strictly in sequence order; that is what makes ``(writer, segment, row)`` a replayable
@@ -222,7 +223,8 @@ def recover_writer(writer_dir: Path, *, fsync: bool = True) -> int:
 
 
 def recover(root: Path | str, *, fsync: bool = True) -> int:
-    """Finalize what dead recorders left under a recording root; live writers are left alone.
+    """Finalize what dead recorders left under a recording root (journals, and captures' raw files);
+    live writers are left alone.
 
     Returns how many segments it made. Safe to call at any time, from any process.
     """
@@ -233,6 +235,9 @@ def recover(root: Path | str, *, fsync: bool = True) -> int:
             continue
         try:
             made += recover_writer(writer_dir, fsync=fsync)
+            from .capture import recover_raw  # the conversion lives with the capture (and imports this module)
+
+            made += recover_raw(writer_dir, fsync=fsync)
         finally:
             os.close(fd)
     return made
