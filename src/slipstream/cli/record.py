@@ -131,7 +131,9 @@ def _run_capture(args: argparse.Namespace) -> int:
             )
             if args.duration is not None:
                 threading.Timer(args.duration, stop.set).start()
+            polling_from = time.process_time()
             capture.run(stop)
+            polling_cpu = time.process_time() - polling_from
             capture.close()
     except DriverError as exc:
         print(f"slipstream record: {exc}", file=sys.stderr)
@@ -154,8 +156,8 @@ def _run_capture(args: argparse.Namespace) -> int:
     print(
         f"recorded {summary['messages']} messages ({summary['bytes']} bytes) in {elapsed:.1f} s; "
         f"dropped {summary['dropped']}; {summary['segments']} segments in {args.output / writer_id}; "
-        f"cpu {capture_cpu + conversion_cpu:.2f} s (capture {capture_cpu:.2f} s, conversion {conversion_cpu:.2f} s "
-        f"at idle priority)",
+        f"cpu {capture_cpu + conversion_cpu:.2f} s (capture {capture_cpu:.2f} s of which polling {polling_cpu:.3f} s, "
+        f"conversion {conversion_cpu:.2f} s at idle priority)",
         flush=True,
     )
     return 0

@@ -52,6 +52,7 @@ _FILE_RE: Final = re.compile(r"(\d{12})\.raw(\.open)?")
 _PRELUDE_MAGIC: Final = b"SLIPRAW1"
 _BLOCK_MAGIC: Final = b"BLK1"
 _BLOCK: Final = struct.Struct("<4sIiiqq")
+_ALLOCATE_STEP: Final = 8 << 20
 ASSUMED_PEAK_RATE: Final = 2 << 30
 """Bytes per second a publisher may burst at (a core's memcpy): sizes the sleep between polls."""
 
@@ -215,6 +216,7 @@ class RawCapture:
         self._seq = max((f.seq for f in raw_files(self.raw_dir)), default=-1) + 1
         self._fd = -1
         self._file_size = 0
+        self._allocated = 0
         self._opened_ns = 0
         self._pending = pending_bytes(self.raw_dir)
         self._now = 0
@@ -231,8 +233,11 @@ class RawCapture:
         if self._fd < 0:
             self._fd = os.open(self._path(self._seq, OPEN_SUFFIX), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             self._file_size = 0
+            self._allocated = 0
             self._opened_ns = self._now
             self._write([self._prelude])
+        if self._file_size + _BLOCK.size + len(block) > self._allocated:
+            self._allocate(_BLOCK.size + len(block))
         header = _BLOCK.pack(_BLOCK_MAGIC, len(block), session_id, term_id, self._position, self._now)
         self._write([header, block])
 
@@ -249,11 +254,22 @@ class RawCapture:
                     raise
                 log.exception("raw capture: write to %s failed; retrying", self.raw_dir)
                 os.ftruncate(self._fd, self._file_size)
+                self._allocated = self._file_size
                 done = 0
                 time.sleep(0.5)
         self._file_size += total
         self._pending += total
         self.bytes_written += total
+
+    def _allocate(self, need: int) -> None:
+        """Allocate the file ahead of the writes, in steps: writing into allocated blocks measured about
+        a third cheaper in CPU than extending the file (ext4). Trailing zeros read as a torn tail."""
+        step = max(need, min(self.file_bytes, _ALLOCATE_STEP))
+        try:
+            os.posix_fallocate(self._fd, self._file_size, step)
+        except OSError:
+            return  # not supported, or the disk is full: plain writes (which retry) still work
+        self._allocated = self._file_size + step
 
     def poll(self, fragment_limit: int = 0) -> int:
         """Write what every image has new (up to a publication window each); returns the bytes consumed.
@@ -292,6 +308,8 @@ class RawCapture:
         if self._fd < 0:
             return
         seq = self._seq
+        if self._allocated > self._file_size:
+            os.ftruncate(self._fd, self._file_size)  # the converter and the backlog see the real size
         os.rename(self._path(seq, OPEN_SUFFIX), self._path(seq, CLOSED_SUFFIX))
         self._syncer.submit(self._fd)
         self._fd = -1
@@ -300,18 +318,21 @@ class RawCapture:
         if self.on_rotate is not None:
             self.on_rotate(seq)
 
-    def window(self) -> int:
-        """The smallest window a publisher has over this capture (1 MiB before any image arrives)."""
-        return min((image.publication_window for image in self.subscription.images), default=1 << 20)
+    def window(self) -> int | None:
+        """The smallest window a publisher has over this capture (None while there is no image)."""
+        return min((image.publication_window for image in self.subscription.images), default=None)
 
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set: at once again after a poll that read a quarter of the window (the
         capture is behind), else after a quarter of the time a publisher bursting at ``ASSUMED_PEAK_RATE``
-        needs to fill the window (0.5 to 10 ms): polls stay large and rare, and the publisher never waits."""
+        needs to fill the window (0.5 to 10 ms; 10 ms with no image): polls stay large and rare, and the
+        publisher never waits for the capture."""
         while not stop.is_set():
             read = self.poll()
             window = self.window()
-            if read < window // 4:
+            if window is None:
+                stop.wait(0.01)
+            elif read < window // 4:
                 stop.wait(min(0.01, max(0.0005, window / 4 / ASSUMED_PEAK_RATE)))
 
     def close(self) -> None:
