@@ -25,7 +25,7 @@ import msgspec
 from slipstream import ADMIN_ACTION, BACK_PRESSURED, Context, DriverConfig
 from slipstream.client import FragmentAssembler
 from slipstream.telemetry import Recorder, RecorderConfig, Recording, StreamCapture, msgspec_decoder, recover
-from slipstream.telemetry.capture import RawConverter, _Run
+from slipstream.telemetry.convert import RawConverter, _Run
 from slipstream.telemetry.rawcapture import _BLOCK, _BLOCK_MAGIC, RAW_DIR, RawContent, _prelude, raw_files, read_raw
 from slipstream.telemetry.segments import finalized_segments, try_lock
 

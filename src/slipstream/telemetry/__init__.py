@@ -10,6 +10,7 @@ floors below it; ``network``, ``pipeline`` and ``cli`` may import it.
 
 from .capture import Decoder, DriverSampler, StreamCapture, msgspec_decoder
 from .config import RecordingConfig
+from .convert import recover
 from .errors import RecorderClosedError, RecordError, RecordingLockedError, SchemaVersionError, TelemetryError
 from .reader import Recording, Segment, read_segment
 from .recorder import Recorder, RecorderConfig, default_writer_id
@@ -33,7 +34,6 @@ from .records import (
     typed_schema,
 )
 from .sampling import StatsSampler
-from .segments import recover
 
 __all__ = [
     "BUILTIN_SCHEMAS",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .convert import recover
 from .errors import RecorderClosedError, RecordError, RecordingLockedError
 from .records import KindSchema, Record
 from .segments import (
@@ -32,7 +33,6 @@ from .segments import (
     finalized_segments,
     journal_name,
     journals,
-    recover,
     table_from_rows,
     try_lock,
     write_segment,

@@ -220,24 +220,3 @@ def recover_writer(writer_dir: Path, *, fsync: bool = True) -> int:
                 made += 1
             path.unlink()
     return made
-
-
-def recover(root: Path | str, *, fsync: bool = True) -> int:
-    """Finalize what dead recorders left under a recording root (journals, and captures' raw files);
-    live writers are left alone.
-
-    Returns how many segments it made. Safe to call at any time, from any process.
-    """
-    made = 0
-    for writer_dir in writer_dirs(Path(root)):
-        fd = try_lock(writer_dir)
-        if fd is None:
-            continue
-        try:
-            made += recover_writer(writer_dir, fsync=fsync)
-            from .capture import recover_raw  # the conversion lives with the capture (and imports this module)
-
-            made += recover_raw(writer_dir, fsync=fsync)
-        finally:
-            os.close(fd)
-    return made
