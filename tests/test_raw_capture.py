@@ -26,7 +26,16 @@ from slipstream import ADMIN_ACTION, BACK_PRESSURED, Context, DriverConfig
 from slipstream.client import FragmentAssembler
 from slipstream.telemetry import Recorder, RecorderConfig, Recording, StreamCapture, msgspec_decoder, recover
 from slipstream.telemetry.convert import RawConverter, _Run
-from slipstream.telemetry.rawcapture import _BLOCK, _BLOCK_MAGIC, RAW_DIR, RawContent, _prelude, raw_files, read_raw
+from slipstream.telemetry.rawcapture import (
+    _BLOCK,
+    _BLOCK_MAGIC,
+    RAW_DIR,
+    RawContent,
+    _data_path,
+    _prelude,
+    raw_files,
+    read_raw,
+)
 from slipstream.telemetry.segments import finalized_segments, try_lock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,15 +49,20 @@ def _frame(payload: bytes, flags: int, session_id: int, stream_id: int, term_off
     return data + bytes(-len(data) % 32)
 
 
-def _write_raw(
-    path: Path, blocks: list[tuple[int, int, bytes]], channel: str = "aeron:ipc", stream_id: int = 9
-) -> None:
-    """A raw file as RawCapture writes it: blocks of (session_id, position, frames)."""
-    with open(path, "wb") as f:
-        f.write(_prelude(channel, stream_id, None))
+def _write_raw(path: Path, blocks: list[tuple[int, int, bytes]], decoder: str | None = None) -> None:
+    """One rotation as RawCapture writes it (index and data files): blocks of (session_id, position, frames)."""
+    seq = int(path.name[:12])
+    bases: dict[int, int] = {}
+    with open(path, "wb") as index:
+        index.write(_prelude("aeron:ipc", 9, decoder))
         for session_id, position, data in blocks:
-            f.write(_BLOCK.pack(_BLOCK_MAGIC, len(data), session_id, 0, position, 1000 + position))
-            f.write(data)
+            base = bases.setdefault(session_id, position & -512)
+            with open(_data_path(path.parent, seq, session_id), "ab") as f:
+                f.truncate(max(f.tell(), position - base))
+            with open(_data_path(path.parent, seq, session_id), "r+b") as f:
+                f.seek(position - base)
+                f.write(data)
+            index.write(_BLOCK.pack(_BLOCK_MAGIC, len(data), session_id, 0, position, 1000 + position, position - base))
 
 
 class _ListSink:
@@ -118,10 +132,15 @@ def test_a_torn_raw_tail_is_ignored(tmp_path: Path) -> None:
     one = _frame(b"a" * 10, 0xC0, 1, 9, 0)
     _write_raw(path, [(1, 0, one), (1, 64, _frame(b"b" * 10, 0xC0, 1, 9, 64))])
     whole = path.read_bytes()
-    for cut in range(len(whole) - 1, len(whole) - 70, -1):
+    for cut in range(len(whole) - 1, len(whole) - _BLOCK.size, -1):
         path.write_bytes(whole[:cut])
         content = read_raw(path)
         assert content is not None and [bytes(b.data) for b in content.blocks] == [one]
+    path.write_bytes(whole)
+    data = _data_path(tmp_path, 0, 1)
+    data.write_bytes(data.read_bytes()[:100])  # the second block's data never reached the disk
+    content = read_raw(path)
+    assert content is not None and [bytes(b.data) for b in content.blocks] == [one]
     path.write_bytes(whole[:10])
     assert read_raw(path) is None
 
@@ -268,9 +287,7 @@ def test_recovery_types_leftover_rows_with_the_captures_decoder(tmp_path: Path) 
     raw_dir = tmp_path / "w" / RAW_DIR / "capture-0"
     raw_dir.mkdir(parents=True)
     data = _frame(msgspec.msgpack.encode(Ping(3)), 0xC0, 1, 9, 0)
-    with open(raw_dir / "000000000000.raw.open", "wb") as f:
-        f.write(_prelude("aeron:ipc", 9, f"{__name__}:PING_DECODER"))
-        f.write(_BLOCK.pack(_BLOCK_MAGIC, len(data), 1, 0, 0, 5) + data)
+    _write_raw(raw_dir / "000000000000.raw.open", [(1, 0, data)], decoder=f"{__name__}:PING_DECODER")
     assert recover(tmp_path) == 2
     recording = Recording(tmp_path)
     assert recording.read("captured").column("message_type").to_pylist() == ["Ping"]

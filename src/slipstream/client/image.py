@@ -125,6 +125,11 @@ class Image:
         """Length of each of the log's three terms."""
         return self._log.term_length
 
+    def term_view(self, position: int) -> memoryview:
+        """The whole term that holds stream ``position`` (shared memory, read only by convention): for a
+        consumer that writes aligned ranges of it straight to disk (the stream capture's O_DIRECT)."""
+        return self._terms[(position >> self._bits) % 3]
+
     @property
     def publication_window(self) -> int:
         """How far the publisher may run ahead of the slowest subscriber: how long a reader may wait."""

@@ -115,7 +115,7 @@ class StreamCapture:
         return self.raw.poll(fragment_limit)
 
     def _flush_hook(self) -> None:
-        self.raw.rotate()
+        self.raw.rotate(notify=False)
         self.converter.flush_hook()
 
     def convert(self) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .rawcapture import RawBlock, RawContent, raw_capture_dirs, raw_files, read_raw
+from .rawcapture import RawBlock, RawContent, RawFile, raw_capture_dirs, raw_files, read_raw, remove_raw
 from .records import CapturedMessage, KindSchema, typed_schema
 from .segments import (
     LOCK_FILE,
@@ -125,11 +125,11 @@ class RawConverter:
         self._partial: dict[int, bytearray] = {}
         self._lock = threading.Lock()
         self._done: set[int] = set()
-        self._converted: list[Path] = []
+        self._converted: list[RawFile] = []
         """Converted since the last flush hook: their rows are in the sink, maybe not durable yet."""
-        self._flushing: list[Path] = []
+        self._flushing: list[RawFile] = []
         """Converted before the flush in progress: durable once it succeeds."""
-        self._kept: list[Path] = []
+        self._kept: list[RawFile] = []
 
     def convert(self, *, final: bool = False) -> int:
         """Convert the rotated raw files not converted yet (with ``final``, the one being written too:
@@ -141,7 +141,7 @@ class RawConverter:
                     continue
                 content = read_raw(raw.path)
                 self._done.add(raw.seq)
-                self._converted.append(raw.path)
+                self._converted.append(raw)
                 converted += 1
                 if content is not None and content.blocks:
                     self._convert(content)
@@ -162,9 +162,8 @@ class RawConverter:
             self._flushing = []
             if self._partial:
                 return  # a message begun in a kept file is incomplete: a recovery needs its start
-            for path in self._kept:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+            for raw in self._kept:
+                remove_raw(raw)
             self._kept = []
 
     def _convert(self, content: RawContent) -> None:
@@ -383,7 +382,7 @@ def recover_raw(writer_dir: Path, *, fsync: bool = True) -> int:
                 RawConverter(raw_dir, sink, decoder=decoder).convert(final=True)
                 made += sink.write()
                 for raw in files:
-                    raw.path.unlink()
+                    remove_raw(raw)
             with contextlib.suppress(OSError):
                 (raw_dir / LOCK_FILE).unlink()
                 raw_dir.rmdir()

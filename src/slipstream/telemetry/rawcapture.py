@@ -1,31 +1,36 @@
-"""The hot side of a stream capture: term bytes straight to raw files, nothing else (Aeron Archive's way).
+"""The hot side of a stream capture: term bytes straight to disk, nothing else (Aeron Archive's way).
 
-``RawCapture`` is one more subscriber on the stream. Each poll block-polls every image and writes the
-blocks as they lie in the term (``os.writev`` of the term's memoryview behind a 32-byte block header:
-no Python copy, no per-message work, no pyarrow) into ``<raw_dir>/<seq>.raw.open``. Turning frames into
-rows is someone else's job, on another CPU or later (:class:`~slipstream.telemetry.capture.RawConverter`),
-so the capture costs the stream it records little more than one memcpy into the page cache.
+``RawCapture`` is one more subscriber on the stream. Each poll block-polls every image and writes each
+block from the term's shared memory to a data file with ``O_DIRECT`` (the disk reads the term by DMA:
+no copy by the CPU, no page cache; where ``O_DIRECT`` is refused, an ordinary ``pwrite`` of the same
+bytes), plus one 40-byte index entry per block. No per-message work, no pyarrow: turning frames into
+rows is someone else's job, on another CPU or later (:class:`~slipstream.telemetry.convert.RawConverter`).
 
 Polls are large and rare: between polls the capture sleeps for a quarter of the time a fast publisher
 needs to fill the window it has over this subscriber (a stream far from its limit needs no spinning).
-The file being written is rotated (renamed to ``<seq>.raw``, fsynced on a helper thread, so a slow
-disk never stalls polling) every flush interval and every ``file_bytes``: a SIGKILL loses nothing
-written (it is in the page cache) and a power cut at most one flush interval. When ``max_pending_bytes``
-of raw files wait for conversion the capture stops reading, so a converter that cannot keep up slows
-the publisher through flow control instead of losing messages or filling the disk.
+The files being written are rotated (the index renamed to ``<seq>.raw``, everything fsynced on a helper
+thread, so a slow disk never stalls polling) every flush interval and every ``file_bytes``: a SIGKILL
+loses nothing written, a power cut at most one flush interval. When ``max_pending_bytes`` of raw files
+wait for conversion the capture stops reading, so a converter that cannot keep up slows the publisher
+through flow control instead of losing messages or filling the disk.
 
-Layout of a raw file (little-endian)::
+Layout of one rotation (little-endian)::
 
-    prelude  b"SLIPRAW1", u32 n, n bytes of JSON {channel, stream_id, decoder}, zeros to a multiple of 32
-    block    b"BLK1", u32 length, i32 session_id, i32 term_id, i64 position, i64 timestamp_ns, length bytes
+    <seq>.raw[.open]          index: b"SLIPRAW2", u32 n, n bytes of JSON {channel, stream_id, decoder},
+                              zeros to a multiple of 32; then per block: b"BLK2", u32 length, i32 session_id,
+                              i32 term_id, i64 position, i64 timestamp_ns, i64 offset in the data file
+    <seq>-<session>.data      the session's term bytes, the block at ``position`` at ``offset``
 
-``position`` is the stream position of the block's first byte; a block is whole frames of one term. A
-reader stops at the first block that is not complete (a torn tail after a kill).
+A data file mirrors the stream from a 512-byte boundary (``O_DIRECT`` writes whole sectors, so the bytes
+around a block may be stale or half-written: only what an index entry covers is read). An entry is
+appended after its block is written, so a reader that stops at the first incomplete entry (a torn tail)
+reads only complete blocks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Final
 
 from ..client import Context, Subscription
+from .errors import RecordingLockedError
 from .segments import try_lock
 
 log = logging.getLogger("slipstream.telemetry")
@@ -49,10 +55,11 @@ RAW_DIR: Final = ".raw"
 OPEN_SUFFIX: Final = ".raw.open"
 CLOSED_SUFFIX: Final = ".raw"
 _FILE_RE: Final = re.compile(r"(\d{12})\.raw(\.open)?")
-_PRELUDE_MAGIC: Final = b"SLIPRAW1"
-_BLOCK_MAGIC: Final = b"BLK1"
-_BLOCK: Final = struct.Struct("<4sIiiqq")
-_ALLOCATE_STEP: Final = 8 << 20
+_PRELUDE_MAGIC: Final = b"SLIPRAW2"
+_BLOCK_MAGIC: Final = b"BLK2"
+_BLOCK: Final = struct.Struct("<4sIiiqqq")
+_SECTOR: Final = 512
+_ALLOCATE_STEP: Final = 16 << 20
 ASSUMED_PEAK_RATE: Final = 2 << 30
 """Bytes per second a publisher may burst at (a core's memcpy): sizes the sleep between polls."""
 
@@ -99,10 +106,27 @@ def raw_capture_dirs(writer_dir: Path) -> list[Path]:
 def pending_bytes(raw_dir: Path) -> int:
     """Bytes of raw files waiting for conversion (what ``max_pending_bytes`` bounds)."""
     total = 0
-    for raw in raw_files(raw_dir):
-        with contextlib.suppress(FileNotFoundError):
-            total += raw.path.stat().st_size
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(raw_dir):
+            with contextlib.suppress(FileNotFoundError):
+                total += entry.stat().st_size
     return total
+
+
+def _data_path(raw_dir: Path, seq: int, session_id: int) -> Path:
+    return raw_dir / f"{seq:012d}-{session_id & 0xFFFFFFFF:08x}.data"
+
+
+def remove_raw(raw: RawFile) -> None:
+    """Delete a rotation: its data files first, then the index (an index without data reads as empty)."""
+    prefix = f"{raw.seq:012d}-"
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(raw.path.parent):
+            if entry.name.startswith(prefix) and entry.name.endswith(".data"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+    with contextlib.suppress(FileNotFoundError):
+        raw.path.unlink()
 
 
 def _prelude(channel: str, stream_id: int, decoder: str | None) -> bytes:
@@ -136,15 +160,56 @@ def read_raw(path: Path) -> RawContent | None:
     except ValueError:
         return None
     offset = end + (-end % 32)
+    seq = int(_FILE_RE.fullmatch(path.name)[1])  # type: ignore[index]
+    files: dict[int, memoryview] = {}
     blocks: list[RawBlock] = []
     while offset + _BLOCK.size <= len(data):
-        magic, length, session_id, _, position, timestamp_ns = _BLOCK.unpack_from(data, offset)
-        start = offset + _BLOCK.size
-        if magic != _BLOCK_MAGIC or start + length > len(data):
-            break  # a block cut short by a kill (or zeros after a power cut): everything before is intact
-        blocks.append(RawBlock(timestamp_ns, session_id, position, data[start : start + length]))
-        offset = start + length
+        magic, length, session_id, _, position, timestamp_ns, at = _BLOCK.unpack_from(data, offset)
+        if magic != _BLOCK_MAGIC:
+            break  # an entry cut short by a kill (or zeros after a power cut): everything before is intact
+        offset += _BLOCK.size
+        mirror = files.get(session_id)
+        if mirror is None:
+            try:
+                mirror = files[session_id] = memoryview(_data_path(path.parent, seq, session_id).read_bytes())
+            except FileNotFoundError:
+                mirror = files[session_id] = memoryview(b"")
+        if at + length > len(mirror):
+            continue  # its data never reached the disk (a power cut) or was deleted: nothing to read
+        blocks.append(RawBlock(timestamp_ns, session_id, position, mirror[at : at + length]))
     return RawContent(str(meta["channel"]), int(meta["stream_id"]), meta.get("decoder"), blocks)
+
+
+class _Mirror:
+    """One session's data file of one rotation: the stream from ``base`` (a sector boundary) on."""
+
+    def __init__(self, path: Path, position: int) -> None:
+        self.base = position & -_SECTOR
+        self.end = position
+        self.allocated = 0
+        self.direct = True
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+        except OSError:  # tmpfs and others: no O_DIRECT
+            self.direct = False
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def write_direct(self, sectors: memoryview, offset: int) -> None:
+        written = os.pwrite(self.fd, sectors, offset)
+        if written != len(sectors):
+            raise OSError(errno.EIO, f"short O_DIRECT write ({written} of {len(sectors)} bytes)")
+
+    def buffered(self) -> None:
+        fd = os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY)
+        os.close(self.fd)
+        self.fd = fd
+        self.direct = False
+
+    def allocate(self, size: int) -> None:
+        """Allocate ahead of the writes: writes into allocated blocks cost less (ext4's extent updates)."""
+        with contextlib.suppress(OSError):  # not supported, or the disk is full: the writes still try
+            os.posix_fallocate(self.fd, 0, size)
+            self.allocated = size
 
 
 class _Syncer:
@@ -210,17 +275,20 @@ class RawCapture:
         """Polls skipped because ``max_pending_bytes`` of raw files waited for conversion."""
         lock = try_lock(self.raw_dir)
         if lock is None:
-            raise RuntimeError(f"another capture is writing into {self.raw_dir}")
+            raise RecordingLockedError(f"another capture is writing into {self.raw_dir}")
         self._lock_fd = lock
         self._prelude = _prelude(channel, stream_id, decoder_spec)
         self._seq = max((f.seq for f in raw_files(self.raw_dir)), default=-1) + 1
         self._fd = -1
-        self._file_size = 0
-        self._allocated = 0
+        """The open index (-1 between rotations)."""
+        self._mirrors: dict[int, _Mirror] = {}
+        self._data_bytes = 0
         self._opened_ns = 0
         self._pending = pending_bytes(self.raw_dir)
         self._now = 0
         self._position = 0
+        self._term = memoryview(b"")
+        self._term_mask = 0
         self._lock = threading.Lock()
         self._syncer = _Syncer(fsync)
         self._closed = False
@@ -232,44 +300,46 @@ class RawCapture:
     def _on_block(self, block: memoryview, session_id: int, term_id: int) -> None:
         if self._fd < 0:
             self._fd = os.open(self._path(self._seq, OPEN_SUFFIX), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            self._file_size = 0
-            self._allocated = 0
             self._opened_ns = self._now
-            self._write([self._prelude])
-        if self._file_size + _BLOCK.size + len(block) > self._allocated:
-            self._allocate(_BLOCK.size + len(block))
-        header = _BLOCK.pack(_BLOCK_MAGIC, len(block), session_id, term_id, self._position, self._now)
-        self._write([header, block])
+            self._data_bytes = 0
+            self._retrying(lambda: os.write(self._fd, self._prelude))
+        mirror = self._mirrors.get(session_id)
+        position = self._position
+        if mirror is None:
+            mirror = self._mirrors[session_id] = _Mirror(_data_path(self.raw_dir, self._seq, session_id), position)
+        end = position + len(block)
+        if end - mirror.base > mirror.allocated:
+            mirror.allocate(end - mirror.base + _ALLOCATE_STEP)
+        if mirror.direct:
+            low, high = position & -_SECTOR, -(-end // _SECTOR) * _SECTOR
+            start = position & self._term_mask
+            sectors = self._term[start - (position - low) : start + (high - position)]
+            if not self._retrying(lambda: mirror.write_direct(sectors, low - mirror.base)):
+                mirror.buffered()  # O_DIRECT refused: the same bytes through the page cache from now on
+        if not mirror.direct:
+            self._retrying(lambda: os.pwrite(mirror.fd, block, position - mirror.base))
+        mirror.end = end
+        entry = _BLOCK.pack(_BLOCK_MAGIC, len(block), session_id, term_id, position, self._now, position - mirror.base)
+        self._retrying(lambda: os.write(self._fd, entry))
+        self._data_bytes += len(block)
+        self._pending += len(block) + len(entry)
+        self.bytes_written += len(block) + len(entry)
 
-    def _write(self, parts: list[bytes | memoryview]) -> None:
-        """Write all of ``parts`` or keep trying: the block poll has consumed the frames, so giving up
-        would lose them; blocking here back-pressures the publisher instead (disk full, say)."""
-        total = sum(len(p) for p in parts)
-        done = 0
-        while done < total:
+    def _retrying(self, write: Callable[[], object]) -> bool:
+        """Run ``write`` until it succeeds: the block poll has consumed the frames, so giving up would lose
+        them; blocking here back-pressures the publisher instead (disk full, say). False if O_DIRECT was
+        refused (EINVAL: unaligned memory or a file system without it)."""
+        while True:
             try:
-                done += os.writev(self._fd, parts) if done == 0 else os.write(self._fd, b"".join(parts)[done:])
-            except OSError:
+                write()
+                return True
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:
+                    return False
                 if self._closed:
                     raise
                 log.exception("raw capture: write to %s failed; retrying", self.raw_dir)
-                os.ftruncate(self._fd, self._file_size)
-                self._allocated = self._file_size
-                done = 0
                 time.sleep(0.5)
-        self._file_size += total
-        self._pending += total
-        self.bytes_written += total
-
-    def _allocate(self, need: int) -> None:
-        """Allocate the file ahead of the writes, in steps: writing into allocated blocks measured about
-        a third cheaper in CPU than extending the file (ext4). Trailing zeros read as a torn tail."""
-        step = max(need, min(self.file_bytes, _ALLOCATE_STEP))
-        try:
-            os.posix_fallocate(self._fd, self._file_size, step)
-        except OSError:
-            return  # not supported, or the disk is full: plain writes (which retry) still work
-        self._allocated = self._file_size + step
 
     def poll(self, fragment_limit: int = 0) -> int:
         """Write what every image has new (up to a publication window each); returns the bytes consumed.
@@ -286,36 +356,41 @@ class RawCapture:
             for image in self.subscription.images:
                 window = image.publication_window
                 got = 0
+                self._term_mask = image.term_length - 1
                 while got < window:
                     self._position = image.position
+                    self._term = image.term_view(self._position)
                     n = image.block_poll(self._on_block, self.block_length_limit)
                     if n == 0:
                         break
                     got += n
                 read += got
             if self._fd >= 0 and (
-                self._file_size >= self.file_bytes or self._now - self._opened_ns >= self.flush_interval_ns
+                self._data_bytes >= self.file_bytes or self._now - self._opened_ns >= self.flush_interval_ns
             ):
                 self._rotate()
         return read
 
-    def rotate(self) -> None:
-        """Close the file being written (a converter may then take it); a no-op when nothing was written."""
+    def rotate(self, *, notify: bool = True) -> None:
+        """Close the file being written (a converter may then take it); a no-op when nothing was written.
+        ``notify=False`` skips ``on_rotate`` (the converter itself asked)."""
         with self._lock:
-            self._rotate()
+            self._rotate(notify)
 
-    def _rotate(self) -> None:
+    def _rotate(self, notify: bool = True) -> None:
         if self._fd < 0:
             return
         seq = self._seq
-        if self._allocated > self._file_size:
-            os.ftruncate(self._fd, self._file_size)  # the converter and the backlog see the real size
+        for mirror in self._mirrors.values():
+            os.ftruncate(mirror.fd, mirror.end - mirror.base)  # allocated ahead: the backlog sees real sizes
+            self._syncer.submit(mirror.fd)  # data before the index that points into it
+        self._mirrors = {}
         os.rename(self._path(seq, OPEN_SUFFIX), self._path(seq, CLOSED_SUFFIX))
         self._syncer.submit(self._fd)
         self._fd = -1
         self._seq += 1
         self._pending = pending_bytes(self.raw_dir)
-        if self.on_rotate is not None:
+        if notify and self.on_rotate is not None:
             self.on_rotate(seq)
 
     def window(self) -> int | None:

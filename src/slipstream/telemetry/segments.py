@@ -7,12 +7,15 @@
     ROOT/<writer>/<kind>/00000008.arrows       the open segment's journal (Arrow IPC stream)
     ROOT/<writer>/<kind>/.00000008.parquet.tmp a segment being finalized (never read)
     ROOT/<writer>/.raw/capture-0/000000000003.raw  a stream capture's raw term bytes, not converted yet
+                                               (written by the capture, which holds .raw/capture-0/.lock;
+                                               converted and deleted by the writer's recorder or recover)
 
 One writer (one recorder, one process) owns a writer directory, so within it segments are
 finalized strictly in sequence order; that is what makes ``(writer, segment, row)`` a replayable
 offset. Each flush appends one record batch to the journal and fsyncs it: a killed recorder loses at
 most the rows it had not flushed yet, and the journal's complete batches are finalized by the next
-:func:`recover`. A segment becomes visible only by ``rename`` of a file that was written and fsynced
+:func:`~slipstream.telemetry.convert.recover` (which also converts the raw files of a dead stream capture).
+A segment becomes visible only by ``rename`` of a file that was written and fsynced
 in full, so a reader never sees a partial segment.
 
 pyarrow is imported inside the functions that need it, never at module import.
