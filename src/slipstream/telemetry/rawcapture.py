@@ -6,8 +6,8 @@ no copy by the CPU, no page cache; where ``O_DIRECT`` is refused, an ordinary ``
 bytes), plus one 40-byte index entry per block. No per-message work, no pyarrow: turning frames into
 rows is someone else's job, on another CPU or later (:class:`~slipstream.telemetry.convert.RawConverter`).
 
-Polls are large and rare: between polls the capture sleeps for a quarter of the time a fast publisher
-needs to fill the window it has over this subscriber (a stream far from its limit needs no spinning).
+Polls are large and rare: between polls the capture sleeps for half the time a fast publisher needs
+to fill the window it has over this subscriber (a stream far from its limit needs no spinning).
 The files being written are rotated (the index renamed to ``<seq>.raw``, everything fsynced on a helper
 thread, so a slow disk never stalls polling) every flush interval and every ``file_bytes``: a SIGKILL
 loses nothing written, a power cut at most one flush interval. When ``max_pending_bytes`` of raw files
@@ -399,16 +399,16 @@ class RawCapture:
 
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set: at once again after a poll that read a quarter of the window (the
-        capture is behind), else after a quarter of the time a publisher bursting at ``ASSUMED_PEAK_RATE``
-        needs to fill the window (0.5 to 10 ms; 10 ms with no image): polls stay large and rare, and the
-        publisher never waits for the capture."""
+        capture is behind), else after half the time a publisher bursting at ``ASSUMED_PEAK_RATE`` needs to
+        fill the window (0.5 to 10 ms; 10 ms with no image). Polls stay large and rare (a wake-up costs
+        tens of microseconds of CPU in a VM), and the publisher does not wait for the capture."""
         while not stop.is_set():
             read = self.poll()
             window = self.window()
             if window is None:
-                stop.wait(0.01)
+                time.sleep(0.01)
             elif read < window // 4:
-                stop.wait(min(0.01, max(0.0005, window / 4 / ASSUMED_PEAK_RATE)))
+                time.sleep(min(0.01, max(0.0005, window / 2 / ASSUMED_PEAK_RATE)))
 
     def close(self) -> None:
         """Stop capturing: the last file is rotated and fsynced, the directory's lock released."""
