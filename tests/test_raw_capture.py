@@ -292,3 +292,23 @@ def test_recovery_types_leftover_rows_with_the_captures_decoder(tmp_path: Path) 
     recording = Recording(tmp_path)
     assert recording.read("captured").column("message_type").to_pylist() == ["Ping"]
     assert recording.read("typed.Ping").column("n").to_pylist() == [3]
+
+
+def test_a_raw_file_is_kept_only_while_a_message_begun_in_it_is_incomplete(tmp_path: Path) -> None:
+    raw_dir = tmp_path / "w" / RAW_DIR / "capture-0"
+    raw_dir.mkdir(parents=True)
+    capture_lock = try_lock(raw_dir)
+    begin, end = _frame(b"B" * 100, 0x80, 5, 9, 0), _frame(b"b" * 50, 0x40, 5, 9, 160)
+    _write_raw(raw_dir / "000000000000.raw", [(5, 0, _frame(b"A", 0xC0, 5, 9, 0))])
+    _write_raw(raw_dir / "000000000001.raw", [(5, 64, begin)])
+    with Recorder(tmp_path, writer_id="w", config=RecorderConfig(flush_interval_s=3600)) as recorder:
+        converter = RawConverter(raw_dir, recorder)
+        for step, expected in ((None, [1]), ((5, 224, end), [])):
+            if step is not None:
+                _write_raw(raw_dir / "000000000002.raw", [step])
+            converter.flush_hook()
+            recorder.flush()
+            converter.durable()
+            assert [raw.seq for raw in raw_files(raw_dir)] == expected
+    assert capture_lock is not None
+    os.close(capture_lock)

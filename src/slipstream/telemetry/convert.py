@@ -123,6 +123,9 @@ class RawConverter:
         self.files = 0
         self._typed: dict[type[Any], tuple[KindSchema, tuple[str, ...]]] = {}
         self._partial: dict[int, bytearray] = {}
+        self._partial_since: dict[int, int] = {}
+        """Per session with an incomplete message: the raw file (seq) where it began."""
+        self._seq = 0
         self._lock = threading.Lock()
         self._done: set[int] = set()
         self._converted: list[RawFile] = []
@@ -140,6 +143,7 @@ class RawConverter:
                 if raw.seq in self._done or not (raw.closed or final):
                     continue
                 content = read_raw(raw.path)
+                self._seq = raw.seq
                 self._done.add(raw.seq)
                 self._converted.append(raw)
                 converted += 1
@@ -156,15 +160,16 @@ class RawConverter:
             self._converted = []
 
     def durable(self) -> None:
-        """The flush that followed :meth:`flush_hook` made its rows durable: delete those raw files."""
+        """The flush that followed :meth:`flush_hook` made its rows durable: delete those raw files, but
+        those where a still-incomplete message began, and later ones (a recovery re-reads them)."""
         with self._lock:
             self._kept.extend(self._flushing)
             self._flushing = []
-            if self._partial:
-                return  # a message begun in a kept file is incomplete: a recovery needs its start
+            oldest = min(self._partial_since.values(), default=None)
             for raw in self._kept:
-                remove_raw(raw)
-            self._kept = []
+                if oldest is None or raw.seq < oldest:
+                    remove_raw(raw)
+            self._kept = [raw for raw in self._kept if oldest is not None and raw.seq >= oldest]
 
     def _convert(self, content: RawContent) -> None:
         import pyarrow as pa
@@ -260,6 +265,7 @@ class RawConverter:
                 starts.append(frame_offset)
             elif flags & _BEGIN:
                 self._partial[block.session_id] = bytearray(payload)
+                self._partial_since[block.session_id] = self._seq
             else:
                 partial = self._partial.get(block.session_id)
                 if partial is None:
@@ -268,6 +274,7 @@ class RawConverter:
                 if flags & _END:
                     positions.append(block.position + offset)
                     payloads.append(bytes(self._partial.pop(block.session_id)))
+                    del self._partial_since[block.session_id]
                     starts.append(frame_offset)
         if not payloads:
             return None
