@@ -9,6 +9,7 @@ duplicated, and a message fragmented across two raw files reassembled after a ki
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import random
@@ -21,10 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from slipstream import ADMIN_ACTION, BACK_PRESSURED, Context, DriverConfig
 from slipstream.client import FragmentAssembler
-from slipstream.telemetry import Recorder, RecorderConfig, Recording, StreamCapture, msgspec_decoder, recover
+from slipstream.telemetry import (
+    Recorder,
+    RecorderConfig,
+    Recording,
+    StreamCapture,
+    msgspec_decoder,
+    rawcapture,
+    recover,
+)
 from slipstream.telemetry.convert import RawConverter, _Run
 from slipstream.telemetry.rawcapture import (
     _BLOCK,
@@ -77,9 +87,16 @@ class _ListSink:
         return True
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "o_direct_refused"])
 def test_capture_matches_a_plain_subscriber_on_mixed_sizes_fragments_and_term_padding(
-    driver_dir: Path, tmp_path: Path
+    driver_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
 ) -> None:
+    if not direct:  # as on a file system that takes O_DIRECT at open and refuses the writes: pwrite instead
+
+        def refuse(self: object, sectors: memoryview, offset: int) -> None:
+            raise OSError(errno.EINVAL, "refused")
+
+        monkeypatch.setattr(rawcapture._Mirror, "write_direct", refuse)
     rng = random.Random(5)
     sizes = [0, 1, 31, 32, 33] + [rng.choice([8, 8, 8, 100, 1000, 1376, 1377, 3000, 8000]) for _ in range(1500)]
     config = DriverConfig(directory=driver_dir, ipc_term_length=64 << 10)
