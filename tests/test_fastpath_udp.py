@@ -401,3 +401,86 @@ def test_send_datagrams_refuses_bad_arguments() -> None:
         assert FAST.send_datagrams(fd, [], 0, True) == (0, 0, 0)
         # An unconnected socket: the kernel refuses (EDESTADDRREQ), which comes back as the errno.
         assert FAST.send_datagrams(fd, [b"x", b"y"], 0, False)[2] != 0
+
+
+# -- the socket's receive ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def pure_receive() -> Iterator[None]:
+    saved = udp_channel._c_receive_batches
+    udp_channel._c_receive_batches = None
+    try:
+        yield
+    finally:
+        udp_channel._c_receive_batches = saved
+
+
+def receivers(family: socket.AddressFamily) -> tuple[UdpSocket, UdpSocket]:
+    host = "::1" if family == socket.AF_INET6 else "127.0.0.1"
+    fast = UdpSocket(open_socket(family, bind=(host, 0), so_rcvbuf=4 << 20))
+    with pure_receive():
+        pure = UdpSocket(open_socket(family, bind=(host, 0), so_rcvbuf=4 << 20))
+    return fast, pure
+
+
+def drain(sock: UdpSocket, budget: int, pure: bool) -> list[tuple[bytes, int, object]]:
+    with pure_receive() if pure else contextlib.nullcontext():
+        return [(bytes(data), segment, source) for data, segment, source in sock.receive_batches(budget)]
+
+
+@pytest.mark.skipif(not hasattr(FAST, "receive_batches"), reason="receive_batches is built on Linux only")
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    calls=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 1500), st.integers(1, 40), st.integers(0, 1500) | st.none()),
+        min_size=1,
+        max_size=12,
+    ),
+    budget=st.integers(1, 70),
+    family=st.sampled_from([socket.AF_INET, socket.AF_INET6]),
+    gro=st.booleans(),
+)
+def test_receive_yields_what_the_python_receive_yields(
+    calls: list[tuple[int, int, int, int | None]], budget: int, family: socket.AddressFamily, gro: bool
+) -> None:
+    """Several senders' GSO batches and single datagrams, empty ones too: the C receive loop yields the
+    same (data, segment, source) sequence as recvmsg_into, budget for budget, until the socket is dry."""
+    if family == socket.AF_INET6 and not socket.has_ipv6:
+        return
+    fast, pure = receivers(family)
+    senders = [UdpSocket(open_socket(family)) for _ in range(3)]
+    try:
+        for receiver in (fast, pure):
+            receiver.gro = gro and receiver.gro
+        for who, size, count, tail in calls:
+            run = [bytes([who, i % 256]) * (size // 2) + bytes(size % 2) for i in range(count)]
+            if tail is not None and tail <= size:
+                run.append(b"t" * tail)
+            for receiver in (fast, pure):
+                senders[who].send(run, receiver.sock.getsockname())
+        while True:
+            got = drain(fast, budget, pure=False)
+            assert got == drain(pure, budget, pure=True)
+            if not got:
+                break
+    finally:
+        for sock in (fast, pure, *senders):
+            sock.close()
+
+
+@pytest.mark.skipif(not hasattr(FAST, "receive_batches"), reason="receive_batches is built on Linux only")
+def test_receive_batches_refuses_bad_arguments_and_small_buffers() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+        sock.sendto(b"hello", sock.getsockname())
+        with pytest.raises(ValueError):
+            FAST.receive_batches(-1, bytearray(1 << 16), 4, False)
+        with pytest.raises(BufferError):
+            FAST.receive_batches(sock.fileno(), bytes(1 << 16), 4, False)
+        assert FAST.receive_batches(sock.fileno(), bytearray((1 << 16) - 1), 4, False) == []  # no room: no call
+        buffer = bytearray(1 << 16)
+        assert FAST.receive_batches(sock.fileno(), buffer, 4, False) == [(0, 5, 5, sock.getsockname())]
+        assert buffer[:5] == b"hello"
+        assert FAST.receive_batches(sock.fileno(), buffer, 4, False) == []

@@ -108,6 +108,13 @@ _c_send_datagrams: Callable[[int, list[BytesLike], int, bool], tuple[int, int, i
     FAST, "send_datagrams", None
 )
 """The C send of a connected socket's datagrams (Linux), or None for the Python one."""
+_c_receive_batches: Callable[[int, bytearray, int, bool], list[tuple[int, int, int, SocketAddress]]] | None = getattr(
+    FAST, "receive_batches", None
+)
+"""The C receive loop (Linux): several receive calls, GIL released, in one Python call; or None."""
+RECEIVE_SLOTS = 4
+"""Receive calls ``receive_batches`` makes per C call, each into its own 64 KiB of the socket's buffer
+(pages the kernel never fills, as on a socket that only hears status messages, are never touched)."""
 _SHORT = -1
 """``send_datagrams``' error for a datagram the kernel took only part of."""
 _RETRY = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, _SHORT})
@@ -145,7 +152,7 @@ class UdpSocket:
                 self.gro = True
             except OSError:
                 self.gro = False
-        self._buffer = bytearray(MAX_DATAGRAM)
+        self._buffer = bytearray(MAX_DATAGRAM * (RECEIVE_SLOTS if _c_receive_batches is not None else 1))
         self._view = memoryview(self._buffer)
         self._queued = select.epoll()
         """This socket alone: ``poll(0)`` says whether a datagram is queued, for a quarter of the cost
@@ -165,6 +172,16 @@ class UdpSocket:
         an ICMP port-unreachable surfaces here as ECONNREFUSED, which only means nobody listens yet."""
         sock, view = self.sock, self._view
         gro = self.gro
+        receive = _c_receive_batches
+        if receive is not None:
+            while budget > 0:
+                batches = receive(self.fd, self._buffer, min(budget, RECEIVE_SLOTS), gro)
+                for start, end, segment, source in batches:
+                    yield view[start:end], segment, source
+                if len(batches) < RECEIVE_SLOTS:
+                    return  # the socket ran dry (or failed) before the slots were used
+                budget -= RECEIVE_SLOTS
+            return
         for calls in range(budget):
             try:
                 if gro:

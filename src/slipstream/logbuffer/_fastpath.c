@@ -18,6 +18,9 @@
 #include <errno.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #endif
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -1015,6 +1018,7 @@ static PyObject *fp_send_datagrams(PyObject *module, PyObject *const *args, Py_s
     }
     Py_ssize_t index = 0, end = 0;
     int error = 0;
+    struct iovec merged[GSO_MAX_SEGMENTS];
     union {
         char buf[CMSG_SPACE(sizeof(uint16_t))];
         struct cmsghdr align;
@@ -1041,8 +1045,19 @@ static PyObject *fp_send_datagrams(PyObject *module, PyObject *const *args, Py_s
             struct msghdr msg;
             memset(&msg, 0, sizeof msg);
             memset(&control, 0, sizeof control);
-            msg.msg_iov = &iov[index];
-            msg.msg_iovlen = (size_t)(end - index);
+            /* Datagrams cut from a log lie back to back: one iovec per contiguous range (the kernel
+             * segments by UDP_SEGMENT, not by iovec), which saves it a copy loop per datagram. */
+            Py_ssize_t used = 0;
+            merged[0] = iov[index];
+            for (Py_ssize_t k = index + 1; k < end; k++) {
+                if ((char *)merged[used].iov_base + merged[used].iov_len == (char *)iov[k].iov_base) {
+                    merged[used].iov_len += iov[k].iov_len;
+                } else {
+                    merged[++used] = iov[k];
+                }
+            }
+            msg.msg_iov = merged;
+            msg.msg_iovlen = (size_t)(used + 1);
             msg.msg_control = control.buf;
             msg.msg_controllen = sizeof control.buf;
             struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
@@ -1082,6 +1097,140 @@ static PyObject *fp_send_datagrams(PyObject *module, PyObject *const *args, Py_s
     }
     return Py_BuildValue("(nni)", start + count, start + count, 0);
 }
+
+#define RECV_SPACE 65536 /* udp_channel.MAX_DATAGRAM: what one receive call may fill */
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+/* The source of a datagram as socket.recvmsg_into gives it: (host, port) or (host, port, flowinfo, scope_id),
+ * the host as getnameinfo(NI_NUMERICHOST) spells it, as CPython's socket module does. */
+static PyObject *source_address(const struct sockaddr_storage *addr, socklen_t length) {
+    char host[NI_MAXHOST];
+    if (addr->ss_family == AF_INET && length >= (socklen_t)sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)addr;
+        if (getnameinfo((const struct sockaddr *)addr, length, host, sizeof host, NULL, 0, NI_NUMERICHOST) != 0) {
+            Py_RETURN_NONE;
+        }
+        return Py_BuildValue("(si)", host, (int)ntohs(a->sin_port));
+    }
+    if (addr->ss_family == AF_INET6 && length >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)addr;
+        if (getnameinfo((const struct sockaddr *)addr, length, host, sizeof host, NULL, 0, NI_NUMERICHOST) != 0) {
+            Py_RETURN_NONE;
+        }
+        return Py_BuildValue("(siII)", host, (int)ntohs(a->sin6_port), (unsigned int)ntohl(a->sin6_flowinfo),
+                             (unsigned int)a->sin6_scope_id);
+    }
+    Py_RETURN_NONE;
+}
+
+/* receive_batches(fd, buffer, budget, gro) -> [(start, end, segment, source), ...]: up to ``budget``
+ * receive calls into ``buffer`` (each into the next 64 KiB of it, while that much is left), the system
+ * calls made with the GIL released; each entry is what one call received: ``buffer[start:end]``, datagrams
+ * of ``segment`` bytes back to back but the last (GRO), from ``source``. Stops at the first call that
+ * fails (nothing queued: EAGAIN; or an error such as ECONNREFUSED, which a receiver ignores). */
+static PyObject *fp_receive_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "receive_batches(fd, buffer, budget, gro)");
+        return NULL;
+    }
+    long fd_long = PyLong_AsLong(args[0]);
+    long budget = fd_long == -1 && PyErr_Occurred() ? 0 : PyLong_AsLong(args[2]);
+    int gro = PyErr_Occurred() ? 0 : PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (fd_long < 0 || fd_long > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "receive_batches: bad fd");
+        return NULL;
+    }
+    if (budget > 64) {
+        budget = 64;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[1], &b, PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    struct batch {
+        Py_ssize_t start, size;
+        int segment;
+        socklen_t address_length;
+        struct sockaddr_storage address;
+    } batches[64];
+    long calls = 0;
+    Py_ssize_t used = 0;
+    int fd = (int)fd_long;
+    Py_BEGIN_ALLOW_THREADS
+    while (calls < budget && b.len - used >= RECV_SPACE) {
+        struct batch *r = &batches[calls];
+        struct iovec iov = {(char *)b.buf + used, RECV_SPACE};
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } control;
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_name = &r->address;
+        msg.msg_namelen = sizeof r->address;
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        if (gro) {
+            msg.msg_control = control.buf;
+            msg.msg_controllen = sizeof control.buf;
+        }
+        ssize_t size;
+        do {
+            size = recvmsg(fd, &msg, 0);
+        } while (size < 0 && errno == EINTR);
+        if (size < 0) {
+            break;
+        }
+        r->start = used;
+        r->size = size;
+        r->segment = (int)size;
+        r->address_length = msg.msg_namelen;
+        for (struct cmsghdr *cm = gro ? CMSG_FIRSTHDR(&msg) : NULL; cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+            if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO && cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int segment;
+                memcpy(&segment, CMSG_DATA(cm), sizeof segment);
+                /* as udp_channel: a zero or absurd size means one datagram of the whole size */
+                r->segment = segment > 0 && segment < size ? segment : (int)size;
+            }
+        }
+        used += size;
+        calls++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    PyObject *list = PyList_New(calls);
+    if (list == NULL) {
+        return NULL;
+    }
+    PyObject *source = NULL;
+    for (long i = 0; i < calls; i++) {
+        struct batch *r = &batches[i];
+        if (source == NULL || r->address_length != batches[i - 1].address_length ||
+            memcmp(&r->address, &batches[i - 1].address, r->address_length) != 0) {
+            Py_XDECREF(source);
+            source = source_address(&r->address, r->address_length);
+            if (source == NULL) {
+                Py_DECREF(list);
+                return NULL;
+            }
+        }
+        PyObject *item = Py_BuildValue("(nniO)", r->start, r->start + r->size, r->segment, source);
+        if (item == NULL) {
+            Py_DECREF(source);
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    Py_XDECREF(source);
+    return list;
+}
 #endif
 
 static PyMethodDef module_methods[] = {
@@ -1102,6 +1251,8 @@ static PyMethodDef module_methods[] = {
 #ifdef __linux__
     {"send_datagrams", (PyCFunction)(void (*)(void))fp_send_datagrams, METH_FASTCALL,
      "send_datagrams(fd, datagrams, start, gso) -> (group_start, group_end, error) or None"},
+    {"receive_batches", (PyCFunction)(void (*)(void))fp_receive_batches, METH_FASTCALL,
+     "receive_batches(fd, buffer, budget, gro) -> [(start, end, segment, source), ...]"},
 #endif
     {NULL, NULL, 0, NULL},
 };
