@@ -9,6 +9,10 @@ A Python driver pays more for a system call than for anything else it does per d
 equal-sized datagrams leaves in one ``sendmsg`` (``UDP_SEGMENT``) and is still separate datagrams on
 the wire, and a receiving socket with ``UDP_GRO`` gets a burst from one sender in one ``recvmsg``,
 which this module cuts back into the datagrams the sender made. Peers see plain Aeron datagrams.
+
+With the C fast path (Linux), a connected socket's sends and every receive loop run in C
+(``send_datagrams``, ``receive_batches``), several system calls per Python call with the GIL released;
+the Python code below stays the reference and the fallback (tests/test_fastpath_udp.py).
 """
 
 from __future__ import annotations

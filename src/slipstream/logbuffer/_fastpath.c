@@ -1190,7 +1190,7 @@ static PyObject *fp_receive_batches(PyObject *module, PyObject *const *args, Py_
         r->start = used;
         r->size = size;
         r->segment = (int)size;
-        r->address_length = msg.msg_namelen;
+        r->address_length = msg.msg_namelen < sizeof r->address ? msg.msg_namelen : sizeof r->address;
         for (struct cmsghdr *cm = gro ? CMSG_FIRSTHDR(&msg) : NULL; cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
             if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO && cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
                 int segment;

@@ -1,7 +1,7 @@
 """Type stubs for the C fast path; the pure-Python reference is in appender.py and reader.py."""
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .header import Header
 
@@ -58,3 +58,7 @@ def send_datagrams(
 ) -> tuple[int, int, int] | None:
     """Linux only. A connected socket's send from ``datagrams[start]``, GIL released: (start, end, errno)
     of the first failed call (errno -1: a short send), or (len, len, 0); None leaves it to Python."""
+
+def receive_batches(fd: int, buffer: bytearray, budget: int, gro: bool) -> list[tuple[int, int, int, Any]]:
+    """Linux only. Up to ``budget`` (at most 64) receive calls, GIL released, each into the next 64 KiB of
+    ``buffer`` while that much is left: (start, end, segment, source) per call, until one fails."""
