@@ -119,6 +119,40 @@ def _counters_note(label: str, runs: list[dict[str, Any]]) -> str:
     return f"{label} driver counters over all rounds: " + ", ".join(f"{k} {totals.get(k, 0)}" for k in keys)
 
 
+PURE = {False: "", True: " (pure Python)"}
+"""Row-name suffix of the runs whose clients, and so their invoker-mode drivers, run without the extension."""
+
+
+def _invoker_run(
+    shm: Path,
+    stream: int,
+    size: int,
+    count: int,
+    time_limit_s: float,
+    channel: str,
+    plan: Plan,
+    pure: bool,
+    *,
+    assemble: bool = False,
+) -> dict[str, Any]:
+    """A throughput run whose two clients each run an invoker-mode driver (so ``pure`` covers the whole
+    data path: log, sender, receiver)."""
+    run = ipc.run_throughput(
+        shm / f"udp-invoker-{stream}",
+        stream,
+        size,
+        count,
+        time_limit_s,
+        driver_pid=None,
+        channel=channel,
+        assemble=assemble,
+        wait=plan.udp_wait,
+        invoker=True,
+        pure=pure,
+    )
+    return run | {"driver_counters": {}}
+
+
 def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_dir: Path | None = None) -> SuiteResult:
     """Throughput (32 B, 1 KiB), round-trip latency (32 B) and a bulk transfer (large fragmented
     messages, 1408-byte MTU), each against its pyzmq TCP counterpart in the same invocation."""
@@ -178,22 +212,12 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
                 )
                 stream += 10
         for size in plan.sizes:
-            progress(f"{tag}: slipstream throughput {size} B, invoker-mode drivers in the clients")
-            tp.setdefault(f"udp.slipstream.invoker.throughput.{size}B", []).append(
-                ipc.run_throughput(
-                    shm / f"udp-invoker-{stream}",
-                    stream,
-                    size,
-                    plan.udp_messages,
-                    plan.time_limit_s,
-                    driver_pid=None,
-                    channel=udp_channel(),
-                    wait=plan.udp_wait,
-                    invoker=True,
+            for pure in (False, True):  # the C fast path and the pure-Python reference, drivers included
+                progress(f"{tag}: slipstream throughput {size} B, invoker-mode drivers in the clients{PURE[pure]}")
+                tp.setdefault(f"udp.slipstream.invoker{'.pure' if pure else ''}.throughput.{size}B", []).append(
+                    _invoker_run(shm, stream, size, plan.udp_messages, plan.time_limit_s, udp_channel(), plan, pure)
                 )
-                | {"driver_counters": {}}
-            )
-            stream += 10
+                stream += 10
         for size in plan.sizes:  # no slipstream driver runs during these
             progress(f"{tag}: pyzmq PUSH/PULL throughput {size} B over tcp")
             tp.setdefault(f"udp.pyzmq.throughput.{size}B", []).append(
@@ -218,23 +242,13 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
                     wait=plan.udp_wait,
                 )
             ]
-        progress(f"udp: slipstream bulk {size_label(count * size)}, invoker-mode drivers in the clients")
-        tp["udp.slipstream.invoker.bulk"] = [
-            ipc.run_throughput(
-                shm / f"udp-invoker-{stream}",
-                stream,
-                size,
-                count,
-                plan.bulk_time_limit_s,
-                driver_pid=None,
-                channel=udp_channel(mtu=BULK_MTU),
-                assemble=True,
-                wait=plan.udp_wait,
-                invoker=True,
-            )
-            | {"driver_counters": {}}
-        ]
-        stream += 10
+        for pure in (False, True):
+            label = f"udp: slipstream bulk {size_label(count * size)}, invoker-mode drivers in the clients"
+            progress(label + PURE[pure])
+            channel = udp_channel(mtu=BULK_MTU)
+            run = _invoker_run(shm, stream, size, count, plan.bulk_time_limit_s, channel, plan, pure, assemble=True)
+            tp[f"udp.slipstream.invoker{'.pure' if pure else ''}.bulk"] = [run]
+            stream += 10
         progress(f"udp: pyzmq bulk {size_label(count * size)} in {size_label(size)} messages over tcp")
         tp["udp.pyzmq.bulk"] = [zmq_peer.run_throughput(tcp_endpoint(), size, count, plan.bulk_time_limit_s)]
     raw.update(tp)
@@ -256,18 +270,20 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
             notes.append(report.refusals_note(f"UDP throughput {size_label(size)}", runs))
             notes.append(_counters_note(f"UDP throughput {size_label(size)}", runs))
             notes.append(report.zmq_spread_note(f"tcp throughput {size_label(size)}", zmq_runs))
-            runs = tp[f"udp.slipstream.invoker.throughput.{size}B"]
-            result.rows.append(
-                report.throughput_row(
-                    f"udp.throughput.{size}B.invoker",
-                    f"UDP throughput {size_label(size)}, clients run invoker-mode drivers vs PUSH/PULL tcp",
-                    runs,
-                    zmq_runs,
-                    suite="udp",
-                    details={"channel": runs[0]["params"]["channel"], "driver": "invoker mode, one per side"},
+            for pure in (False, True):
+                runs = tp[f"udp.slipstream.invoker{'.pure' if pure else ''}.throughput.{size}B"]
+                result.rows.append(
+                    report.throughput_row(
+                        f"udp.throughput.{size}B.invoker{'.pure' if pure else ''}",
+                        f"UDP throughput {size_label(size)}, clients run invoker-mode drivers{PURE[pure]}"
+                        " vs PUSH/PULL tcp",
+                        runs,
+                        zmq_runs,
+                        suite="udp",
+                        details={"channel": runs[0]["params"]["channel"], "driver": "invoker mode, one per side"},
+                    )
                 )
-            )
-            notes.append(report.refusals_note(f"UDP throughput {size_label(size)} invoker", runs))
+                notes.append(report.refusals_note(f"UDP throughput {size_label(size)} invoker{PURE[pure]}", runs))
         runs, zmq_runs = tp["udp.slipstream.bulk"], tp["udp.pyzmq.bulk"]
         size = plan.bulk_message_size
         total = runs[0]["params"]["count"] * size
@@ -289,19 +305,21 @@ def run_suite(plan: Plan, shm: Path, *, quick: bool, only: str | None, profile_d
         )
         notes.append(report.refusals_note(f"UDP bulk {size_label(size)} messages", runs))
         notes.append(_counters_note("UDP bulk", runs))
-        runs = tp["udp.slipstream.invoker.bulk"]
-        result.rows.append(
-            report.throughput_row(
-                f"udp.bulk.{size}B.invoker",
-                f"UDP bulk {size_label(total)}, mtu {BULK_MTU}, clients run invoker-mode drivers vs PUSH/PULL tcp",
-                runs,
-                zmq_runs,
-                suite="udp",
-                unit="MB/s",
-                details={"channel": runs[0]["params"]["channel"], "driver": "invoker mode, one per side"},
+        for pure in (False, True):
+            runs = tp[f"udp.slipstream.invoker{'.pure' if pure else ''}.bulk"]
+            result.rows.append(
+                report.throughput_row(
+                    f"udp.bulk.{size}B.invoker{'.pure' if pure else ''}",
+                    f"UDP bulk {size_label(total)}, mtu {BULK_MTU}, clients run invoker-mode drivers{PURE[pure]}"
+                    " vs PUSH/PULL tcp",
+                    runs,
+                    zmq_runs,
+                    suite="udp",
+                    unit="MB/s",
+                    details={"channel": runs[0]["params"]["channel"], "driver": "invoker mode, one per side"},
+                )
             )
-        )
-        notes.append(report.refusals_note(f"UDP bulk {size_label(size)} messages, invoker", runs))
+            notes.append(report.refusals_note(f"UDP bulk {size_label(size)} messages, invoker{PURE[pure]}", runs))
     if do_latency:
         for key, _, _, title in LATENCY_MODES:
             slip = raw[f"udp.slipstream.latency.{key}"]

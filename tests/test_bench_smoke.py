@@ -34,6 +34,9 @@ UDP_ROWS = {
     "udp.throughput.32B.invoker",
     "udp.throughput.1024B.invoker",
     "udp.bulk.65536B.invoker",
+    "udp.throughput.32B.invoker.pure",
+    "udp.throughput.1024B.invoker.pure",
+    "udp.bulk.65536B.invoker.pure",
     *(f"udp.latency.32B.{mode}.p{pct}" for mode in ("spin", "yield", "invoker") for pct in PERCENTILES),
 }
 LOSS_ROWS = {"udp.lossfree", "udp.loss5", "udp.lossfree.nogso", "udp.loss5.nogso"}
