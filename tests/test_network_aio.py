@@ -764,9 +764,9 @@ def test_160_clients_at_once_are_never_refused_an_image(driver_dir: Path) -> Non
                 # before that day's changes): an xfail, only as a timeout; image refusals stay a failure.
                 stalled = [r for r in results if isinstance(r, BaseException)]
                 assert all(isinstance(r, ConnectTimeout) for r in stalled), stalled[:3]
-                assert len(server.connections) == 160 - len(stalled)
-                if stalled:
+                if stalled:  # (the server may have accepted a client that gave up just before)
                     pytest.xfail(f"known stall under load: {len(stalled)} of 160 handshakes timed out")
+                assert len(server.connections) == 160
             finally:
                 await asyncio.gather(*(client.close() for client in clients))
 
