@@ -341,6 +341,10 @@ class Endpoint:
         self._tasks.clear()
 
 
+BUSY_NAP_EVERY_NS = 1_000_000
+"""A poller busy this long without a pause naps once, when an embedded driver thread shares its GIL."""
+
+
 class PollGroup:
     """One poller task per event loop for every server and client on it: a hundred clients in one
     process wake once per back-off step, not a hundred times."""
@@ -389,6 +393,7 @@ class PollGroup:
         parked: tuple[Parking, list[Doorbell], list[int]] | None = None
         woken_by: Sequence[int] = ()
         mute_inputs = False
+        busy_since_ns: int | None = None
         try:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
@@ -401,8 +406,19 @@ class PollGroup:
                         parked[0].unpark()
                         parked = None
                     backoff.reset()
+                    if busy_since_ns is None:
+                        busy_since_ns = now_ns
+                    elif now_ns - busy_since_ns >= BUSY_NAP_EVERY_NS:
+                        busy_since_ns = now_ns
+                        if self._threaded():
+                            # Each loop turn lets go of the GIL for a moment (the selector's poll) and
+                            # takes it straight back, before a waiting thread can wake: an embedded
+                            # driver thread would starve (for seconds on a loaded machine), and with it
+                            # the data this loop is busy with. A nap now and then lets it in.
+                            time.sleep(backoff.nap_s)
                     await asyncio.sleep(0)
                     continue
+                busy_since_ns = None
                 pause = backoff.next_pause(now_ns / 1e9)
                 if pause is not None and pause > backoff.max_sleep_s:
                     pause = self._until_due(pause, now_ns)  # a long pause ends by the next timer

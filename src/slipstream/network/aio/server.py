@@ -489,9 +489,12 @@ class Server(Endpoint):
         return list(self._connections.values())
 
     def _deadline_ns(self, now_ns: int) -> int | None:
-        """The connections' timers, the handshakes' (answers waiting for room: soon) and the buffered
-        sessions' expiry."""
+        """The connections' timers, the handshakes' (answers waiting for room: soon), streams coming
+        up (soon: checked at the busy cadence, never by spinning, which would starve an embedded driver
+        thread of the GIL it needs to set them up) and the buffered sessions' expiry."""
         due = super()._deadline_ns(now_ns)
+        if self._starting:
+            due = earliest((now_ns + BUSY_CADENCE_NS,), due)
         for link in self._links:
             due = earliest((now_ns + BUSY_CADENCE_NS if link.outbox else link.machine.deadline_ns,), due)
         if self._buffered is not None:
@@ -533,8 +536,7 @@ class Server(Endpoint):
         for link in self._links:
             work += self._handshake_cycle(link, now_ns)
         if self._starting:
-            # Streams coming up: stay awake (an invoker-mode driver is doing their set-up now).
-            work += self._check_starting(now_ns) + 1
+            work += self._check_starting(now_ns)
         for connection in list(self._connections.values()):
             work += connection._poll(now_ns)
         return work
