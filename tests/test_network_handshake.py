@@ -182,6 +182,71 @@ def test_forged_done_does_not_disturb_a_real_handshake() -> None:
     assert client.state is ClientState.COMPLETED
 
 
+def test_a_client_whose_half_open_handshake_the_server_lost_starts_over() -> None:
+    """A loaded server let the half-open handshake expire, then took the client's late HELLO as a new
+    one (another ephemeral key): the client's DONE, made from the first HELLO_ACK, cannot be read.
+    Without an answer the client would repeat that DONE until its timeout; it is told to start over."""
+    pair = HandshakePair(timeout_ns=5_000_000_000)
+    client = pair.add_client(1, start=False, timeout_ns=30_000_000_000)  # a connect waits longer
+    server = pair.server
+
+    def to_server(packets: list[bytes]) -> None:
+        for packet in packets:
+            server.receive(packet, source=1, address="10.0.0.2", port=40001, now_ns=pair.clock.now_ns())
+
+    client.start(pair.clock.now_ns())
+    hello = client.messages_to_send()
+    to_server(hello)
+    first_ack = server.messages_to_send()
+    pair.clock.advance(6_000_000_000)
+    server.handle_timer(pair.clock.now_ns())
+    assert server.pending_count == 0 and server.stats.expired == 1
+    to_server(hello)  # the late repeat: a new half-open handshake, a new answer
+    second_ack = server.messages_to_send()
+    assert second_ack != first_ack
+    for packet in first_ack:
+        client.receive(packet, pair.clock.now_ns())
+    assert client.state is ClientState.DONE_SENT
+    to_server(client.messages_to_send())
+    assert server.stats.failed == 1 and server.stats.restarted == 1
+    for packet in second_ack + server.messages_to_send():
+        client.receive(packet, pair.clock.now_ns())
+    assert client.restarts == 1 and client.state is ClientState.HELLO_SENT
+    pair.pump(until=lambda: client.state is ClientState.COMPLETED)
+    assert client.state is ClientState.COMPLETED and not [e for e in client.take_events() if isinstance(e, Rejected)]
+    assert len(server.connections) == 1
+
+
+def test_a_done_for_an_expired_handshake_gets_start_over_and_a_forger_cannot_send_it() -> None:
+    """The DONE itself came after the half-open handshake expired: the client starts over. A peer that
+    copies the client's nonce off the broadcast channel and sends its own DONE gets an answer that
+    the client ignores (it names a DONE the client never sent)."""
+    pair = HandshakePair(timeout_ns=5_000_000_000)
+    client = pair.add_client(1, start=False, timeout_ns=30_000_000_000)  # a connect waits longer
+    server = pair.server
+    now = pair.clock.now_ns
+    client.start(now())
+    for packet in client.messages_to_send():
+        server.receive(packet, source=1, address="10.0.0.2", port=40001, now_ns=now())
+    for packet in server.messages_to_send():
+        client.receive(packet, now())
+    (done,) = client.messages_to_send()
+    forged = bytes([1, PacketType.DONE]) + client.nonce.to_bytes(8, "big") + bytes(64)
+    server.receive(forged, source=2, address="10.0.0.66", port=1, now_ns=now())
+    for packet in server.messages_to_send():
+        client.receive(packet, now())
+    assert client.state is ClientState.DONE_SENT and client.restarts == 0 and client.ignored == 1
+    pair.clock.advance(6_000_000_000)
+    server.handle_timer(now())
+    server.receive(done, source=1, address="10.0.0.2", port=40001, now_ns=now())
+    assert server.stats.restarted == 2 and not server.connections
+    for packet in server.messages_to_send():
+        client.receive(packet, now())
+    assert client.restarts == 1 and client.state is ClientState.HELLO_SENT
+    pair.pump(until=lambda: client.state is ClientState.COMPLETED)
+    assert client.state is ClientState.COMPLETED and len(server.connections) == 1
+
+
 def test_malformed_packets_are_counted_and_dropped() -> None:
     pair = HandshakePair()
     for data in (b"", b"\x01", b"\x09\x01" + bytes(8), bytes([1, 1]) + bytes(8) + b"\xff", bytes([1, 9]) + bytes(20)):

@@ -33,6 +33,7 @@ _MESSAGES = {
     5: "the client tag is too long or not valid text",
     6: "the client's key is not allowed",
     7: "the handshake failed",
+    8: "the server no longer holds this handshake",
 }
 
 
@@ -46,6 +47,9 @@ class RejectReason(IntEnum):
     BAD_TAG = 5
     KEY_NOT_ALLOWED = 6
     HANDSHAKE_FAILED = 7
+    HANDSHAKE_EXPIRED = 8
+    """Not a refusal: the server lost this half-open handshake (it expired, was evicted, or the
+    server restarted it from a late HELLO), so the client starts over with a fresh HELLO."""
 
     @property
     def message(self) -> str:

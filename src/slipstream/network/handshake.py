@@ -17,7 +17,10 @@ Rules of this file (read these first; the tables below are their code):
    timeout; the Diffie-Hellman work for new HELLOs is limited by a token bucket, so a flood of
    forged HELLOs costs bounded memory and CPU, and a real client (which retries) still gets in.
 4. Retransmission: the client resends its last message with back-off until the timeout; the server
-   answers a repeated HELLO or DONE with the answer it cached, never with new work.
+   answers a repeated HELLO or DONE with the answer it cached, never with new work. A DONE the server
+   cannot use (its half-open handshake expired or was evicted, or a late HELLO made it start a new one)
+   gets a ``HANDSHAKE_EXPIRED`` REJECT, and the client starts over with a fresh nonce and ephemeral
+   key instead of repeating that DONE until its timeout.
 5. Admission (limits, filters, tag) is checked at HELLO (cheap refusals before any DH) and again at
    DONE (the client's key is known only then; the counts may have changed).
 """
@@ -72,6 +75,7 @@ _PLAINTEXT = 1
 _U8 = struct.Struct(">B")
 _U32 = struct.Struct(">I")
 _MAX_REJECT_TEXT = 240
+_DIGEST_LENGTH = 16
 REPEAT_GAP_NS = 200_000_000
 """A repeated HELLO or DONE gets the cached answer again at most this often (answers are broadcast
 to every handshaking client, so storms of repeats cost everyone)."""
@@ -118,6 +122,11 @@ def _welcome_key(send_key: bytes) -> bytes:
 
 def _prologue(app_id: str) -> bytes:
     return PROTOCOL_NAME + b"\x00" + app_id.encode()
+
+
+def done_digest(body: bytes | memoryview) -> bytes:
+    """What a ``HANDSHAKE_EXPIRED`` REJECT carries: a digest of the DONE (after its header) it answers."""
+    return hashlib.sha256(body).digest()[:_DIGEST_LENGTH]
 
 
 def reject_packet(nonce: int, reason: int, message: str) -> bytes:
@@ -184,12 +193,15 @@ class ClientHandshake:
         self._describe_difference = describe_difference
         self._pinned_key = pinned_key
         self._allow_key_change = allow_key_change
+        self._static_private = static_private
         self._noise = HandshakeState(
             initiator=True,
             static_private=static_private,
             prologue=_prologue(app_id),
             ephemeral_private=ephemeral_private,
         )
+        self.restarts = 0
+        """Times the server said it no longer held our handshake and we started over."""
         self._started_ns = now_ns
         self._give_up_ns = now_ns + timeout_ns
         self._retry_initial_ns = retry_initial_ns
@@ -270,8 +282,33 @@ class ClientHandshake:
             self.ignored += 1
             return
         reason = body[0]
+        if reason == _reason("HANDSHAKE_EXPIRED", 8):
+            last = self._last
+            if (
+                self.state is ClientState.DONE_SENT
+                and last is not None
+                and hmac.compare_digest(bytes(body[1:]), done_digest(memoryview(last)[_HEADER.size :]))
+            ):
+                self._start_over(now_ns)
+            else:
+                self.ignored += 1  # not about our DONE: a stale answer, or someone else's doing
+            return
         text = bytes(body[1:]).decode("utf-8", "replace")
         self._finish_rejected(reason, text)
+
+    def _start_over(self, now_ns: int) -> None:
+        """The server lost our half-open handshake: a fresh nonce and ephemeral key, and HELLO again
+        (within the same timeout)."""
+        self.restarts += 1
+        self.nonce = int.from_bytes(os.urandom(8), "big") or 1
+        self._noise = HandshakeState(
+            initiator=True, static_private=self._static_private, prologue=_prologue(self.app_id)
+        )
+        self.remote_public_key = None
+        self._keys = None
+        self._handshake_hash = b""
+        self.state = ClientState.START
+        self.start(now_ns)
 
     def _finish_rejected(self, reason: int, text: str) -> None:
         self.state = ClientState.REJECTED
@@ -408,6 +445,8 @@ class ServerStats:
     failed: int = 0
     accepted: int = 0
     unknown: int = 0
+    restarted: int = 0
+    """DONEs for handshakes no longer held, answered with ``HANDSHAKE_EXPIRED`` (the client starts over)."""
 
 
 class ServerHandshake:
@@ -510,6 +549,19 @@ class ServerHandshake:
             self._on_done(key, nonce, body, now_ns)
         else:
             self.stats.malformed += 1
+
+    def _start_over(self, key: tuple[int, int], nonce: int, body: memoryview, now_ns: int) -> None:
+        """Tell a client we hold no handshake for its DONE: a ``HANDSHAKE_EXPIRED`` REJECT (not a
+        refusal: no event) carrying a digest of that DONE. DONEs travel only from their client to us,
+        so only the client that sent it can match the digest: another peer that copies a nonce off
+        the broadcast channel cannot make that client start over. Each answer costs its source a
+        token, like a new HELLO, so bogus DONEs cannot make us flood the channel."""
+        if not self._take_token(key[0], now_ns):
+            self.stats.rate_limited += 1
+            return
+        self.stats.restarted += 1
+        packet = _header(PacketType.REJECT, nonce) + _U8.pack(_reason("HANDSHAKE_EXPIRED", 8)) + done_digest(body)
+        self._out.append(packet)
 
     def _reject(self, nonce: int, reason: int, message: str, address: str | None) -> None:
         self.stats.rejected += 1
@@ -615,16 +667,23 @@ class ServerHandshake:
         pending = self._pending.pop(key, None)
         if pending is None:
             accepted = self._accepted.get(key)
-            if accepted is None:
-                self.stats.unknown += 1
-            elif now_ns - accepted.answered_ns >= REPEAT_GAP_NS:
-                accepted.answered_ns = now_ns
-                self._out.append(accepted.welcome)  # our WELCOME was lost
+            if accepted is not None:
+                if now_ns - accepted.answered_ns >= REPEAT_GAP_NS:
+                    accepted.answered_ns = now_ns
+                    self._out.append(accepted.welcome)  # our WELCOME was lost
+            elif any(entry[0] == key for entry in self._unconfirmed.values()):
+                self.stats.unknown += 1  # a repeat while its streams come up: the WELCOME follows
+            else:
+                self.stats.unknown += 1  # expired or evicted: without an answer the client repeats DONE
+                self._start_over(key, nonce, body, now_ns)
             return
         try:
             client_description = pending.noise.read_message(bytes(body))
         except (NoiseError, ValueError):
+            # Most likely the client answered our earlier HELLO_ACK and we have since started a new
+            # handshake from its late HELLO (the first had expired): neither side can go on.
             self.stats.failed += 1
+            self._start_over(key, nonce, body, now_ns)
             return
         client_key = pending.noise.remote_static
         assert client_key is not None

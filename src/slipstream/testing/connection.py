@@ -86,8 +86,10 @@ class HandshakePair:
         app_id: str | None = None,
         tag: str = "",
         start: bool = True,
+        timeout_ns: int | None = None,
     ) -> ClientHandshake:
-        """A client with transport source id ``source`` at ``address`` (default ``10.0.0.2:40000+source``)."""
+        """A client with transport source id ``source`` at ``address`` (default ``10.0.0.2:40000+source``);
+        it gives up after ``timeout_ns`` (default: the server's handshake timeout)."""
         where = address or (CLIENT[0], CLIENT[1] + source)
         key = generate_keypair()
         client = ClientHandshake(
@@ -99,7 +101,7 @@ class HandshakePair:
             pinned_key=pinned_key,
             allow_key_change=allow_key_change,
             now_ns=self.clock.now_ns(),
-            timeout_ns=self.timeout_ns,
+            timeout_ns=self.timeout_ns if timeout_ns is None else timeout_ns,
         )
         self.clients[source] = client
         self._addresses[source] = where
