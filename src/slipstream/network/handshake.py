@@ -430,6 +430,8 @@ class _Allocation:
     server_stream_id: int
     client_stream_id: int
     control_port: int
+    key: tuple[int, int] | None = None
+    """The (source, nonce) of the handshake that made it."""
 
 
 @dataclass(slots=True)
@@ -502,6 +504,8 @@ class ServerHandshake:
         self._pending: OrderedDict[tuple[int, int], _Pending] = OrderedDict()
         self._accepted: OrderedDict[tuple[int, int], _Accepted] = OrderedDict()
         self.connections: dict[int, _Allocation] = {}
+        self._live_keys: dict[tuple[int, int], int] = {}
+        """(source, nonce) of each connection's handshake -> its id: a late DONE of theirs is no stranger."""
         self._out: list[bytes] = []
         self._events: list[ClientAccepted | Rejected] = []
         self.stats = ServerStats()
@@ -671,8 +675,8 @@ class ServerHandshake:
                 if now_ns - accepted.answered_ns >= REPEAT_GAP_NS:
                     accepted.answered_ns = now_ns
                     self._out.append(accepted.welcome)  # our WELCOME was lost
-            elif any(entry[0] == key for entry in self._unconfirmed.values()):
-                self.stats.unknown += 1  # a repeat while its streams come up: the WELCOME follows
+            elif key in self._live_keys:
+                self.stats.unknown += 1  # accepted (its WELCOME sent or to follow), the cache gone
             else:
                 self.stats.unknown += 1  # expired or evicted: without an answer the client repeats DONE
                 self._start_over(key, nonce, body, now_ns)
@@ -702,6 +706,8 @@ class ServerHandshake:
             return
         send, receive = pending.noise.split()
         self.stats.accepted += 1
+        allocation.key = key
+        self._live_keys[key] = allocation.server_session_id
         self._unconfirmed[allocation.server_session_id] = (key, nonce, _key_of(send), pending.plaintext, now_ns)
         if not self._confirm_accept:
             self.accept(allocation.server_session_id, now_ns)
@@ -793,6 +799,8 @@ class ServerHandshake:
         self._unconfirmed.pop(connection_id, None)
         if allocation is None:
             return False
+        if allocation.key is not None:
+            self._live_keys.pop(allocation.key, None)
         self.sessions.free(allocation.server_session_id)
         self.sessions.free(allocation.client_session_id)
         self.streams.free(allocation.server_stream_id)

@@ -33,6 +33,7 @@ from .endpoint import Endpoint
 from .transport import (
     HANDSHAKE_IPC_REPLY_STREAM,
     HANDSHAKE_IPC_STREAM,
+    HANDSHAKE_POLL_LIMIT,
     HANDSHAKE_STREAM,
     IPC_MTU,
     IdleBackoff,
@@ -223,10 +224,14 @@ class Client(Endpoint):
                 for packet in machine.messages_to_send():
                     hs_pub.offer(packet)
                 work = invoke(context)
-                work += hs_sub.poll(assembler, 256)
+                polled = hs_sub.poll(assembler, HANDSHAKE_POLL_LIMIT)
+                work += polled
                 now_ns = time.monotonic_ns()
                 deadline_ns = machine.deadline_ns
-                if deadline_ns is not None and now_ns >= deadline_ns:
+                if deadline_ns is not None and now_ns >= deadline_ns and polled < HANDSHAKE_POLL_LIMIT:
+                    # Retransmit only with the input drained: answers to every client share this
+                    # channel, so under load ours may be waiting behind theirs (a repeat would only
+                    # make the server send it again, to everyone).
                     machine.handle_timer(now_ns)
                 for event in machine.take_events():
                     if isinstance(event, HandshakeCompleted):

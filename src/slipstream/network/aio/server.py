@@ -34,6 +34,7 @@ from .transport import (
     BUSY_CADENCE_NS,
     HANDSHAKE_IPC_REPLY_STREAM,
     HANDSHAKE_IPC_STREAM,
+    HANDSHAKE_POLL_LIMIT,
     HANDSHAKE_STREAM,
     IPC_MTU,
     earliest,
@@ -280,10 +281,12 @@ class Server(Endpoint):
 
     def _handshake_cycle(self, link: _Link, now_ns: int) -> int:
         assert link.assembler is not None
-        work = link.subscription.poll(link.assembler, 32)
+        work = link.subscription.poll(link.assembler, HANDSHAKE_POLL_LIMIT)
         machine = link.machine
         deadline = machine.deadline_ns
-        if deadline is not None and now_ns >= deadline:
+        if deadline is not None and now_ns >= deadline and work < HANDSHAKE_POLL_LIMIT:
+            # Expiry only once the input is drained: under load, the repeat that keeps a half-open
+            # handshake alive may be waiting in the log behind others.
             machine.handle_timer(now_ns)
         outbox = link.outbox
         outbox.extend(machine.messages_to_send())

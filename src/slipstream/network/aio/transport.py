@@ -91,21 +91,26 @@ def release_context(context: Context) -> None:
 
 
 _last_invoke: dict[int, float] = {}
+"""Per invoker-mode context: the monotonic time before which ``invoke`` skips its duty cycle."""
 INVOKE_GAP_S = 2e-4
 """Coroutines waiting on one invoker-mode context share its duty cycles: at most one per this gap."""
 
 
 def invoke(context: Context) -> int:
-    """Run an invoker-mode driver's duty cycle unless one ran within ``INVOKE_GAP_S`` (many clients
-    connecting at once in one process would otherwise each run the same driver, over and over)."""
+    """Run an invoker-mode driver's duty cycle unless one ran within ``INVOKE_GAP_S``, or within as
+    long as the last one took (many clients connecting at once in one process would otherwise each
+    run the same driver over and over, and a driver with many streams, whose cycle takes long, would
+    leave the application no time to answer what it brings)."""
     if not context.is_invoker:
         return 0
     now = time.monotonic()
     key = id(context)
-    if now - _last_invoke.get(key, 0.0) < INVOKE_GAP_S:
+    if now < _last_invoke.get(key, 0.0):
         return 0
-    _last_invoke[key] = now
-    return context.invoke()
+    work = context.invoke()
+    end = time.monotonic()
+    _last_invoke[key] = end + max(INVOKE_GAP_S - (end - now), end - now)
+    return work
 
 
 def host_port(host: str, port: int) -> str:
@@ -287,6 +292,10 @@ class IdleBackoff:
             handle.cancel()
             self._waiter = None
 
+
+HANDSHAKE_POLL_LIMIT = 256
+"""Handshake packets a client or a server link takes per cycle; its handshake timers (retransmission,
+expiry) run only once fewer were waiting, so a packet already in the log is never treated as missing."""
 
 BUSY_CADENCE_NS = 1_000_000
 """How soon a connection with output waiting (back-pressure) wants its next duty cycle."""
