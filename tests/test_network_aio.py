@@ -15,7 +15,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from slipstream.client.errors import DriverLostError
 from slipstream.network import (
     Client,
     ClientConfig,
@@ -59,18 +58,6 @@ def allocator_in_use(allocator: object) -> frozenset[int]:
 
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def run_excusing_a_stalled_driver(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
-    """``run``, but the two known stalls mark the test xfail instead of failed: a ``DriverLostError`` (the
-    embedded driver thread missed its heartbeat for 5 s) and a ``ConnectTimeout`` (a handshake that never
-    completes while others do). Known and open (issue 12's note of 2026-11-26): both show on a slow
-    machine with many endpoints in one process, also at the code before that day's changes. Any other
-    failure still fails the test."""
-    try:
-        return run(coro, timeout)
-    except (DriverLostError, ConnectTimeout) as exc:
-        pytest.xfail(f"known stall under load: {exc!r}")
 
 
 def free_ports(count: int) -> int:
@@ -190,7 +177,7 @@ def test_thirty_clients_closed_in_on_connect(driver_dir: Path) -> None:
             assert not allocator_in_use(server.sessions) and not allocator_in_use(server.streams)
         assert counts == dict.fromkeys(counts, 30)
 
-    run_excusing_a_stalled_driver(main(), 90)
+    run(main(), 90)
 
 
 def test_echo_loop_21_messages_with_global_and_per_connection_listeners(driver_dir: Path) -> None:
@@ -254,7 +241,7 @@ def test_four_servers_each_with_its_own_client(driver_dir: Path) -> None:
         for endpoint in [*clients, *servers]:
             await endpoint.close()
 
-    run_excusing_a_stalled_driver(main())
+    run(main())
 
 
 def test_unhandled_messages_and_listener_errors_go_to_on_error(driver_dir: Path) -> None:
@@ -759,14 +746,10 @@ def test_160_clients_at_once_are_never_refused_an_image(driver_dir: Path) -> Non
                 )
                 refused = [e.text for e in observe.errors(driver_dir) if "SETUP refused" in e.text]
                 assert refused == []
-                # Known, open (issue 12's note of 2026-11-26): on a slow machine some of 160 concurrent
-                # handshakes can stall until their timeout while the others finish in seconds (also seen
-                # before that day's changes): an xfail, only as a timeout; image refusals stay a failure.
-                stalled = [r for r in results if isinstance(r, BaseException)]
-                assert all(isinstance(r, ConnectTimeout) for r in stalled), stalled[:3]
-                if stalled:  # (the server may have accepted a client that gave up just before)
-                    pytest.xfail(f"known stall under load: {len(stalled)} of 160 handshakes timed out")
-                assert len(server.connections) == 160
+                assert [r for r in results if isinstance(r, BaseException)] == []
+                # A client is up when its WELCOME and the server's stream arrived; the server counts it
+                # once it sees the client's stream too, a moment later.
+                await wait_for(lambda: len(server.connections) == 160, 10)
             finally:
                 await asyncio.gather(*(client.close() for client in clients))
 
