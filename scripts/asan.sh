@@ -18,5 +18,5 @@ libubsan="$(${CC:-gcc} -print-file-name=libubsan.so)"
 cd "$scratch"
 LD_PRELOAD="$libasan $libubsan" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     PYTHONPATH=src SLIPSTREAM_REQUIRE_EXTENSIONS=1 \
-    "$py" -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_fastpath_datagrams.py tests/test_logbuffer.py \
+    "$py" -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_fastpath_datagrams.py tests/test_fastpath_udp.py tests/test_logbuffer.py \
     tests/test_ipc.py tests/test_sender.py tests/test_receiver.py

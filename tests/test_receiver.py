@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from slipstream.logbuffer import Header, LogBuffers, read_term
@@ -633,6 +633,9 @@ def _log_bytes(log: LogBuffers) -> bytes:
     replay=st.booleans(),
     batch=st.integers(2, 12),
 )
+@example(  # the first frame's length, corrupted, spans the whole batch: no run (each datagram is invalid alone)
+    frame_payload=0, per_datagram=2, datagrams=5, last_frames=1, dropped=set(), corrupt=(0, 1, 1), replay=False, batch=5
+)
 def test_a_batch_of_datagrams_lands_as_they_would_one_by_one(
     frame_payload: int,
     per_datagram: int,
@@ -684,4 +687,46 @@ def test_a_batch_of_datagrams_lands_as_they_would_one_by_one(
     assert (a.high_water_mark, a.rebuild_position) == (b.high_water_mark, b.rebuild_position)
     assert (a.datagrams_received, a.bytes_received) == (b.datagrams_received, b.bytes_received)
     assert one_by_one.invalid_packets == batched.invalid_packets
+    assert decoded(one_by_one.poll(2 * MS)) == decoded(batched.poll(2 * MS))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    full=st.integers(1, 46),
+    tail_payload=st.integers(0, 1375),
+    start=st.integers(0, 3),
+    corrupt=st.none() | st.tuples(st.integers(0, 46), st.integers(0, 1407), st.integers(0, 255)),
+    known_session=st.booleans(),
+)
+def test_a_batch_ending_in_a_shorter_datagram_lands_as_one_by_one(
+    full: int, tail_payload: int, start: int, corrupt: tuple[int, int, int] | None, known_session: bool
+) -> None:
+    """The bulk shape: one-frame datagrams of a full MTU, then the message's shorter last fragment (GSO
+    sends it in the same call, GRO delivers it in the same batch): the equal ones go in as a run, the
+    short one after it, and the result is that of feeding each alone, corrupt bytes and all."""
+    session = SESSION if known_session else SESSION + 1
+    wire = [data((start + i) * 1408, bytes([i]) * 1376, session=session) for i in range(full)]
+    wire.append(data((start + full) * 1408, b"t" * tail_payload, session=session))
+    if corrupt is not None and corrupt[0] < len(wire):
+        index, offset, value = corrupt
+        damaged = bytearray(wire[index])
+        damaged[offset % len(damaged)] = value
+        wire[index] = bytes(damaged)
+    one_by_one, batched = make_endpoint(), make_endpoint()
+    images = [join(one_by_one), join(batched)]
+    lead = [data(i * 1408, bytes([200 + i]) * 1376) for i in range(start)]  # the stream so far, in order
+    for endpoint in (one_by_one, batched):
+        for datagram in lead:
+            endpoint.on_datagram(datagram, MS, SRC)
+    for datagram in wire:
+        one_by_one.on_datagram(datagram, MS, SRC)
+    batched.on_datagrams(b"".join(wire), 1408, MS, SRC)
+    a, b = images
+    assert _log_bytes(a.log) == _log_bytes(b.log)
+    assert (a.high_water_mark, a.rebuild_position) == (b.high_water_mark, b.rebuild_position)
+    assert (a.datagrams_received, a.bytes_received) == (b.datagrams_received, b.bytes_received)
+    assert (one_by_one.invalid_packets, one_by_one.no_interest_packets) == (
+        batched.invalid_packets,
+        batched.no_interest_packets,
+    )
     assert decoded(one_by_one.poll(2 * MS)) == decoded(batched.poll(2 * MS))

@@ -9,18 +9,25 @@ A Python driver pays more for a system call than for anything else it does per d
 equal-sized datagrams leaves in one ``sendmsg`` (``UDP_SEGMENT``) and is still separate datagrams on
 the wire, and a receiving socket with ``UDP_GRO`` gets a burst from one sender in one ``recvmsg``,
 which this module cuts back into the datagrams the sender made. Peers see plain Aeron datagrams.
+
+With the C fast path (Linux), a connected socket's sends and every receive loop run in C
+(``send_datagrams``, ``receive_batches``), several system calls per Python call with the GIL released;
+the Python code below stays the reference and the fallback (tests/test_fastpath_udp.py).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import select
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ..logbuffer.fastpath import FAST
 from ..wire.address import SocketAddress
+from ..wire.frames import BytesLike
 from ..wire.uri import ChannelUri, parse_endpoint, udp_channel
 
 
@@ -101,6 +108,20 @@ LONE_DATAGRAM = 1024
 ``receive`` asks epoll whether another is queued instead of trying a receive that raises EAGAIN."""
 _GRO_CMSG_SPACE = socket.CMSG_SPACE(4)
 _BYTE_ORDER = sys.byteorder
+_c_send_datagrams: Callable[[int, list[BytesLike], int, bool], tuple[int, int, int] | None] | None = getattr(
+    FAST, "send_datagrams", None
+)
+"""The C send of a connected socket's datagrams (Linux), or None for the Python one."""
+_c_receive_batches: Callable[[int, bytearray, int, bool], list[tuple[int, int, int, SocketAddress]]] | None = getattr(
+    FAST, "receive_batches", None
+)
+"""The C receive loop (Linux): several receive calls, GIL released, in one Python call; or None."""
+RECEIVE_SLOTS = 4
+"""Receive calls ``receive_batches`` makes per C call, each into its own 64 KiB of the socket's buffer
+(pages the kernel never fills, as on a socket that only hears status messages, are never touched)."""
+_SHORT = -1
+"""``send_datagrams``' error for a datagram the kernel took only part of."""
+_RETRY = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, _SHORT})
 
 
 class UdpSocket:
@@ -135,7 +156,7 @@ class UdpSocket:
                 self.gro = True
             except OSError:
                 self.gro = False
-        self._buffer = bytearray(MAX_DATAGRAM)
+        self._buffer = bytearray(MAX_DATAGRAM * (RECEIVE_SLOTS if _c_receive_batches is not None else 1))
         self._view = memoryview(self._buffer)
         self._queued = select.epoll()
         """This socket alone: ``poll(0)`` says whether a datagram is queued, for a quarter of the cost
@@ -155,6 +176,16 @@ class UdpSocket:
         an ICMP port-unreachable surfaces here as ECONNREFUSED, which only means nobody listens yet."""
         sock, view = self.sock, self._view
         gro = self.gro
+        receive = _c_receive_batches
+        if receive is not None:
+            while budget > 0:
+                batches = receive(self.fd, self._buffer, min(budget, RECEIVE_SLOTS), gro)
+                for start, end, segment, source in batches:
+                    yield view[start:end], segment, source
+                if len(batches) < RECEIVE_SLOTS:
+                    return  # the socket ran dry (or failed) before the slots were used
+                budget -= RECEIVE_SLOTS
+            return
         for calls in range(budget):
             try:
                 if gro:
@@ -182,14 +213,45 @@ class UdpSocket:
             for start in range(0, size, segment):
                 yield data[start : start + segment], source
 
-    def send(self, datagrams: list[bytes], destination: SocketAddress | None = None) -> None:
+    def send(self, datagrams: list[BytesLike], destination: SocketAddress | None = None) -> None:
         """Send datagrams in order: runs of equal size (the last one may be shorter) in one GSO call each.
-        ``destination`` None sends on the connected socket."""
+        ``destination`` None sends on the connected socket (in C when the fast path is there: one call,
+        the system calls made with the GIL released)."""
+        if destination is None and _c_send_datagrams is not None:
+            self._send_connected(datagrams)
+        else:
+            self._send_from(datagrams, 0, destination)
+
+    def _send_connected(self, datagrams: list[BytesLike]) -> None:
+        """``send`` for the connected peer through ``send_datagrams``, which stops at each failed call and
+        says which; the failure is counted here as the Python path counts it, and sending goes on."""
+        send = _c_send_datagrams
+        assert send is not None
         count = len(datagrams)
-        if count == 1:
-            self._send_one(datagrams[0], destination)
+        start = 0
+        while start < count:
+            result = send(self.fd, datagrams, start, self.gso)
+            if result is None:  # something other than a plain byte buffer: the Python path decides
+                self._send_from(datagrams, start, None)
+                return
+            begin, end, error = result
+            if not error:
+                start = end
+            elif error in _RETRY:
+                self.short_sends += 1
+                start = end
+            elif end - begin > 1 and error in _GSO_REFUSED:
+                self.gso = False  # as _send_segmented: these one by one, and every later batch too
+                start = begin
+            else:
+                self._failed(OSError(error, os.strerror(error)))
+                start = end
+
+    def _send_from(self, datagrams: list[BytesLike], index: int, destination: SocketAddress | None) -> None:
+        count = len(datagrams)
+        if count - index == 1:
+            self._send_one(datagrams[index], destination)
             return
-        index = 0
         while index < count:
             size = len(datagrams[index])
             end = index + 1
@@ -206,7 +268,7 @@ class UdpSocket:
                 self._send_one(datagram, destination)
             index = end
 
-    def _send_segmented(self, run: list[bytes], size: int, destination: SocketAddress | None) -> bool:
+    def _send_segmented(self, run: list[BytesLike], size: int, destination: SocketAddress | None) -> bool:
         """One GSO send; False when the kernel or route refuses GSO (then it stays off for this socket)."""
         control = [(SOL_UDP, UDP_SEGMENT, size.to_bytes(2, _BYTE_ORDER))]
         try:
@@ -225,7 +287,7 @@ class UdpSocket:
             self._failed(exc)
         return True
 
-    def _send_one(self, datagram: bytes, destination: SocketAddress | None) -> None:
+    def _send_one(self, datagram: BytesLike, destination: SocketAddress | None) -> None:
         try:
             sent = self.sock.send(datagram) if destination is None else self.sock.sendto(datagram, destination)
         except (BlockingIOError, InterruptedError):

@@ -14,6 +14,14 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#endif
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "slipstream's log format is little-endian; this host is not"
@@ -769,32 +777,10 @@ static PyObject *fp_insert_datagram(PyObject *module, PyObject *const *args, Py_
     return result;
 }
 
-/* scan_term(term, term_i32, offset, max_length) -> (available, padding): reader.py's scan_term (the
- * sender's cut of the log into datagrams), as the plain frame walk its run shortcut is equivalent to. */
-static PyObject *fp_scan_term(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "scan_term takes 4 arguments");
-        return NULL;
-    }
-    Py_ssize_t offset = PyLong_AsSsize_t(args[2]);
-    if (offset == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    long long max_length = PyLong_AsLongLong(args[3]);
-    if (max_length == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (offset < 0) {
-        PyErr_SetString(PyExc_ValueError, "offset must not be negative");
-        return NULL;
-    }
-    Py_buffer tb;
-    if (PyObject_GetBuffer(args[0], &tb, PyBUF_SIMPLE) < 0) {
-        return NULL;
-    }
-    const char *base = (const char *)tb.buf;
-    Py_ssize_t capacity = tb.len;
+/* The walk of reader.py's scan_term over ``capacity`` bytes at ``base``: whole frames from ``offset`` that fit
+ * in ``max_length`` (``*available``), and if a PAD frame ends them, the part of it never sent (``*padding``). */
+static void scan_term_core(const char *base, Py_ssize_t capacity, Py_ssize_t offset, long long max_length,
+                           long long *available_out, long long *padding_out) {
     long long available = 0, padding = 0;
     while (offset + available < capacity) {
         Py_ssize_t frame_offset = offset + (Py_ssize_t)available;
@@ -820,8 +806,106 @@ static PyObject *fp_scan_term(PyObject *module, PyObject *const *args, Py_ssize_
             break;
         }
     }
+    *available_out = available;
+    *padding_out = padding;
+}
+
+/* scan_term(term, term_i32, offset, max_length) -> (available, padding): reader.py's scan_term (the
+ * sender's cut of the log into datagrams), as the plain frame walk its run shortcut is equivalent to. */
+static PyObject *fp_scan_term(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "scan_term takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[2]);
+    if (offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long long max_length = PyLong_AsLongLong(args[3]);
+    if (max_length == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "offset must not be negative");
+        return NULL;
+    }
+    Py_buffer tb;
+    if (PyObject_GetBuffer(args[0], &tb, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    long long available, padding;
+    scan_term_core((const char *)tb.buf, tb.len, offset, max_length, &available, &padding);
     PyBuffer_Release(&tb);
     return Py_BuildValue("(LL)", available, padding);
+}
+
+/* cut_datagrams(term, offset, window, mtu, budget, out) -> (consumed, sent, limited): the sender's cut of
+ * new data into datagrams (sender.py's _send_data loop, with scan_term per datagram), appending each
+ * datagram to ``out`` as a slice of ``term`` (no copy: the bytes go to the socket as they lie in the
+ * log). ``consumed`` counts skipped padding too, ``sent`` only the bytes handed out; ``limited`` is True
+ * when the window was shut or a committed frame did not fit in what was left of it. */
+static PyObject *fp_cut_datagrams(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6 || !PyList_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "cut_datagrams(term, offset, window, mtu, budget, out: list)");
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    long long window = offset == -1 && PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[2]);
+    long long mtu = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[3]);
+    long long budget = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "offset must not be negative");
+        return NULL;
+    }
+    PyObject *term = args[0], *out = args[5];
+    Py_buffer tb;
+    if (PyObject_GetBuffer(term, &tb, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const char *base = (const char *)tb.buf;
+    Py_ssize_t capacity = tb.len;
+    long long consumed = 0, sent = 0;
+    int limited = window <= 0, failed = 0;
+    for (long long i = 0; i < budget; i++) {
+        if (window <= 0 || offset >= capacity) {
+            break;
+        }
+        Py_ssize_t word = offset & ~(Py_ssize_t)3;
+        if (word + 4 > capacity || load_i32(base + word) <= 0) {
+            break;  /* nothing (more) committed here */
+        }
+        long long available, padding;
+        scan_term_core(base, capacity, offset, window < mtu ? window : mtu, &available, &padding);
+        if (available <= 0) {
+            limited = 1;  /* a committed frame that does not fit in what is left of the window */
+            break;
+        }
+        PyObject *datagram = PySequence_GetSlice(term, offset, offset + (Py_ssize_t)available);
+        if (datagram == NULL || PyList_Append(out, datagram) < 0) {
+            Py_XDECREF(datagram);
+            failed = 1;
+            break;
+        }
+        Py_DECREF(datagram);
+        sent += available;
+        long long step = available + padding;
+        window -= step;
+        offset += (Py_ssize_t)step;
+        consumed += step;
+        if (offset >= capacity) {
+            break;
+        }
+    }
+    PyBuffer_Release(&tb);
+    if (failed) {
+        return NULL;
+    }
+    return Py_BuildValue("(LLO)", consumed, sent, limited ? Py_True : Py_False);
 }
 
 /* is_equal_run(term, offset, frame_length, count) -> bool: reader.py's is_equal_run. */
@@ -856,6 +940,299 @@ static PyObject *fp_is_equal_run(PyObject *module, PyObject *const *args, Py_ssi
     return Py_NewRef(equal ? Py_True : Py_False);
 }
 
+/* ---- the driver's UDP send ---------------------------------------------------------------------- */
+
+#ifdef __linux__
+#define SEND_STACK 128
+#define GSO_MAX_SEGMENTS 64 /* udp_channel.GSO_MAX_SEGMENTS (the kernel's UDP_MAX_SEGMENTS) */
+#define GSO_MAX_BYTES 65000 /* udp_channel.GSO_MAX_BYTES */
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+
+/* send_datagrams(fd, datagrams, start, gso) -> (group_start, group_end, error) or None: udp_channel.UdpSocket.send
+ * for a connected socket, from ``datagrams[start]`` on. Runs of equal size (a shorter last one allowed) go
+ * in one sendmsg with UDP_SEGMENT when ``gso``, the rest one send each, as the Python code groups them;
+ * every system call runs with the GIL released (the datagrams' buffers are held meanwhile, so a view of
+ * a log stays valid). It stops at the first failure: ``error`` is its errno (-1: a short send) and
+ * [group_start, group_end) the datagrams of that call, for the caller's counters and GSO fallback; no
+ * failure gives (len, len, 0). None: a datagram is not a plain byte buffer (the Python path sends it). */
+static PyObject *fp_send_datagrams(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "send_datagrams(fd, datagrams: list, start, gso)");
+        return NULL;
+    }
+    long fd_long = PyLong_AsLong(args[0]);
+    Py_ssize_t start = fd_long == -1 && PyErr_Occurred() ? 0 : PyLong_AsSsize_t(args[2]);
+    int gso = PyErr_Occurred() ? 0 : PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (fd_long > INT32_MAX) {
+        fd_long = -1;
+    }
+    int fd = (int)fd_long;
+    PyObject *list = args[1];
+    Py_ssize_t total = PyList_GET_SIZE(list);
+    if (start < 0 || start > total || fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "send_datagrams: start outside the list, or a negative fd");
+        return NULL;
+    }
+    Py_ssize_t count = total - start;
+    Py_buffer stack_bufs[SEND_STACK];
+    struct iovec stack_iov[SEND_STACK];
+    Py_buffer *bufs = stack_bufs;
+    struct iovec *iov = stack_iov;
+    if (count > SEND_STACK) {
+        bufs = PyMem_New(Py_buffer, (size_t)count);
+        iov = PyMem_New(struct iovec, (size_t)count);
+        if (bufs == NULL || iov == NULL) {
+            PyMem_Free(bufs);
+            PyMem_Free(iov);
+            return PyErr_NoMemory();
+        }
+    }
+    Py_ssize_t got = 0;
+    for (; got < count; got++) {
+        /* Items are read with the GIL held; list items are borrowed, but each buffer holds its object. */
+        int usable = payload_buffer(PyList_GET_ITEM(list, start + got), &bufs[got]);
+        if (usable != 1) {
+            for (Py_ssize_t j = 0; j < got; j++) {
+                PyBuffer_Release(&bufs[j]);
+            }
+            if (bufs != stack_bufs) {
+                PyMem_Free(bufs);
+                PyMem_Free(iov);
+            }
+            if (usable < 0) {
+                return NULL;
+            }
+            Py_RETURN_NONE;
+        }
+        iov[got].iov_base = bufs[got].buf;
+        iov[got].iov_len = (size_t)bufs[got].len;
+    }
+    Py_ssize_t index = 0, end = 0;
+    int error = 0;
+    struct iovec merged[GSO_MAX_SEGMENTS];
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } control;
+    Py_BEGIN_ALLOW_THREADS
+    while (index < count) {
+        Py_ssize_t size = (Py_ssize_t)iov[index].iov_len;
+        end = index + 1;
+        if (gso) {
+            Py_ssize_t per = GSO_MAX_BYTES / (size > 1 ? size : 1);
+            Py_ssize_t limit = index + (per < GSO_MAX_SEGMENTS ? per : GSO_MAX_SEGMENTS);
+            if (limit > count) {
+                limit = count;
+            }
+            while (end < limit && (Py_ssize_t)iov[end].iov_len == size) {
+                end++;
+            }
+            if (end < limit && (Py_ssize_t)iov[end].iov_len < size) {
+                end++; /* GSO allows a shorter last segment */
+            }
+        }
+        ssize_t r;
+        if (end - index > 1) {
+            struct msghdr msg;
+            memset(&msg, 0, sizeof msg);
+            memset(&control, 0, sizeof control);
+            /* Datagrams cut from a log lie back to back: one iovec per contiguous range (the kernel
+             * segments by UDP_SEGMENT, not by iovec), which saves it a copy loop per datagram. */
+            Py_ssize_t used = 0;
+            merged[0] = iov[index];
+            for (Py_ssize_t k = index + 1; k < end; k++) {
+                if ((char *)merged[used].iov_base + merged[used].iov_len == (char *)iov[k].iov_base) {
+                    merged[used].iov_len += iov[k].iov_len;
+                } else {
+                    merged[++used] = iov[k];
+                }
+            }
+            msg.msg_iov = merged;
+            msg.msg_iovlen = (size_t)(used + 1);
+            msg.msg_control = control.buf;
+            msg.msg_controllen = sizeof control.buf;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+            cm->cmsg_level = SOL_UDP;
+            cm->cmsg_type = UDP_SEGMENT;
+            cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t segment = (uint16_t)size;
+            memcpy(CMSG_DATA(cm), &segment, sizeof segment);
+            do {
+                r = sendmsg(fd, &msg, 0);
+            } while (r < 0 && errno == EINTR);
+        } else {
+            do {
+                r = send(fd, iov[index].iov_base, iov[index].iov_len, 0);
+            } while (r < 0 && errno == EINTR);
+            if (r >= 0 && (size_t)r < iov[index].iov_len) {
+                error = -1;
+                break;
+            }
+        }
+        if (r < 0) {
+            error = errno;
+            break;
+        }
+        index = end;
+    }
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < count; j++) {
+        PyBuffer_Release(&bufs[j]);
+    }
+    if (bufs != stack_bufs) {
+        PyMem_Free(bufs);
+        PyMem_Free(iov);
+    }
+    if (error) {
+        return Py_BuildValue("(nni)", start + index, start + end, error);
+    }
+    return Py_BuildValue("(nni)", start + count, start + count, 0);
+}
+
+#define RECV_SPACE 65536 /* udp_channel.MAX_DATAGRAM: what one receive call may fill */
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+/* The source of a datagram as socket.recvmsg_into gives it: (host, port) or (host, port, flowinfo, scope_id),
+ * the host as getnameinfo(NI_NUMERICHOST) spells it, as CPython's socket module does. */
+static PyObject *source_address(const struct sockaddr_storage *addr, socklen_t length) {
+    char host[NI_MAXHOST];
+    if (addr->ss_family == AF_INET && length >= (socklen_t)sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)addr;
+        if (getnameinfo((const struct sockaddr *)addr, length, host, sizeof host, NULL, 0, NI_NUMERICHOST) != 0) {
+            Py_RETURN_NONE;
+        }
+        return Py_BuildValue("(si)", host, (int)ntohs(a->sin_port));
+    }
+    if (addr->ss_family == AF_INET6 && length >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)addr;
+        if (getnameinfo((const struct sockaddr *)addr, length, host, sizeof host, NULL, 0, NI_NUMERICHOST) != 0) {
+            Py_RETURN_NONE;
+        }
+        return Py_BuildValue("(siII)", host, (int)ntohs(a->sin6_port), (unsigned int)ntohl(a->sin6_flowinfo),
+                             (unsigned int)a->sin6_scope_id);
+    }
+    Py_RETURN_NONE;
+}
+
+/* receive_batches(fd, buffer, budget, gro) -> [(start, end, segment, source), ...]: up to ``budget``
+ * receive calls into ``buffer`` (each into the next 64 KiB of it, while that much is left), the system
+ * calls made with the GIL released; each entry is what one call received: ``buffer[start:end]``, datagrams
+ * of ``segment`` bytes back to back but the last (GRO), from ``source``. Stops at the first call that
+ * fails (nothing queued: EAGAIN; or an error such as ECONNREFUSED, which a receiver ignores). */
+static PyObject *fp_receive_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "receive_batches(fd, buffer, budget, gro)");
+        return NULL;
+    }
+    long fd_long = PyLong_AsLong(args[0]);
+    long budget = fd_long == -1 && PyErr_Occurred() ? 0 : PyLong_AsLong(args[2]);
+    int gro = PyErr_Occurred() ? 0 : PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (fd_long < 0 || fd_long > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "receive_batches: bad fd");
+        return NULL;
+    }
+    if (budget > 64) {
+        budget = 64;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[1], &b, PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    struct batch {
+        Py_ssize_t start, size;
+        int segment;
+        socklen_t address_length;
+        struct sockaddr_storage address;
+    } batches[64];
+    long calls = 0;
+    Py_ssize_t used = 0;
+    int fd = (int)fd_long;
+    Py_BEGIN_ALLOW_THREADS
+    while (calls < budget && b.len - used >= RECV_SPACE) {
+        struct batch *r = &batches[calls];
+        struct iovec iov = {(char *)b.buf + used, RECV_SPACE};
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } control;
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_name = &r->address;
+        msg.msg_namelen = sizeof r->address;
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        if (gro) {
+            msg.msg_control = control.buf;
+            msg.msg_controllen = sizeof control.buf;
+        }
+        ssize_t size;
+        do {
+            size = recvmsg(fd, &msg, 0);
+        } while (size < 0 && errno == EINTR);
+        if (size < 0) {
+            break;
+        }
+        r->start = used;
+        r->size = size;
+        r->segment = (int)size;
+        r->address_length = msg.msg_namelen < sizeof r->address ? msg.msg_namelen : sizeof r->address;
+        for (struct cmsghdr *cm = gro ? CMSG_FIRSTHDR(&msg) : NULL; cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+            if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO && cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int segment;
+                memcpy(&segment, CMSG_DATA(cm), sizeof segment);
+                /* as udp_channel: a zero or absurd size means one datagram of the whole size */
+                r->segment = segment > 0 && segment < size ? segment : (int)size;
+            }
+        }
+        used += size;
+        calls++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    PyObject *list = PyList_New(calls);
+    if (list == NULL) {
+        return NULL;
+    }
+    PyObject *source = NULL;
+    for (long i = 0; i < calls; i++) {
+        struct batch *r = &batches[i];
+        if (source == NULL || r->address_length != batches[i - 1].address_length ||
+            memcmp(&r->address, &batches[i - 1].address, r->address_length) != 0) {
+            Py_XDECREF(source);
+            source = source_address(&r->address, r->address_length);
+            if (source == NULL) {
+                Py_DECREF(list);
+                return NULL;
+            }
+        }
+        PyObject *item = Py_BuildValue("(nniO)", r->start, r->start + r->size, r->segment, source);
+        if (item == NULL) {
+            Py_DECREF(source);
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    Py_XDECREF(source);
+    return list;
+}
+#endif
+
 static PyMethodDef module_methods[] = {
     {"read_term", (PyCFunction)(void (*)(void))fp_read_term, METH_FASTCALL,
      "read_term(term, term_i32, offset, handler, fragment_limit, header) -> (fragments, next_offset, intact)"},
@@ -869,6 +1246,14 @@ static PyMethodDef module_methods[] = {
      "scan_equal_frames(data, result_type) -> result_type(...) or None (wire.frames.scan_equal_frames in C)"},
     {"insert_datagram", (PyCFunction)(void (*)(void))fp_insert_datagram, METH_FASTCALL,
      "insert_datagram(term, term_offset, data, first_frame_length) -> inserted"},
+    {"cut_datagrams", (PyCFunction)(void (*)(void))fp_cut_datagrams, METH_FASTCALL,
+     "cut_datagrams(term, offset, window, mtu, budget, out) -> (consumed, sent, limited)"},
+#ifdef __linux__
+    {"send_datagrams", (PyCFunction)(void (*)(void))fp_send_datagrams, METH_FASTCALL,
+     "send_datagrams(fd, datagrams, start, gso) -> (group_start, group_end, error) or None"},
+    {"receive_batches", (PyCFunction)(void (*)(void))fp_receive_batches, METH_FASTCALL,
+     "receive_batches(fd, buffer, budget, gro) -> [(start, end, segment, source), ...]"},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

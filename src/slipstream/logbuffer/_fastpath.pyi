@@ -1,7 +1,7 @@
 """Type stubs for the C fast path; the pure-Python reference is in appender.py and reader.py."""
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .header import Header
 
@@ -47,3 +47,18 @@ def scan_equal_frames(data: bytes | bytearray | memoryview, result_type: type[_T
 def insert_datagram(
     term: memoryview, term_offset: int, data: bytes | bytearray | memoryview, first_frame_length: int
 ) -> bool: ...
+def cut_datagrams(
+    term: memoryview, offset: int, window: int, mtu: int, budget: int, out: list[bytes | bytearray | memoryview]
+) -> tuple[int, int, bool]:
+    """The sender's cut of new data into datagrams, appended to ``out`` as slices of ``term``:
+    (bytes consumed, padding included; bytes sent; window shut or a frame did not fit)."""
+
+def send_datagrams(
+    fd: int, datagrams: list[bytes | bytearray | memoryview], start: int, gso: bool
+) -> tuple[int, int, int] | None:
+    """Linux only. A connected socket's send from ``datagrams[start]``, GIL released: (start, end, errno)
+    of the first failed call (errno -1: a short send), or (len, len, 0); None leaves it to Python."""
+
+def receive_batches(fd: int, buffer: bytearray, budget: int, gro: bool) -> list[tuple[int, int, int, Any]]:
+    """Linux only. Up to ``budget`` (at most 64) receive calls, GIL released, each into the next 64 KiB of
+    ``buffer`` while that much is left: (start, end, segment, source) per call, until one fails."""

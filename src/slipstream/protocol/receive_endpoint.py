@@ -75,6 +75,11 @@ _c_scan_equal_frames = FAST.scan_equal_frames if FAST is not None else None
 """``scan_equal_frames`` in C when the fast path is active (same result; tests/test_fastpath.py)."""
 
 
+def _py_scan_equal_frames(data: BytesLike, result_type: type[DataScan]) -> DataScan | None:
+    """``scan_equal_frames`` called as its C twin is."""
+    return scan_equal_frames(data)
+
+
 class ReceiveEndpoint:
     """The protocol side of one subscription channel endpoint (one bound UDP socket).
 
@@ -226,16 +231,31 @@ class ReceiveEndpoint:
     def on_datagrams(self, data: BytesLike, segment: int, now_ns: int, source: Address) -> None:
         """Handle datagrams from ``source`` received back to back in ``data``, each ``segment`` bytes
         but the last (a GRO batch): as one run when they continue an image's stream at its high-water
-        mark in equal frames (one validation, one copy), else one by one."""
+        mark in equal frames (one validation, one copy; a shorter last datagram after it), else one by one."""
         total = len(data)
         if segment >= total:
             self.on_datagram(data, now_ns, source)
             return
-        scan = _c_scan_equal_frames(data, DataScan) if _c_scan_equal_frames is not None else scan_equal_frames(data)
-        if scan is not None and scan.stream_id in self._subscriptions:
+        scan_run = _c_scan_equal_frames or _py_scan_equal_frames
+        scan = scan_run(data, DataScan)
+        run, head = total, data
+        if scan is None and total % segment:
+            # A batch ending with a shorter datagram, where the sender's run of equal ones ended (the last
+            # fragment of a message): the equal ones are the run, the short one follows on its own.
+            run -= total % segment
+            head = data[:run]
+            scan = scan_run(head, DataScan)
+        # Each datagram must hold whole frames: a (corrupt) first length spanning several is no run.
+        if (
+            scan is not None
+            and scan.stream_id in self._subscriptions
+            and not segment % ((scan.first_frame_length + 31) & -32)
+        ):
             image = self._images.get((scan.session_id, scan.stream_id))
-            if image is not None and image.takes_run(scan.term_id, scan.term_offset, total):
-                image.on_data(scan, data, now_ns, self._events, -(-total // segment))
+            if image is not None and image.takes_run(scan.term_id, scan.term_offset, run):
+                image.on_data(scan, head, now_ns, self._events, -(-run // segment))
+                if run < total:
+                    self.on_datagram(data[run:], now_ns, source)
                 return
         for start in range(0, total, segment):
             self.on_datagram(data[start : start + segment], now_ns, source)

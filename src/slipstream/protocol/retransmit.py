@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 
 from ..logbuffer import LogBuffers, scan_term
+from ..wire.frames import BytesLike
 from ..wire.positions import compute_position, index_by_position, max_message_length
 from .config import SenderConfig
 from .defaults import (
@@ -92,7 +93,9 @@ class RetransmitHandler:
         """Valid NAKs for data no longer (or not yet) in the resend window: nothing to resend."""
         self.retransmit_overflows = 0
 
-    def on_nak(self, term_id: int, offset: int, length: int, snd_pos: int, now_ns: int, resends: list[bytes]) -> None:
+    def on_nak(
+        self, term_id: int, offset: int, length: int, snd_pos: int, now_ns: int, resends: list[BytesLike]
+    ) -> None:
         """Serve a valid, non-empty NAK: take an action and, with no delay, resend into ``resends`` now."""
         position = compute_position(term_id, offset, self._bits, self.initial_term_id)
         if not self._in_resend_window(position, snd_pos):
@@ -164,7 +167,7 @@ class RetransmitHandler:
                 wake = min(wake, action.expiry_ns + 1)
         return False, wake
 
-    def process(self, now_ns: int, snd_pos: int, out: list[bytes]) -> None:
+    def process(self, now_ns: int, snd_pos: int, out: list[BytesLike]) -> None:
         """Start delayed actions that are due, continue resends within the budget, end lingers."""
         budget = self.config.max_retransmit_datagrams_per_poll
         busy = False
@@ -178,7 +181,7 @@ class RetransmitHandler:
             busy = busy or action.state is not _INACTIVE
         self.active = busy
 
-    def _resend(self, action: RetransmitAction, snd_pos: int, out: list[bytes], budget: int) -> int:
+    def _resend(self, action: RetransmitAction, snd_pos: int, out: list[BytesLike], budget: int) -> int:
         """Send the next datagrams of a retransmission from the log; return the budget left.
 
         A retransmission longer than the budget continues at the next poll; it is abandoned when the

@@ -23,8 +23,10 @@ manual; ``poll_batches`` says where each batch of datagrams goes.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from ..logbuffer import LogBuffers, is_equal_run, scan_term
+from ..logbuffer.fastpath import FAST
 from ..wire.address import Address
 from ..wire.constants import (
     DATA_HEADER_LENGTH,
@@ -63,6 +65,11 @@ from .lifecycle import SenderState
 from .retransmit import RetransmitHandler
 
 __all__ = ["NetworkPublicationSender", "SenderConfig", "SenderState"]
+
+_c_cut_datagrams: Callable[[memoryview, int, int, int, int, list[BytesLike]], tuple[int, int, bool]] | None = (
+    FAST.cut_datagrams if FAST is not None else None
+)
+"""The C cut of new data into datagrams (the loop of ``_send_data``), or None for the Python one."""
 
 
 class NetworkPublicationSender:
@@ -121,8 +128,8 @@ class NetworkPublicationSender:
         self._dynamic = config.control_mode == "dynamic"
         self._destinations: dict[Address, int] = {}
         """MDC destinations -> time of their last status message (manual ones never expire)."""
-        self._replies: list[bytes] = []
-        self._resends: list[bytes] = []
+        self._replies: list[BytesLike] = []
+        self._resends: list[BytesLike] = []
         """Retransmissions made as NAKs arrived, for the next poll: at most four polls' retransmit budget."""
         self._wake_ns = 0
         """``poll`` has nothing to do before this time unless input arrives (see ``poll_due``)."""
@@ -388,9 +395,12 @@ class NetworkPublicationSender:
 
     # -- output ---------------------------------------------------------------------------------
 
-    def poll(self, now_ns: int) -> list[bytes]:
-        """Datagrams to send now, in order (at most :attr:`max_datagrams_per_poll`)."""
-        out: list[bytes] = []
+    def poll(self, now_ns: int) -> list[BytesLike]:
+        """Datagrams to send now, in order (at most :attr:`max_datagrams_per_poll`).
+
+        New data comes as slices of the log's terms, as Aeron sends it (no copy): hand them to the socket
+        in this duty cycle, and copy any kept longer (the log's partitions are reused as it rotates)."""
+        out: list[BytesLike] = []
         if self.state is SenderState.DONE:
             return out
         if self._replies:
@@ -413,7 +423,7 @@ class NetworkPublicationSender:
         self._wake_ns = self._next_wake_ns(now_ns)
         return out
 
-    def poll_batches(self, now_ns: int) -> list[tuple[list[bytes], Address | None]]:
+    def poll_batches(self, now_ns: int) -> list[tuple[list[BytesLike], Address | None]]:
         """``poll``'s datagrams with where they go: one batch for the connected peer (destination None)
         on unicast, the same batch for every destination on MDC (expired dynamic ones dropped first)."""
         datagrams = self.poll(now_ns)
@@ -470,7 +480,7 @@ class NetworkPublicationSender:
         position = self._snd_pos
         return compute_term_id(position, self._bits, self.initial_term_id), position & self._mask
 
-    def _setup_check(self, now_ns: int, out: list[bytes]) -> None:
+    def _setup_check(self, now_ns: int, out: list[BytesLike]) -> None:
         last = self._last_setup_ns
         if last is not None and now_ns <= last + self.config.setup_timeout_ns:
             return
@@ -492,7 +502,7 @@ class NetworkPublicationSender:
         if self._is_connected:
             self._setup_elicited = False
 
-    def _heartbeat_check(self, now_ns: int, out: list[bytes]) -> None:
+    def _heartbeat_check(self, now_ns: int, out: list[BytesLike]) -> None:
         if not self._has_initial_connection:
             return
         last = self._last_data_or_heartbeat_ns
@@ -508,17 +518,41 @@ class NetworkPublicationSender:
             self._eos_sent = True
             self._events.append(PublicationEndOfStreamSent(self.session_id, self.stream_id, self._snd_pos))
 
-    def _send_data(self, now_ns: int, out: list[bytes]) -> int:
+    def _send_data(self, now_ns: int, out: list[BytesLike]) -> int:
         """Send up to ``max_messages_per_send`` datagrams of new data within the window; return bytes consumed."""
         snd_pos = self._snd_pos
         window = self._flow.sender_limit - snd_pos
         index = index_by_position(snd_pos, self._bits)
+        budget = self.config.max_messages_per_send
+        if _c_cut_datagrams is not None:
+            term = self.log.terms[index]
+            consumed, sent, limited = _c_cut_datagrams(term, snd_pos & self._mask, window, self.mtu, budget, out)
+            self.bytes_sent += sent
+        else:
+            consumed, limited = self._cut_datagrams(index, snd_pos, window, budget, out)
+        if consumed:
+            self._snd_pos = snd_pos + consumed
+            self._last_data_or_heartbeat_ns = now_ns
+            self._track_sender_limits = True
+            self._blocked = False
+        else:
+            self._blocked = limited and self.log.producer_position() > snd_pos
+            if self._blocked and self._track_sender_limits:
+                self.flow_control_limits += 1
+                self._track_sender_limits = False
+        return consumed
+
+    def _cut_datagrams(
+        self, index: int, snd_pos: int, window: int, budget: int, out: list[BytesLike]
+    ) -> tuple[int, bool]:
+        """The reference cut of new data into datagrams (``cut_datagrams`` in C): up to ``budget`` datagrams
+        within ``window``, each a slice of the term (no copy). Returns (bytes consumed, padding included;
+        whether the window shut or a committed frame did not fit in what was left of it)."""
         term, term_i32 = self.log.terms[index], self.log.terms_i32[index]
         term_length = self.term_length
         term_offset = snd_pos & self._mask
         consumed = 0
         limited = window <= 0
-        budget = self.config.max_messages_per_send
         first = term_i32[term_offset >> 2]
         aligned = (first + 31) & -32
         after_two = term_offset + 2 * (self.mtu // aligned) * aligned if first >= DATA_HEADER_LENGTH else term_length
@@ -538,7 +572,7 @@ class NetworkPublicationSender:
             if available <= 0:
                 limited = True  # a committed frame that does not fit in what is left of the window
                 break
-            out.append(bytes(term[term_offset : term_offset + available]))
+            out.append(term[term_offset : term_offset + available])
             self.bytes_sent += available
             step = available + padding
             window -= step
@@ -546,17 +580,7 @@ class NetworkPublicationSender:
             consumed += step
             if term_offset >= term_length:
                 break
-        if consumed:
-            self._snd_pos = snd_pos + consumed
-            self._last_data_or_heartbeat_ns = now_ns
-            self._track_sender_limits = True
-            self._blocked = False
-        else:
-            self._blocked = limited and self.log.producer_position() > snd_pos
-            if self._blocked and self._track_sender_limits:
-                self.flow_control_limits += 1
-                self._track_sender_limits = False
-        return consumed
+        return consumed, limited
 
     def _written(self, index: int, position: int) -> int:
         """How far the term holding ``position`` has been appended to (claims included), from its tail.
@@ -568,7 +592,14 @@ class NetworkPublicationSender:
         return min(raw & 0xFFFF_FFFF, self.term_length)
 
     def _send_equal_run(
-        self, term: memoryview, term_i32: memoryview, offset: int, first: int, window: int, index: int, out: list[bytes]
+        self,
+        term: memoryview,
+        term_i32: memoryview,
+        offset: int,
+        first: int,
+        window: int,
+        index: int,
+        out: list[BytesLike],
     ) -> int:
         """A backlog of same-sized messages: full datagrams within ``window``, checked in one unpack and
         cut by arithmetic exactly as the frame-by-frame scan would cut them. A datagram holds as many
@@ -584,7 +615,7 @@ class NetworkPublicationSender:
         if datagrams < 2 or not is_equal_run(term, offset, first, datagrams * per + 1):
             return 0
         end = offset + datagrams * size
-        out.extend([bytes(term[o : o + size]) for o in range(offset, end, size)])
+        out.extend([term[o : o + size] for o in range(offset, end, size)])
         self.bytes_sent += end - offset
         return end - offset
 
