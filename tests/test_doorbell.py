@@ -449,21 +449,28 @@ def test_parked_server_is_rung_by_a_client_message(driver_dir: Path, mode: str) 
                 group = state["group"]
                 context = state["context"]
                 bell = context.doorbell
-                for i in range(1, 6):
+                rung = 0
+                i = 0
+                while rung < 5:
+                    i += 1
+                    assert i <= 15, f"only {rung} of {i - 1} messages woke the server by its doorbell"
                     # Wait until the server's poller is parked on the doorbell.
                     deadline = time.monotonic() + 15
                     while not group.backoff.parked:
                         assert time.monotonic() < deadline, "server poller never parked"
                         await asyncio.sleep(0.005)
-                    before = bell.wakeups
+                    before, timeouts = bell.wakeups, bell.timeouts
                     sent = time.monotonic()
                     await connection.send(Note(i))
                     while len(received) < i:
                         assert time.monotonic() - sent < PARK_S - 1, "server woke only by its timeout"
                         await asyncio.sleep(0.001)
-                    if not invoker:  # (an invoker-mode server wakes for its driver's input instead)
-                        assert bell.wakeups > before
-                assert received == [1, 2, 3, 4, 5]
+                    # (an invoker-mode server wakes for its driver's input instead)
+                    if invoker or bell.wakeups > before:
+                        rung += 1
+                    else:  # only if a connection's timer ended the pause just then (rare, inconclusive)
+                        assert bell.timeouts > timeouts, "the message was handled, but not by a wake-up"
+                assert received == list(range(1, i + 1))
 
         asyncio.run(asyncio.wait_for(main(), 120))
     finally:

@@ -17,7 +17,7 @@ KEY = bytes(range(32))
 
 
 def test_reject_reasons_have_values_and_messages() -> None:
-    assert [int(r) for r in RejectReason] == list(range(1, 8))
+    assert [int(r) for r in RejectReason] == list(range(1, 9))
     assert RejectReason.SERVER_FULL.message == "the server is full"
     assert all(reason.message for reason in RejectReason)
 
