@@ -797,3 +797,43 @@ def test_an_idle_connection_parks_long_and_timers_still_fire(driver_dir: Path) -
             await ping
 
     run(main())
+
+
+def test_closing_a_client_does_not_stop_the_event_loop(driver_dir: Path) -> None:
+    """A client's embedded driver lets its closed publications finish before it stops (nothing the
+    application sent is dropped), but awaiting, not blocking: the server on the same loop goes on, and
+    acknowledges the end of stream, so the close is quick too. It used to block the loop for 1 s."""
+
+    async def main() -> None:
+        port = free_ports(50)
+        got: list[int] = []
+        async with Server(server_config(driver_dir, driver="invoker")) as server:
+            server.on_message(Base)(lambda connection, message: got.append(message.n))
+            await server.bind(port)
+            client = Client(client_config(driver_dir.with_name(driver_dir.name + "-c"), driver="invoker"))
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            for n in range(100):
+                await connection.send(Base(n))
+            gaps: list[float] = []
+
+            async def tick() -> None:
+                last = time.monotonic()
+                while True:
+                    await asyncio.sleep(0.001)
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+
+            ticker = asyncio.create_task(tick())
+            await asyncio.sleep(0.01)
+            await client.close()
+            await asyncio.sleep(0.01)  # the ticker's turn: it records the gap the close left
+            ticker.cancel()
+            await wait_for(lambda: len(got) == 100)
+            assert got == list(range(100))
+            assert max(gaps) < 0.3, f"the loop stood still for {max(gaps):.3f} s while the client closed"
+
+    try:
+        run(main())
+    finally:
+        shutil.rmtree(driver_dir.with_name(driver_dir.name + "-c"), ignore_errors=True)

@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -592,8 +592,16 @@ class Context:
 
     def _stop_embedded(self) -> None:
         if self._embedded is not None:
-            self._embedded.close()
+            self._embedded.close(drain=False)  # close() drained already, with our subscriptions open
             self._embedded = None
+
+    def drain_steps(self) -> Iterator[None]:
+        """The embedded driver's drain as steps (see ``MediaDriver.drain_steps``); none without one.
+        ``close`` drains by itself; an asyncio caller drains first, awaiting between steps, so that
+        closing does not stop its event loop for up to a second."""
+        if self._embedded is None or self._driver_error is not None or self._closed:
+            return iter(())
+        return self._embedded.drain_steps()
 
     def __enter__(self) -> Context:
         return self

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import DriverAlreadyRunningError, DriverDirectoryError, DriverError
@@ -200,18 +201,21 @@ class MediaDriver:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
-    def close(self) -> None:
+    def close(self, *, drain: bool = True) -> None:
         """Stop serving and release the directory.
 
         Closed UDP publications are first given time to finish (send what was offered, signal end
         of stream, linger), bounded by the publication linger: an embedded driver closing with its
         application must not drop data its ``offer`` calls accepted.
+        ``drain=False``: the caller has just drained (``Context.close`` does, with its subscriptions
+        still open), so closing does not wait again for publications that could not finish then.
         """
         if self._thread is not None:
-            self.drain()
+            if drain:
+                self.drain()
             self.stop()
         else:
-            if self.is_invoker:
+            if self.is_invoker and drain:
                 self.drain()
             self._shutdown()
 
@@ -222,16 +226,22 @@ class MediaDriver:
         linger plus a second); then up to half a second more for end of stream to be heard and
         acknowledged. Publications nobody receives are not waited for.
         """
-        conductor = self._conductor
         invoking = self.is_invoker and self._thread is None
-        if conductor is None or self._closed or not (invoking or (self._thread and self._thread.is_alive())):
-            return
-
-        def wait() -> None:
+        for _ in self.drain_steps():
             if not invoking:
                 time.sleep(0.005)
             elif self.invoke() == 0:
                 time.sleep(0.0002)
+
+    def drain_steps(self) -> Iterator[None]:
+        """``drain`` as steps: yields while closed publications are still finishing (the caller waits a
+        moment, and invokes an invoker-mode driver, between steps), ends when they are done or the
+        bounds passed. An asyncio application awaits between steps, so its other work (a server in the
+        same process hearing the end of stream) goes on meanwhile."""
+        conductor = self._conductor
+        invoking = self.is_invoker and self._thread is None
+        if conductor is None or self._closed or not (invoking or (self._thread and self._thread.is_alive())):
+            return
 
         def closing() -> list[NetworkPublication]:
             return [p for p in list(conductor.network_publications.values()) if p.state is not PublicationState.ACTIVE]
@@ -241,10 +251,10 @@ class MediaDriver:
 
         deadline = time.monotonic() + self.config.publication_linger_ns / 1e9 + 1.0
         while time.monotonic() < deadline and any(unsent(p) for p in closing()):
-            wait()
+            yield
         deadline = min(deadline, time.monotonic() + 0.5)
         while time.monotonic() < deadline and any(p.sender.is_connected for p in closing()):
-            wait()
+            yield
 
     def _shutdown(self) -> None:
         if self._closed:

@@ -379,7 +379,7 @@ class Client(Endpoint):
         await self._wait_closings()
         await self._stop_poller()
         self._stop_recording()
-        self._release_context()
+        await self._release_context_drained()
         self.store.close()
 
     async def _sleep(self, seconds: float) -> None:

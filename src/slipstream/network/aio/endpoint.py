@@ -25,7 +25,14 @@ from ..store import SettingsStore
 from ..streaming import Streams
 from .connection import Connection, Listeners, is_coroutine_result
 from .recording import EndpointRecording
-from .transport import IdleBackoff, acquire_context, earliest, input_pending, release_context
+from .transport import (
+    IdleBackoff,
+    acquire_context,
+    earliest,
+    input_pending,
+    release_context,
+    release_context_drained,
+)
 
 __all__ = ["CLOSE_GRACE_S", "Endpoint", "PollGroup"]
 
@@ -314,6 +321,13 @@ class Endpoint:
         if self._context is not None:
             context, self._context = self._context, None
             release_context(context)
+
+    async def _release_context_drained(self) -> None:
+        """``_release_context`` for ``close``: a driver that goes with us lets its closed publications
+        finish without stopping the event loop (see ``release_context_drained``)."""
+        if self._context is not None:
+            context, self._context = self._context, None
+            await release_context_drained(context)
 
     def _start_poller(self) -> None:
         if not self._polling:

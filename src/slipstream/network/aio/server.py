@@ -578,5 +578,5 @@ class Server(Endpoint):
                 link.machine.release(connection_id)
         self._owner.clear()
         self._stop_recording()
-        self._release_context()
+        await self._release_context_drained()
         self.store.close()

@@ -90,6 +90,24 @@ def release_context(context: Context) -> None:
     context.close()
 
 
+async def release_context_drained(context: Context) -> None:
+    """``release_context``, but when this is the last reference to an embedded driver, the closed
+    publications finish first while the event loop goes on (an await between steps): the synchronous
+    drain in ``Context.close`` would stop every other endpoint of the loop for up to a second, a server
+    in this process among them, which then could not even acknowledge our end of stream."""
+    with _lock:
+        last = any(held is context and count == 1 for held, count in _contexts.values())
+    if last:
+        for _ in context.drain_steps():
+            context.invoke()
+            await asyncio.sleep(DRAIN_STEP_S)
+    release_context(context)
+
+
+DRAIN_STEP_S = 5e-4
+"""The pause between an asyncio drain's steps."""
+
+
 _last_invoke: dict[int, float] = {}
 """Per invoker-mode context: the monotonic time before which ``invoke`` skips its duty cycle."""
 INVOKE_GAP_S = 2e-4
