@@ -837,3 +837,47 @@ def test_closing_a_client_does_not_stop_the_event_loop(driver_dir: Path) -> None
         run(main())
     finally:
         shutil.rmtree(driver_dir.with_name(driver_dir.name + "-c"), ignore_errors=True)
+
+
+def test_keepalives_are_not_work_for_the_poller(driver_dir: Path) -> None:
+    """A record that only keeps the connection alive, sent or received, does not count as work: work
+    resets the idle back-off (a millisecond of spinning, then short pauses), and an idle pair would
+    spin up each time a keepalive passes. A message is still work."""
+
+    async def main() -> None:
+        async with (
+            Server(server_config(driver_dir, driver="invoker", enable_ipc=True)) as server,
+            Client(client_config(driver_dir, driver="invoker", enable_ipc=True)) as client,
+        ):
+            received: list[object] = []
+            server.on_message(Base)(lambda connection, message: received.append(message))
+            await server.bind_ipc()
+            connection = await client.connect_ipc(timeout=10)
+            await wait_for(lambda: len(server.connections) == 1)
+            remote = server.connections[0]
+            polls: dict[str, list[tuple[int, int]]] = {"client": [], "server": []}
+
+            def recorded(side: str, conn: Any) -> None:
+                real_poll = conn._poll
+
+                def poll(now_ns: int) -> int:
+                    before = conn._machine.liveness_records
+                    work = real_poll(now_ns)
+                    polls[side].append((work, conn._machine.liveness_records - before))
+                    return work
+
+                conn._poll = poll
+
+            recorded("client", connection)
+            recorded("server", remote)
+            connection._machine.keepalive_ns = 20_000_000  # a keepalive every 20 ms
+            await wait_for(lambda: sum(live for _, live in polls["server"]) >= 5, timeout=10)
+            sent = [work for work, live in polls["client"] if live]
+            got = [work for work, live in polls["server"] if live]
+            assert len(sent) >= 5 and sent.count(0) == len(sent), sent
+            assert len(got) >= 5 and got.count(0) == len(got), got
+            await connection.send(Base(7))
+            await wait_for(lambda: received == [Base(7)])
+            assert any(work > 0 and not live for work, live in polls["server"])
+
+    run(main())

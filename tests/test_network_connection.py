@@ -105,6 +105,24 @@ def test_keepalives_keep_a_quiet_connection_up() -> None:
     assert sum(isinstance(e, KeepaliveSent) for e in pair.events_a) >= 7
 
 
+def test_records_carrying_only_a_keepalive_are_counted_as_liveness() -> None:
+    """Adapters do not count them as work (an idle pair's poller keeps its long pauses); records
+    with anything else in them are work as before."""
+    pair = ConnectionPair(types=[Quote], expiry_ns=4_000_000_000)
+    pair.pump(duration_ns=3_500_000_000)  # quiet: each side sends keepalives, and receives the other's
+    sent_a = sum(isinstance(e, KeepaliveSent) for e in pair.events_a)
+    sent_b = sum(isinstance(e, KeepaliveSent) for e in pair.events_b)
+    assert sent_a >= 3 and sent_b >= 3
+    assert pair.a.liveness_records == sent_a + sent_b
+    assert pair.b.liveness_records == sent_a + sent_b
+    before = pair.b.liveness_records
+    pair.a.send(Quote(1, 1.0, "Q"))
+    pair.a.ping(pair.clock.now_ns(), 1_000_000_000)
+    pair.pump(duration_ns=10_000_000)
+    assert received(pair.events_b) == [Quote(1, 1.0, "Q")]
+    assert pair.b.liveness_records == before
+
+
 def test_a_silent_peer_expires_and_a_short_blip_does_not() -> None:
     pair = ConnectionPair(expiry_ns=4_000_000_000)
     drop_all = pair.network.add_filter(lambda d: True)

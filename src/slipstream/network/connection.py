@@ -16,7 +16,9 @@ are handed to the adapter as :class:`RmiFrameReceived`; the RMI endpoint lives i
 
 Liveness: anything received proves the peer alive; a quiet side sends a KEEPALIVE every quarter of
 the expiry; a peer silent longer than ``expiry_ns`` is closed (``Closed(expired=True)``), so a blip
-shorter than that never disconnects. ``Closed`` is emitted exactly once.
+shorter than that never disconnects. ``Closed`` is emitted exactly once. ``liveness_records`` counts
+the records that carried nothing but a KEEPALIVE, sent or received: an adapter does not count them as
+work, so an idle connection's poller keeps its long pauses instead of spinning up twice a keepalive.
 """
 
 from __future__ import annotations
@@ -158,6 +160,8 @@ class ConnectionMachine:
         """Large messages and files (None: a frame larger than one record raises MessageTooLarge)."""
         self._last_received_ns = now_ns
         self._last_sent_ns = now_ns
+        self.liveness_records = 0
+        """Records sent or received that carried only a KEEPALIVE (see the module's docstring)."""
         self._last_id = 0
         self._syncs: dict[int, int] = {}
         """Outstanding send_sync id -> timeout deadline."""
@@ -200,6 +204,7 @@ class ConnectionMachine:
             self._take_stream_events()
         if now_ns - self._last_sent_ns >= self.keepalive_ns and not self._batch:
             self._append(FrameKind.KEEPALIVE, 0, b"")
+            self.liveness_records += 1
             self._events.append(KeepaliveSent())
 
     # -- sending ----------------------------------------------------------------------------------
@@ -382,6 +387,9 @@ class ConnectionMachine:
         self.stats.records_received += 1
         self.stats.bytes_received += len(record)
         self._last_received_ns = now_ns
+        if len(frames) == 1 and frames[0][0] == FrameKind.KEEPALIVE:
+            self.liveness_records += 1  # a keepalive is sent alone
+            return
         events = self._events
         stats = self.stats
         for kind, request_id, value in frames:

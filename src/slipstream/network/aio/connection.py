@@ -448,9 +448,11 @@ class Connection:
         return self._machine.deadline_ns
 
     def _poll(self, now_ns: int) -> int:
-        """One duty cycle: receive, run timers, flush. Returns the work done."""
+        """One duty cycle: receive, run timers, flush. Returns the work done; records that only kept the
+        connection alive do not count (an idle pair's poller would otherwise spin up for each)."""
         self._now_ns = now_ns
         machine = self._machine
+        liveness = machine.liveness_records
         work = 0
         if not machine.closed:
             work = self._subscription.poll(self._assembler, 64)
@@ -460,6 +462,8 @@ class Connection:
             self._process_events()
         if self._backlog or machine.has_pending:
             work += self._flush()
+        if machine.liveness_records != liveness:
+            return max(0, work - (machine.liveness_records - liveness))
         return work
 
     def _process_events(self) -> None:
