@@ -53,6 +53,8 @@ class IpcPublication(DriverPublication):
     """Type id -> counter id of the per-stream position counters the driver keeps current."""
     stuck_position: int = -1
     stuck_since_ns: int = 0
+    connected: bool = False
+    """What the log's is-connected flag was last set to (read here without touching the mapping)."""
 
     def producer_position(self) -> int:
         return self.log.producer_position()
@@ -64,20 +66,21 @@ class IpcPublication(DriverPublication):
         half its window: a limit that moves while the publisher is far from it needs no urgency, and
         an embedded driver that spun on every move would fight the application for the GIL.
         """
-        producer = self.producer_position()
-        if self.subscribers:
+        producer: int | None = None  # read only when needed: this runs every duty cycle, per publication
+        if self.subscribers and self.state is PublicationState.ACTIVE:
             limit = counters.min_value(self.subscribers.values()) + self.window
-            if not self.log.is_connected:
-                self.log.is_connected = True
         else:
-            limit = producer
-            if self.log.is_connected:
-                self.log.is_connected = False
-        if self.state is not PublicationState.ACTIVE:
-            limit = producer  # nothing more may be appended once closing
+            producer = limit = self.producer_position()  # nothing more may be appended once closing
+        if self.subscribers:
+            if not self.connected:
+                self.connected = self.log.is_connected = True
+        elif self.connected:
+            self.connected = self.log.is_connected = False
         old_limit = counters.get(self.limit_counter_id)
         if old_limit != limit:
             counters.set(self.limit_counter_id, limit)
+            if producer is None:
+                producer = self.producer_position()
             return 1 if producer > old_limit - (self.window >> 1) else 0
         return 0
 
