@@ -1,6 +1,7 @@
 """Network layer benchmarks: encrypted typed messages (a Struct of an int, a float and a short
 string), one client to one server, throughput and round trip over UDP loopback and IPC, against
-pyzmq with CURVE and msgspec over ``tcp://`` and ``ipc://``; handshakes per second; idle CPU.
+pyzmq with CURVE and msgspec over ``tcp://`` and ``ipc://``; handshakes per second; idle CPU; the
+one-way latency of a message to a parked receiver (one every 30 ms, from ``send`` to the listener).
 
     python -m bench.network [--quick] [--json PATH]
 
@@ -46,8 +47,14 @@ class Params:
     samples: int = 5_000
     idle_s: float = 3.0
     handshakes: int = 30
+    parked: int = 150
+    parked_gap_s: float = 0.03
     driver: str = "invoker"
     """Each process runs its embedded driver in its asyncio loop (no driver thread on the GIL)."""
+
+
+PARKED_PROBE = -2
+"""Quote id of the messages sent to a parked receiver (the server records their one-way latency)."""
 
 
 def _dir() -> str:
@@ -86,12 +93,15 @@ def slip_server(pipe: Pipe, p: Params) -> None:
         )
         async with Server(config) as server:
             received = 0
+            parked: list[float] = []
 
             @server.on_message(Quote)
             def on_quote(connection: Connection, quote: Quote) -> None:
                 nonlocal received
                 received += 1
-                if quote.id < 0:  # round-trip probe: echo it
+                if quote.id == PARKED_PROBE:  # sent to a parked receiver; price is its perf_counter time
+                    parked.append(time.perf_counter() - quote.price)
+                elif quote.id < 0:  # round-trip probe: echo it
                     connection.send_nowait(quote)
 
             if p.transport == "ipc":
@@ -107,7 +117,7 @@ def slip_server(pipe: Pipe, p: Params) -> None:
                 start_cpu = time.process_time()
                 pipe.send(("cpu-start", None))
                 await expect_async(pipe, "cpu-stop", 60)
-                pipe.send(("cpu", time.process_time() - start_cpu))
+                pipe.send(("cpu", (time.process_time() - start_cpu, parked)))
                 await expect_async(pipe, "stop", 60)
 
     asyncio.run(main())
@@ -167,7 +177,11 @@ def slip_client(pipe: Pipe, p: Params) -> None:
             for i in range(p.samples + 200):
                 sent = time.perf_counter()
                 await connection.send(probe)
-                got = await asyncio.wait_for(echoes.get(), 5)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the wait in a task of its
+                # own, two more loop turns per round trip (about 50 us here), which the blocking pyzmq
+                # client does not pay either.
+                async with asyncio.timeout(5):
+                    got = await echoes.get()
                 if i >= 200:
                     rtts.append(got - sent)
                 if i % 50 == 0:
@@ -175,6 +189,12 @@ def slip_client(pipe: Pipe, p: Params) -> None:
             rtts.sort()
             results["rtt_p50_us"] = rtts[len(rtts) // 2] * 1e6
             results["rtt_p99_us"] = rtts[int(len(rtts) * 0.99)] * 1e6
+            # one way to a parked receiver: a message every 30 ms, so both sides are deep in their idle
+            # pauses when it is sent (perf_counter is one clock for every process of the host)
+            for _ in range(p.parked):
+                await asyncio.sleep(p.parked_gap_s)
+                await connection.send(Quote(PARKED_PROBE, time.perf_counter(), "PARK"))
+            await connection.send_sync(_quote(0), timeout=10)
             # idle CPU of the connected pair
             pipe.send(("idle", None))
             await expect_async(pipe, "cpu-go", 30)
@@ -197,6 +217,7 @@ def run_slipstream(transport: str, quick: bool) -> dict[str, Any]:
         count=50_000 if quick else 200_000,
         samples=1000 if quick else 5000,
         handshakes=10 if quick else 30,
+        parked=50 if quick else 150,
     )
     try:
         with Children() as children:
@@ -209,7 +230,7 @@ def run_slipstream(transport: str, quick: bool) -> dict[str, Any]:
             client.send("cpu-go")
             result = client.expect("result", 60)
             server.send("cpu-stop")
-            server_cpu = server.expect("cpu", 10)
+            server_cpu, parked = server.expect("cpu", 10)
             client.send("close")  # the client first: over IPC it uses the server's driver
             client.finish()
             server.send("stop")
@@ -219,6 +240,10 @@ def run_slipstream(transport: str, quick: bool) -> dict[str, Any]:
         shutil.rmtree(directory + "-client", ignore_errors=True)
     idle_s = params.idle_s
     result["idle_cpu_percent_of_core"] = 100 * (result.pop("client_idle_cpu_s") + server_cpu) / idle_s
+    parked.sort()
+    result["parked_samples"] = len(parked)
+    result["parked_one_way_p50_us"] = parked[len(parked) // 2] * 1e6
+    result["parked_one_way_p99_us"] = parked[min(len(parked) - 1, int(len(parked) * 0.99))] * 1e6
     return result
 
 
