@@ -881,3 +881,51 @@ def test_keepalives_are_not_work_for_the_poller(driver_dir: Path) -> None:
             assert any(work > 0 and not live for work, live in polls["server"])
 
     run(main())
+
+
+def test_a_datagram_arriving_just_after_the_driver_read_still_wakes_the_poller(driver_dir: Path) -> None:
+    """A parked invoker-mode poller woken by its driver's input runs a cycle; if the descriptor is still
+    readable after a cycle that did nothing, the next wait leaves it out (input the driver leaves unread
+    must not spin the loop). A datagram that lands right after the driver read its socket looks the
+    same: the poller must take one more cycle to tell, or that datagram waits out a 100 ms pause."""
+
+    async def main() -> None:
+        port = free_ports(2)
+        async with Server(server_config(driver_dir, driver="invoker")) as server:
+            await server.bind(port)
+            group = server._group
+            assert group is not None
+            junk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            state: dict[str, Any] = {"inject": False, "outcome": None, "pause": 0.0}
+            waits: list[tuple[int, ...]] = []
+            real_cycle, real_park = group._cycle, group.backoff.park
+
+            def cycle(now_ns: int) -> int:
+                work = real_cycle(now_ns)
+                if state["inject"] and state["outcome"] == "input":
+                    state["inject"] = False  # a datagram lands after the driver's read in this cycle
+                    junk.sendto(b"late", ("127.0.0.1", port))
+                return work
+
+            async def park(doorbells: Any, pause_s: float, inputs: Any = ()) -> str:
+                waits.append(tuple(inputs))
+                state["pause"] = pause_s
+                outcome = await real_park(doorbells, pause_s, inputs)
+                state["outcome"], state["pause"] = outcome, 0.0
+                return outcome
+
+            group._cycle = cycle  # type: ignore[method-assign]
+            group.backoff.park = park  # type: ignore[method-assign]
+            try:
+                # Deep in its idle pauses (parked on doorbells and the driver's input).
+                await wait_for(lambda: group.backoff.parked and state["pause"] > 0.01, timeout=10)
+                assert waits[-1], "a parked invoker-mode poller waits on its driver's input"
+                waits.clear()
+                state["inject"] = True
+                junk.sendto(b"wake", ("127.0.0.1", port))  # wakes the poller by input
+                await wait_for(lambda: not state["inject"] and len(waits) >= 1, timeout=10)
+                assert waits[0], "the wait after a late datagram left the driver's input out"
+            finally:
+                junk.close()
+
+    run(main())

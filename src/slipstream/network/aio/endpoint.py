@@ -407,13 +407,20 @@ class PollGroup:
         parked: tuple[Parking, list[Doorbell], list[int]] | None = None
         woken_by: Sequence[int] = ()
         mute_inputs = False
+        rechecked = False
         busy_since_ns: int | None = None
         try:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
                 work = self._cycle(now_ns)
                 # Input a cycle leaves unread must not wake us in a loop: the next wait leaves it out.
+                # But a datagram may also have come in just after the driver read its socket: one more
+                # cycle tells the two apart (muted, that message would wait out a 100 ms pause).
                 mute_inputs = bool(woken_by) and not work and input_pending(woken_by)
+                if mute_inputs and not rechecked:
+                    rechecked = True
+                    continue
+                rechecked = False
                 woken_by = ()
                 if work:
                     if parked is not None:
