@@ -222,6 +222,10 @@ def test_driver_config_is_validated_at_construction_and_contradictions_refused(d
         DriverConfig(ipc_term_length=1000)
     with pytest.raises(ValueError, match="idle_strategy"):
         DriverConfig(idle_strategy="nap")
+    with pytest.raises(ValueError, match="idle_heartbeat_max_ns"):
+        DriverConfig(idle_heartbeat_max_ns=10_000_000)  # below the 100 ms heartbeat
+    with pytest.raises(ValueError, match="idle_status_message_max_ns"):
+        DriverConfig(idle_status_message_max_ns=6_000_000_000)  # past the sender's connection timeout
     with pytest.raises(slipstream.DriverConfigError, match="contradicts"):
         Context(driver_dir, driver_config=DriverConfig(directory=driver_dir / "other"))
     assert not driver_dir.exists()

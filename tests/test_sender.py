@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -549,3 +550,20 @@ def test_a_backlog_of_equal_messages_is_cut_into_datagrams_as_the_frame_scan_cut
     for now in (MS, 2 * MS, 3 * MS):
         assert fast.poll(now) == walk.poll(now)
         assert fast.sender_position == walk.sender_position
+
+
+def test_idle_heartbeats_back_off_when_configured_and_new_data_restarts_them() -> None:
+    """With ``idle_heartbeat_max_ns`` the first heartbeat after data still comes 100 ms later (it
+    reveals a lost tail); the next ones double their period up to the cap. New data starts over."""
+    sender, app = make_sender(SenderConfig(idle_heartbeat_max_ns=400 * MS))
+    connect(sender)
+    publish(app, b"h" * 10)
+    sender.poll(0)
+    sent_at = [t for t in range(MS, 1600 * MS, MS) for d in sender.poll(t) if len(d) == 32]
+    assert sent_at == [101 * MS, 302 * MS, 703 * MS, 1104 * MS, 1505 * MS]
+    publish(app, b"x" * 10)
+    assert [len(d) for d in sender.poll(1600 * MS)] == [64]  # the data
+    sent_at = [t for t in range(1601 * MS, 2000 * MS, MS) for d in sender.poll(t) if len(d) == 32]
+    assert sent_at == [1701 * MS, 1902 * MS]
+    with pytest.raises(ValueError, match="idle_heartbeat_max_ns"):
+        SenderConfig(idle_heartbeat_max_ns=50 * MS).validate()

@@ -160,6 +160,7 @@ def sender_config(uri: ChannelUri, control_mode: str | None, config: DriverConfi
         # (with GSO, a full batch is one system call).
         max_messages_per_send=GSO_MAX_SEGMENTS if config.udp_gso else 16,
         max_resend=uri.max_resend or SenderConfig().max_resend,
+        idle_heartbeat_max_ns=config.idle_heartbeat_max_ns,
     )
 
 
@@ -200,4 +201,5 @@ def receiver_config(uri: ChannelUri, actual_rcvbuf: int, config: DriverConfig) -
         receiver_window=min(uri.rcv_wnd or config.receiver_window, actual_rcvbuf),
         so_rcvbuf=actual_rcvbuf,
         nak_delay_ns=uri.nak_delay_ns if uri.nak_delay_ns is not None else ReceiverConfig().nak_delay_ns,
+        idle_sm_max_ns=config.idle_status_message_max_ns,
     )

@@ -65,6 +65,13 @@ class DriverConfig:
     reserved_session_id_low: int = RESERVED_SESSION_ID_LOW_DEFAULT
     reserved_session_id_high: int = RESERVED_SESSION_ID_HIGH_DEFAULT
     timer_interval_ns: int = 100 * MS
+    idle_heartbeat_max_ns: int | None = None
+    """While a publication sends nothing new, its heartbeats after the first back off from 100 ms,
+    doubling, up to this (at most 5 s; None: every 100 ms, as Aeron). The first heartbeat after data is
+    never delayed (it reveals a lost tail); later ones only keep the receiver's image alive."""
+    idle_status_message_max_ns: int | None = None
+    """While an image's position stays put, its timed status messages back off from 200 ms, doubling,
+    up to this (at most 2.5 s, half the sender's connection timeout; None: every 200 ms, as Aeron)."""
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
@@ -117,6 +124,13 @@ class DriverConfig:
             raise ValueError(f"counters_capacity must be at least 16: {self.counters_capacity}")
         if self.error_log_length < 0 or self.error_log_length % 8:
             raise ValueError(f"error_log_length must be a non-negative multiple of 8: {self.error_log_length}")
+        for name, low, high in (
+            ("idle_heartbeat_max_ns", 100 * MS, 5000 * MS),
+            ("idle_status_message_max_ns", 200 * MS, 2500 * MS),
+        ):
+            value = getattr(self, name)
+            if value is not None and not low <= value <= high:
+                raise ValueError(f"{name} must be None or in [{low}, {high}]: {value}")
         if self.reserved_session_id_low > self.reserved_session_id_high:
             raise ValueError("reserved_session_id_low must not exceed reserved_session_id_high")
         try:

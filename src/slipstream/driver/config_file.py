@@ -23,7 +23,7 @@ from ..errors import SlipstreamError
 from ..wire.uri import parse_duration_ns, parse_size
 from .config import DriverConfig
 
-Kind = Literal["path", "duration", "size", "optional_size", "int", "str", "bool"]
+Kind = Literal["path", "duration", "optional_duration", "size", "optional_size", "int", "str", "bool"]
 
 KINDS: Final[dict[str, Kind]] = {
     "directory": "path",
@@ -46,6 +46,8 @@ KINDS: Final[dict[str, Kind]] = {
     "reserved_session_id_low": "int",
     "reserved_session_id_high": "int",
     "timer_interval_ns": "duration",
+    "idle_heartbeat_max_ns": "optional_duration",
+    "idle_status_message_max_ns": "optional_duration",
 }
 """How each DriverConfig field is written in a file; a test checks it covers every field."""
 
@@ -102,7 +104,7 @@ def field_for_key(key: str) -> str | None:
         return name
     if name in _CLI_NAMES:
         return _CLI_NAMES[name]
-    if f"{name}_ns" in KINDS and KINDS[f"{name}_ns"] == "duration":
+    if f"{name}_ns" in KINDS and KINDS[f"{name}_ns"] in ("duration", "optional_duration"):
         return f"{name}_ns"
     return None
 
@@ -124,7 +126,7 @@ def _parse(kind: Kind, value: str | int) -> object:
     if isinstance(value, int):
         if kind in ("path", "str"):
             raise ValueError(f"expected a string, got the number {value}")
-        if kind == "optional_size" and value == 0:
+        if kind in ("optional_size", "optional_duration") and value == 0:
             return None
         return value
     text = value.strip()
@@ -138,7 +140,9 @@ def _parse(kind: Kind, value: str | int) -> object:
         if not _INT_RE.fullmatch(text):
             raise ValueError(f"expected an integer, got {text!r}")
         return int(text)
-    if kind == "duration":
+    if kind == "optional_duration" and (text.lower() in _NONE_WORDS or text == "0"):
+        return None  # the default: no back-off
+    if kind in ("duration", "optional_duration"):
         return parse_duration_ns(text)
     if kind == "optional_size" and (text.lower() in _NONE_WORDS or text == "0"):
         return None  # Aeron's meaning of 0: the OS default, or half a term for the IPC window
@@ -270,7 +274,7 @@ def _toml_value(kind: Kind | None, value: object) -> str:
         return json.dumps("none")
     if isinstance(value, bool):
         return "true" if value else "false"
-    if kind == "duration" and isinstance(value, int):
+    if kind in ("duration", "optional_duration") and isinstance(value, int):
         return json.dumps(_duration_text(value))
     if kind in ("size", "optional_size") and isinstance(value, int):
         text = _size_text(value)

@@ -61,6 +61,10 @@ class ReceiverConfig:
     so_rcvbuf: int = SO_RCVBUF_DEFAULT
     """A SETUP whose MTU exceeds the socket receive buffer is refused."""
     sm_timeout_ns: int = STATUS_MESSAGE_TIMEOUT_NS
+    idle_sm_max_ns: int | None = None
+    """While the image's position stays where the last status message put it, each timed status message
+    waits twice as long as the one before, up to this (None: every ``sm_timeout_ns``, as Aeron). Keep it
+    well under the sender's connection timeout and a dynamic MDC destination's timeout (5 s each)."""
     nak_delay_ns: int = NAK_UNICAST_DELAY_NS
     nak_retry_delay_ns: int | None = None
     """Delay between NAKs for a gap that persists; None means nak_delay_ns x 100."""
@@ -112,6 +116,10 @@ class ReceiverConfig:
             "mdc_registration_interval_ns",
         )
         require_non_negative(self, "nak_delay_ns", "nak_retry_delay_ns", "gap_fill_delay_ns", "eos_linger_multiple")
+        if self.idle_sm_max_ns is not None and self.idle_sm_max_ns < self.sm_timeout_ns:
+            raise ValueError(
+                f"idle_sm_max_ns must be at least sm_timeout_ns ({self.sm_timeout_ns}): {self.idle_sm_max_ns}"
+            )
         if self.nak_group_size < 1:
             raise ValueError(f"nak_group_size must be at least 1: {self.nak_group_size}")
         if not TERM_MIN_LENGTH <= self.max_term_length <= TERM_MAX_LENGTH:
@@ -131,6 +139,11 @@ class SenderConfig:
     window's end were lost, only a heartbeat (which raises the receiver's high-water mark) reveals the
     gap; waiting the idle period (100 ms) for it would stall a lossy stream. Heartbeats are legal at
     any time on the wire, so peers see nothing new."""
+    idle_heartbeat_max_ns: int | None = None
+    """While nothing new is sent, each heartbeat after the first waits twice as long as the one before,
+    up to this (None: every ``heartbeat_timeout_ns``, as Aeron). The first heartbeat after data, which
+    reveals a lost tail, is not delayed; later ones only keep the image alive (the receiver's liveness
+    timeout is 10 s), and each costs both hosts a system call and an idle peer a wake-up."""
     connection_timeout_ns: int = PUBLICATION_CONNECTION_TIMEOUT_NS
     linger_timeout_ns: int = PUBLICATION_LINGER_TIMEOUT_NS
     retransmit_delay_ns: int = RETRANSMIT_UNICAST_DELAY_NS
@@ -167,6 +180,11 @@ class SenderConfig:
             "retransmit_linger_ns",
         )
         require_non_negative(self, "linger_timeout_ns", "retransmit_delay_ns", "ttl")
+        if self.idle_heartbeat_max_ns is not None and self.idle_heartbeat_max_ns < self.heartbeat_timeout_ns:
+            raise ValueError(
+                f"idle_heartbeat_max_ns must be at least heartbeat_timeout_ns ({self.heartbeat_timeout_ns}): "
+                f"{self.idle_heartbeat_max_ns}"
+            )
         if not 1 <= self.max_resend <= MAX_RESEND_MAX:
             raise ValueError(f"max_resend must be in [1, {MAX_RESEND_MAX}]: {self.max_resend}")
         require_positive(

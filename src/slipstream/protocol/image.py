@@ -129,6 +129,8 @@ class PublicationImageReceiver:
         self._next_sm_position = join
         self._sm_scheduled = True  # the first SM goes out at once (reference 2.2.2)
         self._next_sm_deadline_ns = now_ns + config.sm_timeout_ns
+        self._sm_period_ns = config.sm_timeout_ns
+        """The period of timed status messages (grows while the position stays put: idle_sm_max_ns)."""
         self._sending_eos_sm = False
         self._eos_position: int | None = None
         self._last_packet_ns = now_ns
@@ -410,6 +412,7 @@ class PublicationImageReceiver:
         if not self._sm_scheduled and now_ns <= self._next_sm_deadline_ns:
             return
         position = self._next_sm_position
+        idle = not self._sm_scheduled and position == self._last_sm_position and not self._sending_eos_sm
         if self.is_connection_alive(now_ns):
             sm = StatusMessage(
                 self.session_id,
@@ -426,7 +429,12 @@ class PublicationImageReceiver:
         self._last_sm_position = position
         self._overrun_threshold = position + self.term_length // 2
         self._sm_scheduled = False
-        self._next_sm_deadline_ns = now_ns + self.config.sm_timeout_ns
+        longest = self.config.idle_sm_max_ns
+        if longest is not None and idle:
+            self._sm_period_ns = min(self._sm_period_ns * 2, longest)
+        else:
+            self._sm_period_ns = self.config.sm_timeout_ns
+        self._next_sm_deadline_ns = now_ns + self._sm_period_ns
 
     def _on_time_event(self, now_ns: int, events: list[ReceiverEvent]) -> None:
         state = self.state

@@ -118,6 +118,8 @@ class NetworkPublicationSender:
         self._is_connected = False
         self._last_setup_ns: int | None = None
         self._last_data_or_heartbeat_ns: int | None = None
+        self._heartbeat_period_ns = config.heartbeat_timeout_ns
+        """The idle period before the next heartbeat (grows while nothing new is sent: idle_heartbeat_max_ns)."""
         self._blocked = False
         """Data is waiting but the receiver window is exhausted (see ``blocked_heartbeat_ns``)."""
         self._linger_start_ns = 0
@@ -465,7 +467,7 @@ class NetworkPublicationSender:
             wake = min(wake, now_ns if last is None else last + config.setup_timeout_ns + 1)
         if self._has_initial_connection:
             last = self._last_data_or_heartbeat_ns
-            timeout = config.blocked_heartbeat_ns if self._blocked else config.heartbeat_timeout_ns
+            timeout = self._heartbeat_timeout_ns()
             wake = min(wake, now_ns if last is None else last + timeout + 1)
         if self._receivers and self._flow.expiry_ns < wake:
             wake = self._flow.expiry_ns
@@ -502,18 +504,29 @@ class NetworkPublicationSender:
         if self._is_connected:
             self._setup_elicited = False
 
+    def _heartbeat_timeout_ns(self) -> int:
+        """How long after the last data or heartbeat the next heartbeat is due."""
+        config = self.config
+        if self._blocked:
+            return config.blocked_heartbeat_ns
+        if self._is_end_of_stream:
+            return config.heartbeat_timeout_ns  # the receiver learns of the end promptly
+        return self._heartbeat_period_ns
+
     def _heartbeat_check(self, now_ns: int, out: list[BytesLike]) -> None:
         if not self._has_initial_connection:
             return
         last = self._last_data_or_heartbeat_ns
-        timeout = self.config.blocked_heartbeat_ns if self._blocked else self.config.heartbeat_timeout_ns
-        if last is not None and now_ns <= last + timeout:
+        if last is not None and now_ns <= last + self._heartbeat_timeout_ns():
             return
         term_id, term_offset = self._position_fields()
         eos = self.config.signal_eos and self._is_end_of_stream
         out.append(DataFrame.heartbeat(term_offset, self.session_id, self.stream_id, term_id, eos=eos).encode())
         self.heartbeats_sent += 1
         self._last_data_or_heartbeat_ns = now_ns
+        longest = self.config.idle_heartbeat_max_ns
+        if longest is not None and not self._blocked:
+            self._heartbeat_period_ns = min(self._heartbeat_period_ns * 2, longest)
         if eos and not self._eos_sent:
             self._eos_sent = True
             self._events.append(PublicationEndOfStreamSent(self.session_id, self.stream_id, self._snd_pos))
@@ -533,6 +546,7 @@ class NetworkPublicationSender:
         if consumed:
             self._snd_pos = snd_pos + consumed
             self._last_data_or_heartbeat_ns = now_ns
+            self._heartbeat_period_ns = self.config.heartbeat_timeout_ns
             self._track_sender_limits = True
             self._blocked = False
         else:

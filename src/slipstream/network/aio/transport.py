@@ -42,6 +42,10 @@ on one driver each have their own."""
 HANDSHAKE_IPC_REPLY_STREAM = 0x5EED_0000 + 0x20000
 """Base stream id of IPC handshake answers (+ port, as above)."""
 
+IDLE_DATAGRAM_MAX_NS = 1_000_000_000
+"""The longest period of an idle stream's heartbeats and status messages in drivers the network layer
+starts (Aeron: 100 ms and 200 ms; see ``DriverConfig.idle_heartbeat_max_ns``)."""
+
 _lock = threading.Lock()
 _contexts: dict[tuple[str, str], tuple[Context, int]] = {}
 
@@ -64,6 +68,10 @@ def acquire_context(directory: str | os.PathLike[str] | None, driver: str) -> Co
             reserved_session_id_low=-1,
             reserved_session_id_high=65535,
             threading_mode="invoker" if invoker else DriverConfig().threading_mode,
+            # An idle connection's streams heartbeat and acknowledge less and less often (up to once a
+            # second): each datagram costs both hosts a system call and wakes an idle peer.
+            idle_heartbeat_max_ns=IDLE_DATAGRAM_MAX_NS,
+            idle_status_message_max_ns=IDLE_DATAGRAM_MAX_NS,
         )
         context = Context(
             Path(directory) if directory is not None else None,
