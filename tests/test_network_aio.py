@@ -760,8 +760,9 @@ def test_160_clients_at_once_are_never_refused_an_image(driver_dir: Path) -> Non
 
 
 def test_an_idle_connection_parks_long_and_timers_still_fire(driver_dir: Path) -> None:
-    """Idle, the poller sleeps up to 100 ms between duty cycles (each wake-up costs CPU), but a pause
-    ends when a connection's timer (a ping's timeout) is due, not at the pause's end."""
+    """Idle, the poller sleeps up to 1 s between duty cycles (each wake-up costs CPU), but a pause ends
+    when a connection's timer (a ping's timeout) or a timer of the invoker-mode driver's streams (a
+    heartbeat, a status message) is due, not at the pause's end."""
 
     async def main() -> None:
         port = free_ports(50)
@@ -773,7 +774,9 @@ def test_an_idle_connection_parks_long_and_timers_still_fire(driver_dir: Path) -
             connection = await client.connect("127.0.0.1", port, timeout=10)
             await connection.ping(timeout=5)
             group = server._group
+            context = server._context
             assert group is not None and group is client._group  # one poller for the loop
+            assert context is not None and context is client._context  # and one driver
             cycles = 0
             real_cycle = group._cycle
 
@@ -786,11 +789,16 @@ def test_an_idle_connection_parks_long_and_timers_still_fire(driver_dir: Path) -
             await asyncio.sleep(0.2)  # past the short pauses
             cycles = 0
             await asyncio.sleep(1.0)
-            # 100 ms pauses (about 10 a second) plus a cycle per datagram (heartbeats and status messages
-            # of the handshake and connection streams, both sides in this loop); 10 ms pauses made 140.
+            # Pauses end at the streams' heartbeats and status messages (backing off to one a second)
+            # and a cycle runs per datagram; 100 ms pauses made about 40 here, 10 ms pauses 140.
             assert cycles < 100, cycles
-            # A long pause ends when a connection's timer is due: here a ping's timeout.
-            assert group._until_due(10.0, time.monotonic_ns()) > 0.5  # keepalive and expiry are seconds away
+            # A long pause ends when the driver's streams want a duty cycle...
+            now = time.monotonic_ns()
+            streams_due = context.invoker_deadline_ns()
+            assert streams_due is not None
+            assert group._until_due(10.0, now) <= max(group.backoff.max_sleep_s, (streams_due - now) / 1e9) + 1e-6
+            assert group._until_due(10.0, now) <= 1.0 + 1e-6  # idle heartbeats come at least once a second
+            # ...or when a connection's timer is due: here a ping's timeout.
             ping = asyncio.ensure_future(connection.ping(timeout=0.3))
             await asyncio.sleep(0)
             assert group._until_due(10.0, time.monotonic_ns()) <= 0.3

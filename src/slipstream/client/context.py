@@ -354,6 +354,12 @@ class Context:
         embedded = self._embedded
         return embedded is not None and embedded.data_in_flight()
 
+    def invoker_deadline_ns(self) -> int | None:
+        """For an invoker-mode embedded driver: the monotonic time (ns) its streams' timers (heartbeats,
+        status messages, NAKs) next want :meth:`invoke`, even if no input arrives; None otherwise."""
+        embedded = self._embedded
+        return embedded.streams_deadline_ns() if embedded is not None else None
+
     def invoke(self) -> int:
         """Run one duty cycle of an invoker-mode embedded driver on this thread and return the work it
         did; 0 (and nothing done) when the driver has its own thread or process, so a loop may call it

@@ -172,6 +172,18 @@ class DriverConductor:
                     return True
         return False
 
+    def streams_deadline_ns(self) -> int:
+        """When some UDP stream's machine is next due without input: a heartbeat, a SETUP, a status
+        message, a NAK or retransmission, a liveness check (``1 << 63``: none). An invoker-mode
+        application may sleep until then; the conductor's own chores (``timer_interval_ns``: client
+        liveness, counters) run late then, which only delays cleanup."""
+        deadline = 1 << 63
+        for network in self.sender.publications.values():
+            deadline = min(deadline, network.sender.deadline_ns)
+        for channel in self.receiver.channels.values():
+            deadline = min(deadline, channel.receive.deadline_ns)
+        return deadline
+
     def park(self, timeout_s: float) -> int:
         """Sleep until a client speaks (commands, doorbell), a datagram arrives, or ``timeout_s``.
 

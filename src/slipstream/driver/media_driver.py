@@ -177,6 +177,15 @@ class MediaDriver:
         conductor = self._conductor
         return self.is_invoker and conductor is not None and not self._closed and conductor.data_in_flight()
 
+    def streams_deadline_ns(self) -> int | None:
+        """In invoker mode, when a stream's timers next want a duty cycle (see
+        ``DriverConductor.streams_deadline_ns``); None for a driver with its own thread, or none due."""
+        conductor = self._conductor
+        if not self.is_invoker or conductor is None or self._closed:
+            return None
+        deadline = conductor.streams_deadline_ns()
+        return None if deadline >= 1 << 63 else deadline
+
     def input_fileno(self) -> int | None:
         """In invoker mode, a descriptor readable while the driver has input waiting (a datagram, a
         client's command): an application that parks its loop waits on it too, then invokes. None

@@ -355,6 +355,10 @@ class Endpoint:
         self._tasks.clear()
 
 
+UNPARKED_PAUSE_MAX_S = 0.1
+"""The longest pause of a poller that cannot park on doorbells (some image has no parking slot): only
+the pause's end lets it see a message for that image."""
+
 BUSY_NAP_EVERY_NS = 1_000_000
 """A poller busy this long without a pause naps once, when an embedded driver thread shares its GIL."""
 
@@ -449,7 +453,8 @@ class PollGroup:
                 if parked is None:
                     parked = self._park()
                     if parked is None:
-                        await backoff.sleep(pause)  # some image has no parking slot: a timed pause
+                        # some image has no parking slot: a timed pause, and a short one (no ring ends it)
+                        await backoff.sleep(min(pause, UNPARKED_PAUSE_MAX_S))
                         continue
                     if parked[0].ready():
                         continue  # appended before our bytes were visible: the next cycle takes it
@@ -482,16 +487,21 @@ class PollGroup:
         return work
 
     def _until_due(self, pause_s: float, now_ns: int) -> float:
-        """``pause_s``, cut short to end when the earliest timer of the endpoints' connections is due,
-        or to the back-off's short pause while an invoker-mode driver has data in flight; never below
-        that short pause (a timer already due gets a cycle soon, not a spin). The driver's periodic
-        chores run at the pause's end: a heartbeat may be late, nothing is lost."""
+        """``pause_s``, cut short to end when the earliest timer of the endpoints' connections or of an
+        invoker-mode driver's streams (heartbeats, status messages, NAKs) is due, or to the back-off's
+        short pause while such a driver has data in flight; never below that short pause (a timer
+        already due gets a cycle soon, not a spin). The driver's periodic chores (client liveness,
+        counters) run at the pause's end: they may be late, nothing is lost."""
         short = self.backoff.max_sleep_s
+        contexts: dict[int, Context] = {}
         for endpoint in self.endpoints:
             context = endpoint._context
-            if context is not None and context.invoker_busy():
-                return short
+            if context is not None and context.is_invoker:
+                if context.invoker_busy():
+                    return short
+                contexts[id(context)] = context
         due = earliest((endpoint._deadline_ns(now_ns) for endpoint in self.endpoints), None)
+        due = earliest((context.invoker_deadline_ns() for context in contexts.values()), due)
         if due is None:
             return pause_s
         return min(pause_s, max(short, (due - now_ns) / 1e9))

@@ -195,16 +195,15 @@ def is_local_host(host: str) -> bool:
 
 class IdleBackoff:
     """How an endpoint's poller waits when idle: yield for ``spin_s`` (at least ``spins`` times; every
-    fourth yield also gives up the CPU, see :meth:`idle`), then
-    pause from 50 us doubling to 1 ms, and after 20 ms without work pause up to 100 ms (a sender's
-    heartbeat interval, so an invoker-mode driver's chores still run on time), cut short by the
-    poller to the next timer of its connections or to 1 ms while an invoker-mode driver has data in
-    flight (an idle endpoint wakes about 10 times a second: each wake-up is a cold start that costs
-    far more on a loaded machine than on an idle one). A pause is spent parked on the doorbells of the
-    logs the poller reads (``park``: a writer rings, so a message is handled within microseconds, not after asyncio's
-    millisecond-rounded sleep) or, when some image has no parking slot, asleep (``idle``).
-    :meth:`kick` ends a pause at once: the application just sent something, and its answer should be
-    polled for promptly."""
+    fourth yield also gives up the CPU, see :meth:`idle`), then pause from 50 us doubling to 1 ms, and
+    after 20 ms without work pause up to 1 s, cut short by the poller to the next timer of its
+    connections and of an invoker-mode driver's streams (heartbeats, status messages), or to 1 ms while
+    such a driver has data in flight (each wake-up of an idle endpoint is a cold start that costs far
+    more on a loaded machine than on an idle one). A pause is spent parked on the doorbells of the logs
+    the poller reads (``park``: a writer rings, so a message is handled within microseconds, not after
+    asyncio's millisecond-rounded sleep) or, when some image has no parking slot, asleep (``idle``, at
+    most 100 ms). :meth:`kick` ends a pause at once: the application just sent something, and its
+    answer should be polled for promptly."""
 
     def __init__(
         self,
@@ -213,7 +212,7 @@ class IdleBackoff:
         nap_s: float = 2e-5,
         min_sleep_s: float = 5e-5,
         max_sleep_s: float = 1e-3,
-        deep_sleep_s: float = 1e-1,
+        deep_sleep_s: float = 1.0,
         deep_after_s: float = 0.02,
     ) -> None:
         self.spins = spins
