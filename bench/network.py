@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +47,9 @@ class Params:
     count: int = 200_000
     samples: int = 5_000
     idle_s: float = 3.0
+    settle_s: float = 2.0
+    """Idle CPU is measured from this long after the last message: a pair that just talked is still
+    backing off (its poller's pauses and its streams' heartbeats lengthen over about 1.5 s)."""
     handshakes: int = 30
     parked: int = 150
     parked_gap_s: float = 0.03
@@ -61,14 +65,26 @@ def _dir() -> str:
     return str(Path("/dev/shm") / f"slipstream-bench-net-{uuid.uuid4().hex[:10]}")
 
 
+async def readable(pipe: Pipe, timeout_s: float) -> None:
+    """Wait until the parent wrote to ``pipe`` (or ``timeout_s`` passed) without blocking the event loop
+    and without waking it in between: idle CPU is measured meanwhile, and a poll every 50 ms cost the
+    measured process more than some of what it measures."""
+    if pipe.poll(0):
+        return
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(pipe.fileno(), lambda: ready.done() or ready.set_result(None))
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ready, timeout_s)
+    finally:
+        loop.remove_reader(pipe.fileno())
+
+
 async def expect_async(pipe: Pipe, kind: str, timeout_s: float) -> Any:
     """``expect`` without blocking the event loop: the endpoints (and an invoker-mode driver) keep
     running while a worker waits for the parent."""
-    deadline = time.monotonic() + timeout_s
-    while not pipe.poll(0):
-        if time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.05)  # 20 looks a second: little next to what is measured
+    await readable(pipe, timeout_s)
     return expect(pipe, kind, 0)
 
 
@@ -111,7 +127,7 @@ def slip_server(pipe: Pipe, p: Params) -> None:
             pipe.send(("ready", None))
             start_cpu = time.process_time()
             while not pipe.poll(0):
-                await asyncio.sleep(0.05)
+                await readable(pipe, 3600)
             kind, _ = pipe.recv()
             if kind == "cpu":
                 start_cpu = time.process_time()
@@ -195,7 +211,8 @@ def slip_client(pipe: Pipe, p: Params) -> None:
                 await asyncio.sleep(p.parked_gap_s)
                 await connection.send(Quote(PARKED_PROBE, time.perf_counter(), "PARK"))
             await connection.send_sync(_quote(0), timeout=10)
-            # idle CPU of the connected pair
+            # idle CPU of the connected pair, once settled
+            await asyncio.sleep(p.settle_s)
             pipe.send(("idle", None))
             await expect_async(pipe, "cpu-go", 30)
             start_cpu = time.process_time()
