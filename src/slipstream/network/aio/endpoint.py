@@ -356,8 +356,9 @@ class Endpoint:
 
 
 UNPARKED_PAUSE_MAX_S = 0.1
-"""The longest pause of a poller that cannot park on doorbells (some image has no parking slot): only
-the pause's end lets it see a message for that image."""
+"""The longest pause of a poller that nothing would wake for some input: an image without a parking
+slot (no doorbell), or an invoker-mode driver's input left out of the wait (a cycle left it unread).
+Only the pause's end lets it see a message there."""
 
 BUSY_NAP_EVERY_NS = 1_000_000
 """A poller busy this long without a pause naps once, when an embedded driver thread shares its GIL."""
@@ -419,7 +420,7 @@ class PollGroup:
                 work = self._cycle(now_ns)
                 # Input a cycle leaves unread must not wake us in a loop: the next wait leaves it out.
                 # But a datagram may also have come in just after the driver read its socket: one more
-                # cycle tells the two apart (muted, that message would wait out a 100 ms pause).
+                # cycle tells the two apart (muted, that message would wait out the pause).
                 mute_inputs = bool(woken_by) and not work and input_pending(woken_by)
                 if mute_inputs and not rechecked:
                     rechecked = True
@@ -458,7 +459,9 @@ class PollGroup:
                         continue
                     if parked[0].ready():
                         continue  # appended before our bytes were visible: the next cycle takes it
-                inputs = () if mute_inputs else parked[2]
+                inputs: Sequence[int] = parked[2]
+                if mute_inputs:  # nothing wakes us for the driver's input: keep the pause short
+                    inputs, pause = (), min(pause, UNPARKED_PAUSE_MAX_S)
                 outcome = await backoff.park(parked[1], pause, inputs)
                 if outcome != "timeout":
                     # Rung, kicked or input: images or endpoints may have changed, so park afresh next
