@@ -9,6 +9,12 @@ from typing import Final
 from ..errors import DriverConfigError
 from ..files.directory import default_directory
 from ..files.idle import idle_strategy
+from ..protocol.defaults import (
+    IMAGE_LIVENESS_TIMEOUT_NS,
+    PUBLICATION_CONNECTION_TIMEOUT_NS,
+    PUBLICATION_HEARTBEAT_TIMEOUT_NS,
+    STATUS_MESSAGE_TIMEOUT_NS,
+)
 from ..wire.constants import IPC_TERM_DEFAULT_LENGTH, MTU_DEFAULT, TERM_DEFAULT_LENGTH
 from ..wire.positions import check_mtu, check_term_length
 
@@ -125,8 +131,8 @@ class DriverConfig:
         if self.error_log_length < 0 or self.error_log_length % 8:
             raise ValueError(f"error_log_length must be a non-negative multiple of 8: {self.error_log_length}")
         for name, low, high in (
-            ("idle_heartbeat_max_ns", 100 * MS, 5000 * MS),
-            ("idle_status_message_max_ns", 200 * MS, 2500 * MS),
+            ("idle_heartbeat_max_ns", PUBLICATION_HEARTBEAT_TIMEOUT_NS, IMAGE_LIVENESS_TIMEOUT_NS // 2),
+            ("idle_status_message_max_ns", STATUS_MESSAGE_TIMEOUT_NS, PUBLICATION_CONNECTION_TIMEOUT_NS // 2),
         ):
             value = getattr(self, name)
             if value is not None and not low <= value <= high:

@@ -50,6 +50,9 @@ KINDS: Final[dict[str, Kind]] = {
     "idle_status_message_max_ns": "optional_duration",
 }
 """How each DriverConfig field is written in a file; a test checks it covers every field."""
+_DURATIONS: Final = ("duration", "optional_duration")
+_OPTIONAL: Final = ("optional_size", "optional_duration")
+"""Kinds whose value may be absent: "none" (or 0) in a file, None in DriverConfig."""
 
 AERON_ALIASES: Final[dict[str, str]] = {
     "aeron.dir": "directory",
@@ -104,7 +107,7 @@ def field_for_key(key: str) -> str | None:
         return name
     if name in _CLI_NAMES:
         return _CLI_NAMES[name]
-    if f"{name}_ns" in KINDS and KINDS[f"{name}_ns"] in ("duration", "optional_duration"):
+    if KINDS.get(f"{name}_ns") in _DURATIONS:
         return f"{name}_ns"
     return None
 
@@ -126,7 +129,7 @@ def _parse(kind: Kind, value: str | int) -> object:
     if isinstance(value, int):
         if kind in ("path", "str"):
             raise ValueError(f"expected a string, got the number {value}")
-        if kind in ("optional_size", "optional_duration") and value == 0:
+        if kind in _OPTIONAL and value == 0:
             return None
         return value
     text = value.strip()
@@ -140,12 +143,10 @@ def _parse(kind: Kind, value: str | int) -> object:
         if not _INT_RE.fullmatch(text):
             raise ValueError(f"expected an integer, got {text!r}")
         return int(text)
-    if kind == "optional_duration" and (text.lower() in _NONE_WORDS or text == "0"):
-        return None  # the default: no back-off
-    if kind in ("duration", "optional_duration"):
+    if kind in _OPTIONAL and (text.lower() in _NONE_WORDS or text == "0"):
+        return None  # Aeron's meaning of 0: the OS default (a size), or no back-off (a duration)
+    if kind in _DURATIONS:
         return parse_duration_ns(text)
-    if kind == "optional_size" and (text.lower() in _NONE_WORDS or text == "0"):
-        return None  # Aeron's meaning of 0: the OS default, or half a term for the IPC window
     return parse_size(text)
 
 
@@ -274,7 +275,7 @@ def _toml_value(kind: Kind | None, value: object) -> str:
         return json.dumps("none")
     if isinstance(value, bool):
         return "true" if value else "false"
-    if kind in ("duration", "optional_duration") and isinstance(value, int):
+    if kind in _DURATIONS and isinstance(value, int):
         return json.dumps(_duration_text(value))
     if kind in ("size", "optional_size") and isinstance(value, int):
         text = _size_text(value)

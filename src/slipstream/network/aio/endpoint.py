@@ -396,16 +396,25 @@ class PollGroup:
         if endpoint in self.endpoints:
             self.endpoints.remove(endpoint)
 
+    def _contexts(self) -> list[Context]:
+        """The transport contexts the endpoints use, each once (endpoints of one directory share one).
+        Asked twice per duty cycle: a lone endpoint, the common case, costs no dictionary."""
+        if len(self.endpoints) == 1:
+            context = self.endpoints[0]._context
+            return [] if context is None else [context]
+        contexts: dict[int, Context] = {}
+        for endpoint in self.endpoints:
+            context = endpoint._context
+            if context is not None:
+                contexts.setdefault(id(context), context)
+        return list(contexts.values())
+
     def _invoke_drivers(self) -> None:
         """One duty cycle of each invoker-mode driver the endpoints use (a no-op for the others). Its
         own chores (heartbeats, status messages) do not count as work, or an idle endpoint would never
         park."""
-        invoked: set[int] = set()
-        for endpoint in self.endpoints:
-            context = endpoint._context
-            if context is not None and id(context) not in invoked:
-                invoked.add(id(context))
-                context.invoke()
+        for context in self._contexts():
+            context.invoke()
 
     async def _run(self) -> None:
         backoff = self.backoff
@@ -496,15 +505,11 @@ class PollGroup:
         already due gets a cycle soon, not a spin). The driver's periodic chores (client liveness,
         counters) run at the pause's end: they may be late, nothing is lost."""
         short = self.backoff.max_sleep_s
-        contexts: dict[int, Context] = {}
-        for endpoint in self.endpoints:
-            context = endpoint._context
-            if context is not None and context.is_invoker:
-                if context.invoker_busy():
-                    return short
-                contexts[id(context)] = context
+        invokers = [context for context in self._contexts() if context.is_invoker]
+        if any(context.invoker_busy() for context in invokers):
+            return short
         due = earliest((endpoint._deadline_ns(now_ns) for endpoint in self.endpoints), None)
-        due = earliest((context.invoker_deadline_ns() for context in contexts.values()), due)
+        due = earliest((context.invoker_deadline_ns() for context in invokers), due)
         if due is None:
             return pause_s
         return min(pause_s, max(short, (due - now_ns) / 1e9))
@@ -522,15 +527,10 @@ class PollGroup:
 
         Parking protocol: set the parked bytes, re-check the images (``Parking.ready``), then wait; the
         bytes are cleared once work is found."""
-        contexts: dict[int, Context] = {}
-        for endpoint in self.endpoints:
-            context = endpoint._context
-            if context is not None:
-                contexts.setdefault(id(context), context)
         parking = Parking()
         bells: list[Doorbell] = []
         inputs: list[int] = []
-        for context in contexts.values():
+        for context in self._contexts():
             fd = context.invoker_fileno()  # an invoker-mode driver's datagrams wake us too
             if fd is not None:
                 inputs.append(fd)
