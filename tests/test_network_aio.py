@@ -807,6 +807,26 @@ def test_an_idle_connection_parks_long_and_timers_still_fire(driver_dir: Path) -
     run(main())
 
 
+async def longest_stall(coro: Coroutine[Any, Any, Any]) -> float:
+    """Await ``coro`` and return the longest time the event loop stood still meanwhile."""
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.001)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.01)
+    await coro
+    await asyncio.sleep(0.01)  # the ticker's turn: it records the gap the coroutine left
+    ticker.cancel()
+    return max(gaps)
+
+
 def test_closing_a_client_does_not_stop_the_event_loop(driver_dir: Path) -> None:
     """A client's embedded driver lets its closed publications finish before it stops (nothing the
     application sent is dropped), but awaiting, not blocking: the server on the same loop goes on, and
@@ -822,24 +842,31 @@ def test_closing_a_client_does_not_stop_the_event_loop(driver_dir: Path) -> None
             connection = await client.connect("127.0.0.1", port, timeout=10)
             for n in range(100):
                 await connection.send(Base(n))
-            gaps: list[float] = []
-
-            async def tick() -> None:
-                last = time.monotonic()
-                while True:
-                    await asyncio.sleep(0.001)
-                    now = time.monotonic()
-                    gaps.append(now - last)
-                    last = now
-
-            ticker = asyncio.create_task(tick())
-            await asyncio.sleep(0.01)
-            await client.close()
-            await asyncio.sleep(0.01)  # the ticker's turn: it records the gap the close left
-            ticker.cancel()
+            stall = await longest_stall(client.close())
             await wait_for(lambda: len(got) == 100)
             assert got == list(range(100))
-            assert max(gaps) < 0.3, f"the loop stood still for {max(gaps):.3f} s while the client closed"
+            assert stall < 0.3, f"the loop stood still for {stall:.3f} s while the client closed"
+
+    try:
+        run(main())
+    finally:
+        shutil.rmtree(driver_dir.with_name(driver_dir.name + "-c"), ignore_errors=True)
+
+
+def test_closing_a_client_whose_server_is_gone_does_not_stop_the_event_loop(driver_dir: Path) -> None:
+    """With nobody left to acknowledge the end of stream, the client's driver gives its publications
+    half a second, awaited; closing the context must not then wait for them again, blocking (it did)."""
+
+    async def main() -> None:
+        port = free_ports(50)
+        server = Server(server_config(driver_dir, driver="invoker"))
+        await server.bind(port)
+        client = Client(client_config(driver_dir.with_name(driver_dir.name + "-c"), driver="invoker"))
+        connection = await client.connect("127.0.0.1", port, timeout=10)
+        await server.close()
+        assert await connection.wait_closed(5)
+        stall = await longest_stall(client.close())
+        assert stall < 0.3, f"the loop stood still for {stall:.3f} s while the client closed"
 
     try:
         run(main())

@@ -105,6 +105,7 @@ class Context:
         self._publications: dict[int, ExclusivePublication] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._closed = False
+        self._undrained = False  # a publication closed since the embedded driver last drained
         self._driver_error: DriverError | None = None
         self._sequence = 0
         self._decoder = cmd.driver_decoder()
@@ -532,6 +533,7 @@ class Context:
 
     def _close_publication(self, publication: ExclusivePublication) -> None:
         self._publications.pop(publication.registration_id, None)
+        self._undrained = True
         self._remove(cmd.RemovePublication, publication.registration_id)
         publication._release()
 
@@ -574,7 +576,7 @@ class Context:
             return
         for publication in list(self._publications.values()):
             publication.close()
-        if self._embedded is not None and self._driver_error is None:
+        if self._embedded is not None and self._driver_error is None and self._undrained:
             # Our own subscriptions stay open meanwhile: they answer end of stream, which ends a linger.
             self._embedded.drain()
         for subscription in list(self._subscriptions.values()):
@@ -602,12 +604,17 @@ class Context:
             self._embedded = None
 
     def drain_steps(self) -> Iterator[None]:
-        """The embedded driver's drain as steps (see ``MediaDriver.drain_steps``); none without one.
-        ``close`` drains by itself; an asyncio caller drains first, awaiting between steps, so that
-        closing does not stop its event loop for up to a second."""
+        """The first half of ``close`` as steps: every publication closes and the embedded driver
+        drains (see ``MediaDriver.drain_steps``); none without one. ``close`` drains by itself; an
+        asyncio caller drains first, awaiting between steps, so that closing does not stop its event
+        loop for up to a second, and ``close`` then does not wait again for what just finished (or
+        could not: a publication whose receiver went away is given up on once)."""
         if self._embedded is None or self._driver_error is not None or self._closed:
-            return iter(())
-        return self._embedded.drain_steps()
+            return
+        for publication in list(self._publications.values()):
+            publication.close()
+        yield from self._embedded.drain_steps()
+        self._undrained = False
 
     def __enter__(self) -> Context:
         return self

@@ -63,6 +63,8 @@ PORT_ATTEMPTS = 5
 """Control ports tried for one connection when the driver cannot bind one (another socket holds it)."""
 RELEASE_DELAY_S = 1.0
 """Ids and ports of a closed connection return to the pools after its publication lingered out."""
+SETTLE_STEP_S = 0.005
+"""How often ``close`` looks again at connections still coming up."""
 
 
 @dataclass(slots=True)
@@ -418,6 +420,21 @@ class Server(Endpoint):
             connection._send(message)
         self._connection_up(connection)
 
+    async def _settle_starting(self) -> None:
+        """Before closing, wait (up to the close timeout) for each starting connection whose client's
+        stream already reached us until our publication sees the client too. That client may count
+        itself connected already (its image of our publication comes up before our publication hears
+        its status message): closed before then, it would hear no CLOSE and wait out its expiry."""
+
+        def half_up() -> bool:
+            return any(s.subscription.image_count > 0 and not s.publication.is_connected for s in self._starting)
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.close_timeout
+        while half_up() and loop.time() < deadline:
+            self._kick()
+            await asyncio.sleep(SETTLE_STEP_S)
+
     # -- buffered sessions --------------------------------------------------------------------------
 
     def _session_waits(self, connection: Connection, event: Closed) -> bool:
@@ -546,6 +563,7 @@ class Server(Endpoint):
 
     async def close(self) -> None:
         """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
+        await self._settle_starting()
         if self._starting:
             self._check_starting(time.monotonic_ns())  # a client that is up must hear CLOSE too
         for starting in list(self._starting):
