@@ -565,6 +565,28 @@ def test_auto_ipc_falls_back_to_udp_when_the_server_has_no_ipc(driver_dir: Path)
     run(main())
 
 
+def test_a_client_accepted_as_the_server_closes_is_not_left_up(driver_dir: Path) -> None:
+    """Closed the moment it accepted a client (its streams still coming up), the server either leaves
+    that client's connect failing or tells it CLOSE: never a client that counts itself connected to a
+    server that is gone, until its expiry."""
+
+    async def main() -> None:
+        port = free_ports(50)
+        server = Server(server_config(driver_dir, connection_expiry=30.0))
+        await server.bind(port)
+        async with Client(client_config(driver_dir, connection_expiry=30.0)) as client:
+            connecting = asyncio.ensure_future(client.connect("127.0.0.1", port, timeout=5))
+            await wait_for(lambda: server.allocated > 0 or connecting.done(), timeout=10)
+            await server.close()
+            try:
+                connection = await connecting
+            except ConnectTimeout:
+                return
+            assert await connection.wait_closed(2), "the client stayed connected to a closed server"
+
+    run(main())
+
+
 def test_server_close_reaches_the_client_at_once(driver_dir: Path) -> None:
     async def main() -> None:
         port = free_ports(50)

@@ -139,6 +139,19 @@ def test_a_silent_peer_expires_and_a_short_blip_does_not() -> None:
     assert pair.clock.now_ns() - start >= 4_000_000_000
 
 
+def test_a_lost_transport_closes_at_once_as_an_expiry_and_sends_nothing() -> None:
+    pair = ConnectionPair(expiry_ns=4_000_000_000)
+    pair.a.lost("the peer's stream ended")
+    pair.a.lost("again")
+    assert pair.a.messages_to_send(pair.clock.now_ns()) == []
+    assert [e for e in pair.a.take_events() if isinstance(e, Closed)] == [
+        Closed(by_peer=False, expired=True, reason="the peer's stream ended")
+    ]
+    assert pair.a.deadline_ns is None
+    with pytest.raises(ConnectionClosedError):
+        pair.a.send(1)
+
+
 def test_close_reaches_the_peer_once() -> None:
     pair = ConnectionPair()
     pair.a.close("bye")

@@ -16,7 +16,8 @@ are handed to the adapter as :class:`RmiFrameReceived`; the RMI endpoint lives i
 
 Liveness: anything received proves the peer alive; a quiet side sends a KEEPALIVE every quarter of
 the expiry; a peer silent longer than ``expiry_ns`` is closed (``Closed(expired=True)``), so a blip
-shorter than that never disconnects. ``Closed`` is emitted exactly once. ``liveness_records`` counts
+shorter than that never disconnects; an adapter whose transport reports the peer's stream gone calls
+:meth:`lost` (the same close, at once). ``Closed`` is emitted exactly once. ``liveness_records`` counts
 the records that carried nothing but a KEEPALIVE, sent or received: an adapter does not count them as
 work, so an idle connection's poller keeps its long pauses instead of spinning up twice a keepalive.
 """
@@ -319,6 +320,12 @@ class ConnectionMachine:
             return
         self._append(FrameKind.CLOSE, 0, reason.encode("utf-8", "replace")[:200])
         self._close(by_peer=False, expired=False, reason=reason)
+
+    def lost(self, reason: str) -> None:
+        """The transport reports the peer gone (its stream ended or timed out): closed as a peer gone
+        silent is (``Closed(expired=True)``, sending nothing), without waiting out the expiry."""
+        if not self.closed:
+            self._close(by_peer=False, expired=True, reason=reason)
 
     def _close(self, *, by_peer: bool, expired: bool, reason: str) -> None:
         self.closed = True

@@ -155,7 +155,8 @@ class KeepaliveSent:
 @dataclass(frozen=True, slots=True)
 class Closed:
     """The connection ended: ``by_peer`` for a CLOSE frame, ``expired`` when the peer went silent
-    longer than the connection expiry, else closed locally. Emitted exactly once."""
+    longer than the connection expiry or its stream ended without a CLOSE (the peer is lost), else
+    closed locally. Emitted exactly once."""
 
     by_peer: bool
     expired: bool

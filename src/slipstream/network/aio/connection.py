@@ -456,6 +456,12 @@ class Connection:
         work = 0
         if not machine.closed:
             work = self._subscription.poll(self._assembler, 64)
+            if not work and not self._subscription.is_connected:
+                # The peer's publication is gone (closed, or silent past the image liveness): no CLOSE
+                # is coming (a server closed while our streams came up never sent one).
+                machine.lost("the peer's stream ended")
+                self._process_events()
+                return 1
         deadline = machine.deadline_ns
         if deadline is not None and now_ns >= deadline:
             machine.handle_timer(now_ns)

@@ -68,6 +68,7 @@ class Endpoint:
         self._group: PollGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
+        """Set once ``close`` began (a server then answers no more handshakes)."""
         self._recording: EndpointRecording | None = None
         """Set while recording (``config.recording``): from the first bind or connect until ``close``."""
 

@@ -553,8 +553,9 @@ class Server(Endpoint):
         if sessions is not None and (deadline := sessions.deadline_ns) is not None and now_ns >= deadline:
             sessions.handle_timer(now_ns)
             self._session_events()
-        for link in self._links:
-            work += self._handshake_cycle(link, now_ns)
+        if not self._closing:  # a client accepted while closing would miss the CLOSE
+            for link in self._links:
+                work += self._handshake_cycle(link, now_ns)
         if self._starting:
             work += self._check_starting(now_ns)
         for connection in list(self._connections.values()):
@@ -563,6 +564,7 @@ class Server(Endpoint):
 
     async def close(self) -> None:
         """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
+        self._closing = True  # no handshakes from now on
         await self._settle_starting()
         if self._starting:
             self._check_starting(time.monotonic_ns())  # a client that is up must hear CLOSE too
