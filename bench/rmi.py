@@ -3,8 +3,10 @@
     python -m bench.rmi [--quick] [--json PATH]
 
 RMI: one client process calls ``add(i, 1)`` on an object a server process hosts, awaiting each
-result (round trips per second), then sends fire-and-forget ``bump()`` calls and waits until the
-host counted them all (calls per second). slipstream is encrypted (Noise + ChaCha20-Poly1305) over
+result (round trips per second); then ``concurrency`` callers at once, each awaiting its own calls one
+by one (coroutines on one connection for slipstream, as asyncio does it; threads with a proxy or
+connection each for the peers, as they do it); then sends fire-and-forget ``bump()`` calls and waits
+until the host counted them all (calls per second). slipstream is encrypted (Noise + ChaCha20-Poly1305) over
 UDP loopback and over IPC; Pyro5 (serpent over TCP) and RPyC (its classic brine protocol over TCP)
 run with their unencrypted defaults. RPyC has no fire-and-forget: ``rpyc.async_`` still receives a
 reply, so its row counts calls whose replies were not awaited one by one.
@@ -66,6 +68,7 @@ class Params:
     port: int
     directory: str
     calls: int = 20_000
+    concurrency: int = 16
     oneway: int = 100_000
     file_bytes: int = 1 << 30
     file: str = ""
@@ -156,6 +159,15 @@ def slip_client(pipe: Pipe, p: Params) -> None:
             for i in range(p.calls):
                 assert await calc.add(i, 1) == i + 1
             awaited = p.calls / (time.perf_counter() - start)
+            each = p.calls // p.concurrency
+
+            async def caller() -> None:
+                for i in range(each):
+                    assert await calc.add(i, 1) == i + 1
+
+            start = time.perf_counter()
+            await asyncio.gather(*(caller() for _ in range(p.concurrency)))
+            concurrent = each * p.concurrency / (time.perf_counter() - start)
             oneway = calc.rmi_async()
             start = time.perf_counter()
             for i in range(p.oneway):
@@ -168,7 +180,7 @@ def slip_client(pipe: Pipe, p: Params) -> None:
                     raise TimeoutError("fire-and-forget calls did not all arrive")
                 await asyncio.sleep(0.001)
             fire = p.oneway / (time.perf_counter() - start)
-        pipe.send(("result", {"awaited_per_s": awaited, "oneway_per_s": fire}))
+        pipe.send(("result", {"awaited_per_s": awaited, "concurrent_per_s": concurrent, "oneway_per_s": fire}))
 
     asyncio.run(main())
 
@@ -216,7 +228,41 @@ def pyro_client(pipe: Pipe, p: Params) -> None:
                 calc.bump()
 
         result = _blocking_rates(calc.add, oneway, calc.count, p, "Pyro5 oneway calls")
+
+    def caller() -> None:
+        with Pyro5.api.Proxy(uri) as own:  # a Pyro5 proxy belongs to one thread
+            _calls(own.add, p.calls // p.concurrency)
+
+    result["concurrent_per_s"] = _threaded_rate(caller, p)
     pipe.send(("result", result))
+
+
+def _calls(add: Callable[[int, int], int], count: int) -> None:
+    for i in range(count):
+        assert add(i, 1) == i + 1
+
+
+def _threaded_rate(caller: Callable[[], None], p: Params) -> float:
+    """Awaited calls per second of ``p.concurrency`` threads each running ``caller`` (its own proxy, its
+    own ``p.calls // p.concurrency`` calls), from the first thread's start to the last one's end."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            caller()
+        except BaseException as exc:  # reported below: a failed peer must not look fast
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(p.concurrency)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    elapsed = time.perf_counter() - start
+    if errors or any(thread.is_alive() for thread in threads):
+        raise RuntimeError(f"concurrent callers failed: {errors[:1] or 'timed out'}")
+    return p.calls // p.concurrency * p.concurrency / elapsed
 
 
 def _blocking_rates(
@@ -284,6 +330,15 @@ def rpyc_client(pipe: Pipe, p: Params) -> None:
         result = _blocking_rates(root.add, oneway, root.count, p, "RPyC async calls")
     finally:
         conn.close()
+
+    def caller() -> None:
+        own = rpyc.connect("127.0.0.1", p.port)  # one connection per thread, RPyC's threaded-client way
+        try:
+            _calls(own.root.add, p.calls // p.concurrency)
+        finally:
+            own.close()
+
+    result["concurrent_per_s"] = _threaded_rate(caller, p)
     pipe.send(("result", result))
 
 
@@ -418,10 +473,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     rmi = results["rmi"]
     for transport in ("ipc", "udp") if rmi else ():
-        mine = rmi[f"slipstream-{transport}"]["awaited_per_s"]
-        for peer in ("pyro5", "rpyc"):
-            ratio = mine / rmi[peer]["awaited_per_s"]
-            print(f"awaited calls, slipstream {transport} vs {peer}: {ratio:.2f}x", flush=True)
+        for key, what in (("awaited_per_s", "awaited calls one at a time"),
+                          ("concurrent_per_s", f"awaited calls, {p.concurrency} callers at once")):  # fmt: skip
+            mine = rmi[f"slipstream-{transport}"][key]
+            for peer in ("pyro5", "rpyc"):
+                print(f"{what}, slipstream {transport} vs {peer}: {mine / rmi[peer][key]:.2f}x", flush=True)
     text = json.dumps(results, indent=2)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
