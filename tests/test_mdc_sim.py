@@ -40,9 +40,17 @@ def is_registration(datagram: Datagram) -> bool:
     return isinstance(frame, StatusMessage) and frame.session_id == 0 and bool(frame.flags & SM_SEND_SETUP_FLAG)
 
 
+def both_joined(pair: TransportPair) -> None:
+    """Run until every subscription has its image. A registration is answered with a SETUP of its own
+    at once, at the sender's position then: one that joins after data flowed starts there (as in
+    Aeron), so these tests let both join before anything is offered."""
+    pair.run_until(lambda: all(sub.subscriber is not None for sub in pair.subscriptions), 5 * S)
+
+
 def test_dynamic_mdc_delivers_every_byte_to_every_registered_subscription_under_loss() -> None:
     pair = TransportPair(seed=61, sender_config=MDC, term_length=TERM, data_link=lossy(0.1), control_link=lossy(0.1))
     second = pair.add_subscription(SECOND_SUBSCRIPTION, control=PUBLICATION_ADDRESS, seed=62)
+    both_joined(pair)
     sent = messages(100, seed=61)
     pair.offer(sent)
     pair.run_until(lambda: pair.received() == sent and second.received() == sent, 30 * S)
@@ -63,6 +71,7 @@ def test_a_silent_destination_expires_and_the_others_keep_receiving() -> None:
         seed=63, sender_config=config, term_length=TERM, data_link=lossy(0.05), control_link=lossy(0.05)
     )
     second = pair.add_subscription(SECOND_SUBSCRIPTION, control=PUBLICATION_ADDRESS, seed=64)
+    both_joined(pair)
     first = messages(40, seed=63)
     pair.offer(first)
     pair.run_until(lambda: pair.received() == first and second.received() == first, 10 * S)

@@ -567,3 +567,25 @@ def test_idle_heartbeats_back_off_when_configured_and_new_data_restarts_them() -
     assert sent_at == [1701 * MS, 1902 * MS]
     with pytest.raises(ValueError, match="idle_heartbeat_max_ns"):
         SenderConfig(idle_heartbeat_max_ns=50 * MS).validate()
+
+
+def test_a_new_dynamic_mdc_destination_asking_for_setup_gets_its_own_at_once() -> None:
+    """Not up to 100 ms later with the next periodic SETUP (a client's connect waited that twice)."""
+    sender, _ = make_sender(SenderConfig(control_mode="dynamic"))
+    assert sender.poll_batches(0) == []  # the first SETUP: no destination yet
+    first, second = ("10.0.0.2", 40001), ("10.0.0.3", 40002)
+    register = StatusMessage(0, 0, 0, 0, 0, 9, None, SM_SEND_SETUP_FLAG).encode()  # Aeron's session-less form
+    sender.on_datagram(register, 5 * MS, first)
+    batches = sender.poll_batches(5 * MS)
+    assert [(to, [type(f) for d in datagrams for f in decode_datagram(d)]) for datagrams, to in batches] == [
+        (first, [SetupFrame])
+    ]
+    sender.on_datagram(register, 6 * MS, first)  # known now: it waits for the periodic SETUP
+    assert sender.poll_batches(6 * MS) == []
+    sender.on_datagram(register, 7 * MS, second)
+    assert [to for _, to in sender.poll_batches(7 * MS)] == [second]
+    assert [sorted(to for _, to in sender.poll_batches(101 * MS))] == [sorted([first, second])]  # periodic, to all
+    unicast, _ = make_sender()
+    unicast.poll(0)
+    unicast.on_datagram(register, 5 * MS, first)
+    assert unicast.poll_batches(5 * MS) == []

@@ -72,6 +72,9 @@ _c_cut_datagrams: Callable[[memoryview, int, int, int, int, list[BytesLike]], tu
 """The C cut of new data into datagrams (the loop of ``_send_data``), or None for the Python one."""
 
 
+SETUP_AT_ONCE_LIMIT = 1024
+"""New dynamic-MDC destinations answered with their own SETUP per poll (more wait for the periodic one)."""
+
 class NetworkPublicationSender:
     """Sender state machine of one publication session (one ``session_id``/``stream_id`` on one channel).
 
@@ -130,6 +133,9 @@ class NetworkPublicationSender:
         self._dynamic = config.control_mode == "dynamic"
         self._destinations: dict[Address, int] = {}
         """MDC destinations -> time of their last status message (manual ones never expire)."""
+        self._setup_for: list[Address] = []
+        """Dynamic MDC: destinations new since the last poll that asked for SETUP; each gets its own at
+        once (``poll_batches``), instead of waiting up to the setup timeout for the next one to all."""
         self._replies: list[BytesLike] = []
         self._resends: list[BytesLike] = []
         """Retransmissions made as NAKs arrived, for the next poll: at most four polls' retransmit budget."""
@@ -290,11 +296,13 @@ class NetworkPublicationSender:
 
     def on_datagram(self, data: BytesLike, now_ns: int, source: Address = None) -> None:
         """Handle one datagram received on the publication's socket (SM, NAK, RTTM or ERR) from ``source``."""
+        fresh: Address = None
         if self._dynamic and len(data) >= SM_LENGTH and data[6] == HDR_TYPE_SM and not data[7]:
             # Dynamic MDC: any status message at the control port adds or refreshes its source as a
             # destination: the reply traffic a NAT lets through (reference 3.2, 3.5).
             if source not in self._destinations:
                 self._events.append(DestinationAdded(self.session_id, self.stream_id, source))
+                fresh = source
             self._destinations[source] = now_ns
         if self.state is SenderState.DONE:
             return
@@ -305,7 +313,7 @@ class NetworkPublicationSender:
             self.invalid_packets += 1
             return
         if isinstance(frame, StatusMessage):
-            self._on_status_message(frame, now_ns)
+            self._on_status_message(frame, now_ns, fresh)
         elif isinstance(frame, Nak):
             self._on_nak(frame, now_ns)
         elif isinstance(frame, RttMeasurement):
@@ -321,7 +329,13 @@ class NetworkPublicationSender:
         self.ignored_packets += 1
         return False
 
-    def _on_status_message(self, sm: StatusMessage, now_ns: int) -> None:
+    def _on_status_message(self, sm: StatusMessage, now_ns: int, fresh: Address = None) -> None:
+        if fresh is not None and sm.flags & SM_SEND_SETUP_FLAG and sm.session_id == 0 and sm.stream_id == 0:
+            # A receiver new to this dynamic-MDC endpoint asks every publication on it for SETUP (the
+            # session-less form Aeron's receivers send when they add the control destination).
+            if not self._is_end_of_stream and len(self._setup_for) < SETUP_AT_ONCE_LIMIT:
+                self._setup_for.append(fresh)
+            return
         if not self._is_mine(sm.session_id, sm.stream_id):
             return
         term_length = self.term_length
@@ -335,6 +349,8 @@ class NetworkPublicationSender:
             # A receiver without an image asks for SETUP; its position fields carry nothing.
             if not self._is_end_of_stream:
                 self._setup_elicited = True
+                if fresh is not None and len(self._setup_for) < SETUP_AT_ONCE_LIMIT:
+                    self._setup_for.append(fresh)
             return
         position = compute_position(sm.consumption_term_id, offset, self._bits, self.initial_term_id)
         if abs(position - self._snd_pos) > term_length // 2:
@@ -428,14 +444,32 @@ class NetworkPublicationSender:
     def poll_batches(self, now_ns: int) -> list[tuple[list[BytesLike], Address | None]]:
         """``poll``'s datagrams with where they go: one batch for the connected peer (destination None)
         on unicast, the same batch for every destination on MDC (expired dynamic ones dropped first)."""
+        early = self._early_setups() if self._setup_for else []
         datagrams = self.poll(now_ns)
         if not datagrams:
-            return []
+            return early
         if self.config.control_mode is None:
             return [(datagrams, None)]
         if self._dynamic:
             self._expire_destinations(now_ns)
-        return [(datagrams, destination) for destination in self._destinations]
+        return early + [(datagrams, destination) for destination in self._destinations]
+
+    def _early_setups(self) -> list[tuple[list[BytesLike], Address | None]]:
+        """A SETUP for each destination new since the last poll that asked for one, to it alone: a
+        client joining a dynamic-MDC stream gets its image within a round trip, not up to the setup
+        timeout (100 ms) later. One datagram per new destination, so nothing is amplified; the periodic
+        SETUP to every destination goes on as before."""
+        if self.state is not SenderState.ACTIVE or self._is_end_of_stream:
+            self._setup_for.clear()
+            return []
+        setup = self._setup_frame().encode()
+        early: list[tuple[list[BytesLike], Address | None]] = [
+            ([setup], destination) for destination in self._setup_for if destination in self._destinations
+        ]
+        self._setup_for.clear()
+        self.setups_sent += len(early)
+        self.datagrams_sent += len(early)
+        return early
 
     def _unsent(self) -> bool:
         """Whether the log holds data beyond the sender position (committed or still being written).
@@ -456,6 +490,8 @@ class NetworkPublicationSender:
         state = self.state
         if state is SenderState.DONE:
             return 1 << 63
+        if self._setup_for:
+            return now_ns  # new destinations wait for their SETUP (``poll_batches``)
         if (self._unsent() and not self._blocked) or state is SenderState.DRAINING:
             return now_ns  # data left to send (or a claim not yet committed), or draining
         config = self.config
@@ -482,12 +518,9 @@ class NetworkPublicationSender:
         position = self._snd_pos
         return compute_term_id(position, self._bits, self.initial_term_id), position & self._mask
 
-    def _setup_check(self, now_ns: int, out: list[BytesLike]) -> None:
-        last = self._last_setup_ns
-        if last is not None and now_ns <= last + self.config.setup_timeout_ns:
-            return
+    def _setup_frame(self) -> SetupFrame:
         term_id, term_offset = self._position_fields()
-        setup = SetupFrame(
+        return SetupFrame(
             term_offset,
             self.session_id,
             self.stream_id,
@@ -498,7 +531,12 @@ class NetworkPublicationSender:
             self.config.ttl,
             SETUP_GROUP_FLAG if self.config.group else 0,
         )
-        out.append(setup.encode())
+
+    def _setup_check(self, now_ns: int, out: list[BytesLike]) -> None:
+        last = self._last_setup_ns
+        if last is not None and now_ns <= last + self.config.setup_timeout_ns:
+            return
+        out.append(self._setup_frame().encode())
         self.setups_sent += 1
         self._last_setup_ns = now_ns
         if self._is_connected:
