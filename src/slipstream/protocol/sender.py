@@ -75,6 +75,7 @@ _c_cut_datagrams: Callable[[memoryview, int, int, int, int, list[BytesLike]], tu
 SETUP_AT_ONCE_LIMIT = 1024
 """New dynamic-MDC destinations answered with their own SETUP per poll (more wait for the periodic one)."""
 
+
 class NetworkPublicationSender:
     """Sender state machine of one publication session (one ``session_id``/``stream_id`` on one channel).
 
