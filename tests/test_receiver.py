@@ -467,7 +467,7 @@ def test_end_of_stream_drains_image_with_eos_status_messages_then_removes_it_aft
     endpoint.on_datagram(data(0, b"a" * 100), 2 * MS, SRC)
     endpoint.poll(2 * MS)
     assert image.state is ImageState.DRAINING
-    sms = status_messages(endpoint.poll(300 * MS))
+    sms = status_messages(endpoint.poll(2 * MS))  # at once: it ends the sender's linger
     assert sms and all(sm.flags == SM_EOS_FLAG for sm in sms)
     endpoint.poll(1100 * MS)
     assert image.state is ImageState.DRAINING  # subscribers have not consumed up to rcv-pos

@@ -452,6 +452,9 @@ class PublicationImageReceiver:
             self.removal_reason = reason
             self._state_change_ns = now_ns
             self._sending_eos_sm = True
+            # That status message goes with the next poll (Aeron's does for an end of stream), not an SM
+            # period later: it ends the sender's linger, and an embedded driver's drain on close.
+            self._next_sm_deadline_ns = now_ns - 1
         elif state is ImageState.DRAINING:
             drained = self._unsubscribed or self._consumption >= self._rcv_pos
             if drained and now_ns > self._state_change_ns + config.eos_linger_multiple * config.sm_timeout_ns:

@@ -680,6 +680,9 @@ class NetworkPublicationSender:
                     return
             else:
                 self._is_end_of_stream = True
+                # The end-of-stream heartbeat goes with the next poll, not a heartbeat period later: the
+                # receivers acknowledge it, which ends the linger (and an embedded driver's drain).
+                self._last_data_or_heartbeat_ns = None
             self.state = SenderState.LINGER
             self._linger_start_ns = now_ns
         elif state is SenderState.LINGER and (
