@@ -155,18 +155,17 @@ def slip_client(pipe: Pipe, p: Params) -> None:
             calc = connection.rmi.get_global(ICalc, object_id)
             for i in range(500):  # warm-up
                 await calc.add(i, 1)
-            start = time.perf_counter()
-            for i in range(p.calls):
-                assert await calc.add(i, 1) == i + 1
-            awaited = p.calls / (time.perf_counter() - start)
-            each = p.calls // p.concurrency
 
-            async def caller() -> None:
-                for i in range(each):
+            async def calls(count: int) -> None:
+                for i in range(count):
                     assert await calc.add(i, 1) == i + 1
 
             start = time.perf_counter()
-            await asyncio.gather(*(caller() for _ in range(p.concurrency)))
+            await calls(p.calls)
+            awaited = p.calls / (time.perf_counter() - start)
+            each = p.calls // p.concurrency
+            start = time.perf_counter()
+            await asyncio.gather(*(calls(each) for _ in range(p.concurrency)))
             concurrent = each * p.concurrency / (time.perf_counter() - start)
             oneway = calc.rmi_async()
             start = time.perf_counter()
@@ -273,8 +272,7 @@ def _blocking_rates(
     for i in range(500):  # warm-up
         add(i, 1)
     start = time.perf_counter()
-    for i in range(p.calls):
-        assert add(i, 1) == i + 1
+    _calls(add, p.calls)
     awaited = p.calls / (time.perf_counter() - start)
     start = time.perf_counter()
     oneway()

@@ -8,7 +8,7 @@ import random
 import shutil
 import socket
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -829,6 +829,14 @@ def test_an_idle_connection_parks_long_and_timers_still_fire(driver_dir: Path) -
     run(main())
 
 
+@pytest.fixture
+def client_dir(driver_dir: Path) -> Iterator[Path]:
+    """A second driver directory beside ``driver_dir``, for a client with its own driver (removed after)."""
+    path = driver_dir.with_name(driver_dir.name + "-c")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 async def longest_stall(coro: Coroutine[Any, Any, Any]) -> float:
     """Await ``coro`` and return the longest time the event loop stood still meanwhile."""
     gaps: list[float] = []
@@ -849,7 +857,7 @@ async def longest_stall(coro: Coroutine[Any, Any, Any]) -> float:
     return max(gaps)
 
 
-def test_closing_a_client_does_not_stop_the_event_loop(driver_dir: Path) -> None:
+def test_closing_a_client_does_not_stop_the_event_loop(driver_dir: Path, client_dir: Path) -> None:
     """A client's embedded driver lets its closed publications finish before it stops (nothing the
     application sent is dropped), but awaiting, not blocking: the server on the same loop goes on, and
     acknowledges the end of stream, so the close is quick too. It used to block the loop for 1 s."""
@@ -860,7 +868,7 @@ def test_closing_a_client_does_not_stop_the_event_loop(driver_dir: Path) -> None
         async with Server(server_config(driver_dir, driver="invoker")) as server:
             server.on_message(Base)(lambda connection, message: got.append(message.n))
             await server.bind(port)
-            client = Client(client_config(driver_dir.with_name(driver_dir.name + "-c"), driver="invoker"))
+            client = Client(client_config(client_dir, driver="invoker"))
             connection = await client.connect("127.0.0.1", port, timeout=10)
             for n in range(100):
                 await connection.send(Base(n))
@@ -869,13 +877,10 @@ def test_closing_a_client_does_not_stop_the_event_loop(driver_dir: Path) -> None
             assert got == list(range(100))
             assert stall < 0.3, f"the loop stood still for {stall:.3f} s while the client closed"
 
-    try:
-        run(main())
-    finally:
-        shutil.rmtree(driver_dir.with_name(driver_dir.name + "-c"), ignore_errors=True)
+    run(main())
 
 
-def test_closing_a_client_whose_server_is_gone_does_not_stop_the_event_loop(driver_dir: Path) -> None:
+def test_closing_a_client_whose_server_is_gone_does_not_stop_the_event_loop(driver_dir: Path, client_dir: Path) -> None:
     """With nobody left to acknowledge the end of stream, the client's driver gives its publications
     half a second, awaited; closing the context must not then wait for them again, blocking (it did)."""
 
@@ -883,17 +888,14 @@ def test_closing_a_client_whose_server_is_gone_does_not_stop_the_event_loop(driv
         port = free_ports(50)
         server = Server(server_config(driver_dir, driver="invoker"))
         await server.bind(port)
-        client = Client(client_config(driver_dir.with_name(driver_dir.name + "-c"), driver="invoker"))
+        client = Client(client_config(client_dir, driver="invoker"))
         connection = await client.connect("127.0.0.1", port, timeout=10)
         await server.close()
         assert await connection.wait_closed(5)
         stall = await longest_stall(client.close())
         assert stall < 0.3, f"the loop stood still for {stall:.3f} s while the client closed"
 
-    try:
-        run(main())
-    finally:
-        shutil.rmtree(driver_dir.with_name(driver_dir.name + "-c"), ignore_errors=True)
+    run(main())
 
 
 def test_keepalives_are_not_work_for_the_poller(driver_dir: Path) -> None:

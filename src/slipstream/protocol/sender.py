@@ -334,8 +334,7 @@ class NetworkPublicationSender:
         if fresh is not None and sm.flags & SM_SEND_SETUP_FLAG and sm.session_id == 0 and sm.stream_id == 0:
             # A receiver new to this dynamic-MDC endpoint asks every publication on it for SETUP (the
             # session-less form Aeron's receivers send when they add the control destination).
-            if not self._is_end_of_stream and len(self._setup_for) < SETUP_AT_ONCE_LIMIT:
-                self._setup_for.append(fresh)
+            self._setup_at_once(fresh)
             return
         if not self._is_mine(sm.session_id, sm.stream_id):
             return
@@ -350,8 +349,8 @@ class NetworkPublicationSender:
             # A receiver without an image asks for SETUP; its position fields carry nothing.
             if not self._is_end_of_stream:
                 self._setup_elicited = True
-                if fresh is not None and len(self._setup_for) < SETUP_AT_ONCE_LIMIT:
-                    self._setup_for.append(fresh)
+                if fresh is not None:
+                    self._setup_at_once(fresh)
             return
         position = compute_position(sm.consumption_term_id, offset, self._bits, self.initial_term_id)
         if abs(position - self._snd_pos) > term_length // 2:
@@ -454,6 +453,11 @@ class NetworkPublicationSender:
         if self._dynamic:
             self._expire_destinations(now_ns)
         return early + [(datagrams, destination) for destination in self._destinations]
+
+    def _setup_at_once(self, destination: Address) -> None:
+        """Queue a SETUP to ``destination`` alone for the next ``poll_batches`` (bounded per poll)."""
+        if not self._is_end_of_stream and len(self._setup_for) < SETUP_AT_ONCE_LIMIT:
+            self._setup_for.append(destination)
 
     def _early_setups(self) -> list[tuple[list[BytesLike], Address | None]]:
         """A SETUP for each destination new since the last poll that asked for one, to it alone: a
