@@ -421,13 +421,16 @@ class Server(Endpoint):
         self._connection_up(connection)
 
     async def _settle_starting(self) -> None:
-        """Before closing, wait (up to the close timeout) for each starting connection whose client's
-        stream already reached us until our publication sees the client too. That client may count
-        itself connected already (its image of our publication comes up before our publication hears
-        its status message): closed before then, it would hear no CLOSE and wait out its expiry."""
+        """Before closing, wait (up to the close timeout) for each starting connection that is half up
+        (the client's stream reached us, or our publication sees the client) until it is up or gone:
+        that client may count itself connected already. Its image of our publication comes up before
+        our publication hears its status message, and our subscription learns of its stream a moment
+        after its publication connected. Once up, the connection is closed like any other: the client
+        hears CLOSE (else it would wait out its expiry) and ``on_connect`` / ``on_disconnect`` run here
+        as they did there."""
 
         def half_up() -> bool:
-            return any(s.subscription.image_count > 0 and not s.publication.is_connected for s in self._starting)
+            return any((s.subscription.image_count > 0) != s.publication.is_connected for s in self._starting)
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.close_timeout
