@@ -68,8 +68,8 @@ def acquire_context(directory: str | os.PathLike[str] | None, driver: str) -> Co
             reserved_session_id_low=-1,
             reserved_session_id_high=65535,
             threading_mode="invoker" if invoker else DriverConfig().threading_mode,
-            # An idle connection's streams heartbeat and acknowledge once a second after the first
-            # (100 / 200 ms after data): each datagram costs both hosts a system call and wakes an idle peer.
+            # An idle connection's streams heartbeat and acknowledge less and less often (up to once a
+            # second): each datagram costs both hosts a system call and wakes an idle peer.
             idle_heartbeat_max_ns=IDLE_DATAGRAM_MAX_NS,
             idle_status_message_max_ns=IDLE_DATAGRAM_MAX_NS,
         )
