@@ -421,9 +421,9 @@ class Server(Endpoint):
         self._connection_up(connection)
 
     async def _settle_starting(self) -> None:
-        """Before closing, wait (up to the close timeout) for each starting connection that is half up
-        (the client's stream reached us, or our publication sees the client) until it is up or gone:
-        that client may count itself connected already. Its image of our publication comes up before
+        """Before closing, wait for each starting connection that is half up (the client's stream reached
+        us, or our publication sees the client) until it is up, for at most the close timeout: that
+        client may count itself connected already. Its image of our publication comes up before
         our publication hears its status message, and our subscription learns of its stream a moment
         after its publication connected. Once up, the connection is closed like any other: the client
         hears CLOSE (else it would wait out its expiry) and ``on_connect`` / ``on_disconnect`` run here
