@@ -25,9 +25,9 @@ from ..logbuffer import (
     fast_path_active,
     result_name,
 )
-from .aio import AsyncBackoff, offer_async, poll_async
+from .aio import AsyncBackoff, offer_async, poll_async, registered
 from .assembler import FragmentAssembler
-from .context import Context
+from .context import Context, Registration
 from .errors import DriverAlreadyRunningError, DriverError, DriverLostError, DriverUnavailableError, RegistrationError
 from .image import Image
 from .publication import ExclusivePublication, Publication
@@ -58,11 +58,13 @@ __all__ = [
     "IdleStrategy",
     "Image",
     "Publication",
+    "Registration",
     "RegistrationError",
     "SleepingIdleStrategy",
     "Subscription",
     "YieldingIdleStrategy",
     "offer_async",
     "poll_async",
+    "registered",
     "result_name",
 ]

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from ..logbuffer import ADMIN_ACTION, BACK_PRESSURED, CLOSED, NOT_CONNECTED, FragmentHandler
+from .context import Registration
 from .errors import renewed
 from .image import Image
 from .publication import ExclusivePublication
 from .subscription import Subscription
 
 _RETRY = frozenset((BACK_PRESSURED, NOT_CONNECTED, ADMIN_ACTION))
+T = TypeVar("T")
 
 
 class AsyncBackoff:
@@ -166,3 +169,26 @@ async def offer_async(
         if deadline is not None and time.monotonic() >= deadline:
             return result
         await backoff.idle()
+
+
+async def registered(
+    registration: Registration[T],
+    *,
+    invoke: Callable[[], int] | None = None,
+    backoff: AsyncBackoff | None = None,
+) -> T:
+    """Await what a ``Context.async_add_*`` call adds while the event loop goes on (the blocking
+    ``add_*`` would stop it for the driver's round trip: a millisecond or more, and many at once add
+    up). ``invoke`` runs an invoker-mode driver between polls (default: the context's ``invoke``).
+    Raises as ``Registration.poll``; cancelled or failed, nothing stays added."""
+    invoke = invoke or registration.context.invoke
+    backoff = backoff or AsyncBackoff()
+    try:
+        while (result := registration.poll()) is None:
+            if invoke():
+                backoff.reset()
+            await backoff.idle()
+    except BaseException:
+        registration.cancel()
+        raise
+    return result

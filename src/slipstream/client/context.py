@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from ..driver.config import DriverConfig
 from ..driver.media_driver import DirectoryHandle, MediaDriver, directory_error
@@ -44,6 +45,10 @@ log = logging.getLogger("slipstream.client")
 
 DriverMode = Literal["auto", "embedded", "external"]
 _WAKE = cmd.encode(cmd.Wake())
+_KEEPALIVE = cmd.encode(cmd.Keepalive())
+
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -51,6 +56,129 @@ class _Pending:
     event: threading.Event
     response: cmd.DriverMessage | None = None
     error: DriverError | None = None
+
+
+class Registration(Generic[T]):
+    """A command on its way to the driver (Aeron's ``asyncAddPublication`` / ``asyncAddSubscription``):
+    :meth:`poll` returns None until the driver has answered, then the publication or subscription,
+    or raises what the driver answered. An asyncio caller sends its commands and polls between awaits,
+    so that its event loop goes on while the driver works (an invoker-mode driver works only inside
+    ``Context.invoke``); :meth:`wait` is the blocking form, which ``add_*`` use."""
+
+    __slots__ = (
+        "_build",
+        "_deadline",
+        "_error",
+        "_pending",
+        "_remove",
+        "_result",
+        "_undo",
+        "context",
+        "registration_id",
+    )
+
+    def __init__(
+        self,
+        context: Context,
+        registration_id: int,
+        message: cmd.ClientMessage,
+        build: Callable[[cmd.DriverMessage], T],
+        *,
+        remove: type[cmd.RemovePublication] | type[cmd.RemoveSubscription] | None = None,
+        undo: Callable[[], None] | None = None,
+    ) -> None:
+        self.context = context
+        """The context the command went through."""
+        self._remove = remove
+        self.registration_id = registration_id
+        """The command's correlation id: the registration id of what it adds."""
+        self._build = build
+        self._undo = undo
+        self._result: T | None = None
+        self._error: DriverError | None = None
+        self._pending = _Pending(threading.Event())
+        self._deadline = time.monotonic() + context.driver_timeout_s
+        context._pending[registration_id] = self._pending
+        try:
+            context._send(message)
+        except OSError as exc:
+            self._fail(DriverLostError(f"cannot reach the media driver in {context.directory}: {exc}"))
+
+    @property
+    def done(self) -> bool:
+        """True once :meth:`poll` no longer returns None."""
+        return self._result is not None or self._error is not None or self._pending.event.is_set()
+
+    def poll(self) -> T | None:
+        """What was added, once the driver answered; None before. Raises ``RegistrationError`` for the
+        driver's refusal, ``DriverLostError`` / ``DriverUnavailableError`` when it went away or did not
+        answer within the context's ``driver_timeout_s``."""
+        if self._result is not None:
+            return self._result
+        if self._error is None:
+            pending = self._pending
+            if not pending.event.is_set():
+                if time.monotonic() <= self._deadline:
+                    return None
+                self._fail(
+                    DriverUnavailableError(
+                        f"the media driver in {self.context.directory} did not answer within "
+                        f"{self.context.driver_timeout_s:.1f} s"
+                    )
+                )
+            elif pending.error is not None:
+                self._fail(pending.error)
+            elif isinstance(pending.response, cmd.ErrorResponse):
+                self._fail(RegistrationError(pending.response.code, pending.response.message))
+            else:
+                assert pending.response is not None
+                self.context._pending.pop(self.registration_id, None)
+                self._result = self._build(pending.response)
+                return self._result
+        assert self._error is not None
+        raise renewed(self._error)
+
+    def wait(self) -> T:
+        """Block until the driver answered (running an invoker-mode driver meanwhile); as :meth:`poll`."""
+        context = self.context
+        event = self._pending.event
+        try:
+            while (result := self.poll()) is None:
+                if not context.is_invoker:
+                    event.wait(max(0.0, self._deadline - time.monotonic()) + 1e-3)
+                elif context.invoke() == 0:
+                    event.wait(0.0002)
+        except BaseException:
+            self.cancel()  # interrupted: nothing half-added stays behind (a no-op after a refusal)
+            raise
+        return result
+
+    def cancel(self) -> None:
+        """Give up on the command (the caller was cancelled or failed meanwhile): what it added, now or
+        once the driver gets to it, is removed again, and :meth:`poll` raises ``DriverError``."""
+        if self._error is not None:
+            return
+        cancelled = DriverError(f"registration {self.registration_id} was cancelled")
+        if self._result is not None:
+            close = getattr(self._result, "close", None)
+            if close is not None:
+                close()
+            self._result, self._error = None, cancelled
+            return
+        pending = self._pending
+        refused = pending.event.is_set() and (
+            pending.error is not None or isinstance(pending.response, cmd.ErrorResponse)
+        )
+        self._fail(cancelled)
+        if not refused and self._remove is not None:
+            self.context._remove(self._remove, self.registration_id)
+
+    def _fail(self, error: DriverError) -> None:
+        self._error = error
+        self.context._pending.pop(self.registration_id, None)
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
 
 
 class Context:
@@ -102,6 +230,7 @@ class Context:
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
+        self._ignored: set[int] = set()  # correlation ids of commands whose answers nobody waits for
         self._publications: dict[int, ExclusivePublication] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._closed = False
@@ -215,20 +344,21 @@ class Context:
             raise DriverUnavailableError(f"unexpected first message from the driver: {first!r}")
         for message in messages[1:]:
             self._dispatch(message)
+        self._sock.settimeout(None)  # from now on: sends wait as _send says, the client thread in select
         return first
 
     # -- client thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
         sock = self._sock
-        sock.settimeout(self._keepalive_s)
         next_keepalive = time.monotonic() + self._keepalive_s
         while not self._closed:
             try:
-                data = sock.recv(65536)
-            except TimeoutError:
+                readable, _, _ = select.select([sock], [], [], max(0.0, next_keepalive - time.monotonic()))
+                data = sock.recv(65536) if readable else None
+            except BlockingIOError:
                 data = None
-            except OSError:
+            except (OSError, ValueError):  # ValueError: closed meanwhile
                 data = b""
             if data == b"":
                 if not self._closed:
@@ -248,8 +378,8 @@ class Context:
             now = time.monotonic()
             if now >= next_keepalive:
                 next_keepalive = now + self._keepalive_s
-                with contextlib.suppress(OSError):
-                    self._send(cmd.Keepalive())
+                if not self._send_keepalive():
+                    next_keepalive = now + 0.01  # a command was being sent: try again soon
                 age_ms = time.time_ns() // 1_000_000 - self._cnc.heartbeat_ms
                 if age_ms > self._liveness_ms and not self.is_invoker:
                     # (An invoker-mode driver beats only when the application invokes it.)
@@ -284,6 +414,10 @@ class Context:
                 if pending is not None:
                     pending.response = message
                     pending.event.set()
+                elif message.correlation_id in self._ignored:
+                    self._ignored.discard(message.correlation_id)
+                    if isinstance(message, cmd.ErrorResponse):
+                        log.warning("the driver refused a removal: %s %s", message.code, message.message)
                 elif isinstance(message, cmd.ErrorResponse):
                     log.warning("driver error: %s %s", message.code, message.message)
             case _:
@@ -373,9 +507,41 @@ class Context:
     # -- commands ---------------------------------------------------------------------------------
 
     def _send(self, message: cmd.ClientMessage | bytes) -> None:
-        data = message if isinstance(message, bytes) else cmd.encode(message)
+        """Send a command whole. When the socket is full, an invoker-mode driver is invoked (it reads
+        commands only then: an application that sends many commands at once, as many clients connecting
+        together do, would otherwise wait forever); a driver with a thread of its own is waited for up
+        to ``driver_timeout_s`` (then ``TimeoutError``)."""
+        view = memoryview(message if isinstance(message, bytes) else cmd.encode(message))
+        deadline: float | None = None
         with self._send_lock:
-            self._sock.sendall(data)
+            while view:
+                try:
+                    view = view[self._sock.send(view, socket.MSG_DONTWAIT) :]
+                    continue
+                except BlockingIOError:
+                    pass
+                if self.is_invoker:
+                    self.invoke()
+                    continue
+                now = time.monotonic()
+                deadline = now + self.driver_timeout_s if deadline is None else deadline
+                if now >= deadline:
+                    raise TimeoutError(f"the media driver did not read commands for {self.driver_timeout_s:.1f} s")
+                select.select([], [self._sock], [], deadline - now)
+
+    def _send_keepalive(self) -> bool:
+        """From the client thread, which must never wait for the socket (in invoker mode only the
+        application's thread makes room): a keep-alive, or none when the socket is full (the driver
+        has commands of ours to read: it knows we live). False when a command was being sent."""
+        if not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            self._sock.send(_KEEPALIVE, socket.MSG_DONTWAIT)  # a few bytes: all or nothing
+        except OSError:
+            pass
+        finally:
+            self._send_lock.release()
+        return True
 
     def _next_correlation_id(self) -> int:
         with self._state_lock:
@@ -389,74 +555,55 @@ class Context:
             raise RuntimeError("the context is closed")
 
     def _request(self, correlation_id: int, message: cmd.ClientMessage) -> cmd.DriverMessage:
-        pending = _Pending(threading.Event())
-        self._pending[correlation_id] = pending
-        try:
-            try:
-                self._send(message)
-            except OSError as exc:
-                raise DriverLostError(f"cannot reach the media driver in {self.directory}: {exc}") from None
-            if not self._wait(pending.event):
-                raise DriverUnavailableError(
-                    f"the media driver in {self.directory} did not answer within {self.driver_timeout_s:.1f} s"
-                )
-        finally:
-            self._pending.pop(correlation_id, None)
-        if pending.error is not None:
-            raise renewed(pending.error)
-        response = pending.response
-        if isinstance(response, cmd.ErrorResponse):
-            raise RegistrationError(response.code, response.message)
-        assert response is not None
-        return response
-
-    def _wait(self, event: threading.Event) -> bool:
-        """Wait for the driver's answer; an invoker-mode driver answers only while it is invoked."""
-        if not self.is_invoker:
-            return event.wait(self.driver_timeout_s)
-        deadline = time.monotonic() + self.driver_timeout_s
-        while not event.is_set():
-            if time.monotonic() > deadline:
-                return False
-            if self.invoke() == 0:
-                event.wait(0.0002)
-        return True
+        return Registration(self, correlation_id, message, _answer).wait()
 
     def add_publication(self, channel: str, stream_id: int) -> Publication:
         """A publication that several threads of this process may offer to."""
-        publication = self._add_publication(channel, stream_id, exclusive=False)
+        publication = self.async_add_publication(channel, stream_id).wait()
         assert isinstance(publication, Publication)
         return publication
 
     def add_exclusive_publication(self, channel: str, stream_id: int) -> ExclusivePublication:
         """A publication for one writer thread: the fastest way to offer."""
+        return self.async_add_exclusive_publication(channel, stream_id).wait()
+
+    def async_add_publication(self, channel: str, stream_id: int) -> Registration[ExclusivePublication]:
+        """``add_publication`` without waiting for the driver: poll the registration for a ``Publication``."""
+        return self._add_publication(channel, stream_id, exclusive=False)
+
+    def async_add_exclusive_publication(self, channel: str, stream_id: int) -> Registration[ExclusivePublication]:
+        """``add_exclusive_publication`` without waiting for the driver: poll the registration."""
         return self._add_publication(channel, stream_id, exclusive=True)
 
-    def _add_publication(self, channel: str, stream_id: int, *, exclusive: bool) -> ExclusivePublication:
+    def _add_publication(self, channel: str, stream_id: int, *, exclusive: bool) -> Registration[ExclusivePublication]:
         channel = _check_channel_args(channel, stream_id)
         self._check_usable()
         correlation_id = self._next_correlation_id()
-        response = self._request(correlation_id, cmd.AddPublication(correlation_id, channel, stream_id, exclusive))
-        assert isinstance(response, cmd.PublicationReady)
-        mapping = map_file(Path(response.log_file))
-        cls = ExclusivePublication if exclusive else Publication
-        publication = cls(
-            channel=channel,
-            stream_id=stream_id,
-            session_id=response.session_id,
-            registration_id=response.registration_id,
-            mapping=mapping,
-            limit_values=self._values,
-            limit_index=self._counters.value_index(response.publication_limit_counter_id),
-            on_close=self._close_publication,
-            manage_destination=self._manage_destination,
-            # A driver that sends UDP may park; an invoker-mode one only runs when this process invokes it.
-            doorbell=(self._cnc.header_i64, PARKED_INDEX, self._ring)
-            if channel.startswith("aeron:udp") and not self.is_invoker
-            else None,
-        )
-        self._publications[response.registration_id] = publication
-        return publication
+
+        def build(response: cmd.DriverMessage) -> ExclusivePublication:
+            assert isinstance(response, cmd.PublicationReady)
+            mapping = map_file(Path(response.log_file))
+            cls = ExclusivePublication if exclusive else Publication
+            publication = cls(
+                channel=channel,
+                stream_id=stream_id,
+                session_id=response.session_id,
+                registration_id=response.registration_id,
+                mapping=mapping,
+                limit_values=self._values,
+                limit_index=self._counters.value_index(response.publication_limit_counter_id),
+                on_close=self._close_publication,
+                manage_destination=self._manage_destination,
+                # A driver that sends UDP may park; an invoker-mode one only runs when this process invokes it.
+                doorbell=(self._cnc.header_i64, PARKED_INDEX, self._ring)
+                if channel.startswith("aeron:udp") and not self.is_invoker
+                else None,
+            )
+            self._publications[response.registration_id] = publication
+            return publication
+
+        message = cmd.AddPublication(correlation_id, channel, stream_id, exclusive)
+        return Registration(self, correlation_id, message, build, remove=cmd.RemovePublication)
 
     def add_subscription(
         self,
@@ -471,6 +618,20 @@ class Context:
 
         Raises ``TypeError``/``ValueError`` (both ``SlipstreamError``) naming a bad argument before
         anything reaches the driver; ``UnsupportedChannelError`` for a channel feature the driver lacks."""
+        return self.async_add_subscription(
+            channel, stream_id, on_available_image=on_available_image, on_unavailable_image=on_unavailable_image
+        ).wait()
+
+    def async_add_subscription(
+        self,
+        channel: str,
+        stream_id: int,
+        *,
+        on_available_image: ImageHandler | None = None,
+        on_unavailable_image: ImageHandler | None = None,
+    ) -> Registration[Subscription]:
+        """``add_subscription`` without waiting for the driver: poll the registration for the
+        subscription (images that come meanwhile are kept for it)."""
         channel = _check_channel_args(channel, stream_id)
         check_callable("on_available_image", on_available_image)
         check_callable("on_unavailable_image", on_unavailable_image)
@@ -486,13 +647,15 @@ class Context:
             doorbell=lambda: self.doorbell,
         )
         self._subscriptions[correlation_id] = subscription
-        try:
-            self._request(correlation_id, cmd.AddSubscription(correlation_id, channel, stream_id))
-        except BaseException:
+
+        def undo() -> None:
             self._subscriptions.pop(correlation_id, None)
             subscription._release_all()
-            raise
-        return subscription
+
+        message = cmd.AddSubscription(correlation_id, channel, stream_id)
+        return Registration(
+            self, correlation_id, message, lambda _: subscription, remove=cmd.RemoveSubscription, undo=undo
+        )
 
     @property
     def doorbell(self) -> Doorbell:
@@ -533,7 +696,6 @@ class Context:
 
     def _close_publication(self, publication: ExclusivePublication) -> None:
         self._publications.pop(publication.registration_id, None)
-        self._undrained = True
         self._remove(cmd.RemovePublication, publication.registration_id)
         publication._release()
 
@@ -544,13 +706,16 @@ class Context:
         self._ring_doorbell()
 
     def _remove(self, kind: type[cmd.RemovePublication] | type[cmd.RemoveSubscription], registration_id: int) -> None:
+        """Tell the driver, without waiting for its answer (as Aeron's clients close): commands are
+        handled in order, so whatever this context asks next sees the removal done. A refusal is logged."""
         if self._driver_error is not None or self._closed:
             return
         correlation_id = self._next_correlation_id()
-        try:
-            self._request(correlation_id, kind(correlation_id, registration_id))
-        except DriverError as exc:
-            log.warning("closing %d: %s", registration_id, exc)
+        self._ignored.add(correlation_id)
+        if kind is cmd.RemovePublication:
+            self._undrained = True
+        with contextlib.suppress(OSError):
+            self._send(kind(correlation_id, registration_id))
 
     # -- observation ------------------------------------------------------------------------------
 
@@ -578,6 +743,9 @@ class Context:
             publication.close()
         if self._embedded is not None and self._driver_error is None and self._undrained:
             # Our own subscriptions stay open meanwhile: they answer end of stream, which ends a linger.
+            for _ in self._removals():
+                if self.invoke() == 0:
+                    time.sleep(0.0002)
             self._embedded.drain()
         for subscription in list(self._subscriptions.values()):
             subscription.close()
@@ -613,14 +781,26 @@ class Context:
             return
         for publication in list(self._publications.values()):
             publication.close()
+        yield from self._removals()
         yield from self._embedded.drain_steps()
         self._undrained = False
+
+    def _removals(self) -> Iterator[None]:
+        """Yields until the driver answered every removal sent (at most ``driver_timeout_s``): a drain
+        must see the closed publications closing, not still active."""
+        deadline = time.monotonic() + self.driver_timeout_s
+        while self._ignored and self._driver_error is None and time.monotonic() < deadline:
+            yield
 
     def __enter__(self) -> Context:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _answer(response: cmd.DriverMessage) -> cmd.DriverMessage:
+    return response
 
 
 def _check_channel_args(channel: object, stream_id: object) -> str:

@@ -134,9 +134,14 @@ class ClientCommandAdapter:
         """Whether ``take_closed`` would return any."""
         return bool(self._closed)
 
-    def take_commands(self) -> list[tuple[ClientSession, cmd.ClientMessage]]:
-        """Commands decoded since the last call, in arrival order (a client's ``Hello`` excluded)."""
-        commands, self._commands = self._commands, []
+    def take_commands(self, limit: int | None = None) -> list[tuple[ClientSession, cmd.ClientMessage]]:
+        """Commands decoded and not yet taken, in arrival order (a client's ``Hello`` excluded); at
+        most ``limit`` (the rest wait for the next call)."""
+        if limit is None or len(self._commands) <= limit:
+            commands, self._commands = self._commands, []
+            return commands
+        commands = self._commands[:limit]
+        del self._commands[:limit]
         return commands
 
     def take_closed(self) -> list[tuple[ClientSession, str]]:

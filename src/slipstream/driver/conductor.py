@@ -72,7 +72,13 @@ from .udp_channel import UdpEndpoint, UdpSocket, resolve
 
 log = logging.getLogger("slipstream.driver")
 
-__all__ = ["ClientSession", "DriverConductor", "SubscriptionLink", "clean_publications_dir"]
+__all__ = ["COMMAND_DRAIN_LIMIT", "ClientSession", "DriverConductor", "SubscriptionLink", "clean_publications_dir"]
+
+COMMAND_DRAIN_LIMIT = 10
+"""Client commands run per duty cycle (Aeron: ``COMMAND_DRAIN_LIMIT``, 1 there). Adding a stream costs
+a millisecond or so here (its log file is made and mapped); a burst of hundreds (many clients
+connecting at once) is spread over cycles, so the streams already up keep moving in between, and an
+invoker-mode driver never holds its application's thread for long."""
 
 
 @dataclass(slots=True, eq=False)
@@ -174,9 +180,12 @@ class DriverConductor:
 
     def streams_deadline_ns(self) -> int:
         """When some UDP stream's machine is next due without input: a heartbeat, a SETUP, a status
-        message, a NAK or retransmission, a liveness check (``1 << 63``: none). An invoker-mode
+        message, a NAK or retransmission, a liveness check (``1 << 63``: none); 0 while decoded
+        commands wait (more than one cycle takes, ``COMMAND_DRAIN_LIMIT``). An invoker-mode
         application may sleep until then; the conductor's own chores (``timer_interval_ns``: client
         liveness, counters) run late then, which only delays cleanup."""
+        if self.client_commands.pending:
+            return 0  # commands wait past the drain limit: due now
         deadline = 1 << 63
         for network in self.sender.publications.values():
             deadline = min(deadline, network.sender.deadline_ns)
@@ -226,7 +235,8 @@ class DriverConductor:
                 self.record_error(text)
             adapter.errors.clear()
         self._release_closed_clients(now_ns)
-        for client, message in adapter.take_commands():
+        commands = adapter.take_commands(COMMAND_DRAIN_LIMIT)
+        for client, message in commands:
             if client.closed:
                 continue
             try:
@@ -236,7 +246,7 @@ class DriverConductor:
                 correlation_id = getattr(message, "correlation_id", 0)
                 self._error(client, correlation_id, "INTERNAL", f"{type(message).__name__} failed: {exc!r}")
         self._release_closed_clients(now_ns)  # clients closed meanwhile (one that stopped reading)
-        return 0
+        return len(commands)
 
     def _ipc_work(self, now_ns: int) -> int:
         """IPC publications: publisher limits from subscriber positions; closed ones retire once drained."""

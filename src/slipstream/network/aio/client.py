@@ -41,6 +41,7 @@ from .transport import (
     invoke,
     ipc_channel,
     is_local_host,
+    registered_pair,
     udp_channel,
 )
 
@@ -172,15 +173,21 @@ class Client(Endpoint):
         started = time.monotonic()
         try:
             if host is None:
-                hs_sub = context.add_subscription(ipc_channel(), HANDSHAKE_IPC_REPLY_STREAM + port)
-                hs_pub = context.add_exclusive_publication(ipc_channel(), HANDSHAKE_IPC_STREAM + port)
+                hs_sub, hs_pub = await registered_pair(
+                    context,
+                    context.async_add_subscription(ipc_channel(), HANDSHAKE_IPC_REPLY_STREAM + port),
+                    context.async_add_exclusive_publication(ipc_channel(), HANDSHAKE_IPC_STREAM + port),
+                )
             else:
                 assert control_port is not None
-                hs_sub = context.add_subscription(
-                    udp_channel(control=host_port(host, control_port), control_mode="dynamic"), HANDSHAKE_STREAM
-                )
-                hs_pub = context.add_exclusive_publication(
-                    udp_channel(endpoint=host_port(host, port)), HANDSHAKE_STREAM
+                hs_sub, hs_pub = await registered_pair(
+                    context,
+                    context.async_add_subscription(
+                        udp_channel(control=host_port(host, control_port), control_mode="dynamic"), HANDSHAKE_STREAM
+                    ),
+                    context.async_add_exclusive_publication(
+                        udp_channel(endpoint=host_port(host, port)), HANDSHAKE_STREAM
+                    ),
                 )
         except BaseException:
             self._release_if_idle()
@@ -276,18 +283,19 @@ class Client(Endpoint):
         if host is not None:
             reliable = None if config.reliable else False
             local = None if config.port is None else host_port("::" if ":" in host else "0.0.0.0", config.port)
-            subscription = context.add_subscription(
-                udp_channel(
-                    endpoint=local,
-                    control=host_port(host, done.control_port),
-                    control_mode="dynamic",
-                    session_id=done.server_session_id,
-                    reliable=reliable,
+            subscription, publication = await registered_pair(
+                context,
+                context.async_add_subscription(
+                    udp_channel(
+                        endpoint=local,
+                        control=host_port(host, done.control_port),
+                        control_mode="dynamic",
+                        session_id=done.server_session_id,
+                        reliable=reliable,
+                    ),
+                    done.server_stream_id,
                 ),
-                done.server_stream_id,
-            )
-            try:
-                publication = context.add_exclusive_publication(
+                context.async_add_exclusive_publication(
                     udp_channel(
                         endpoint=host_port(host, port),
                         session_id=done.client_session_id,
@@ -296,22 +304,17 @@ class Client(Endpoint):
                         linger="500ms",
                     ),
                     done.client_stream_id,
-                )
-            except BaseException:
-                subscription.close()
-                raise
-        else:
-            subscription = context.add_subscription(
-                ipc_channel(session_id=done.server_session_id), done.server_stream_id
+                ),
             )
-            try:
-                publication = context.add_exclusive_publication(
+        else:
+            subscription, publication = await registered_pair(
+                context,
+                context.async_add_subscription(ipc_channel(session_id=done.server_session_id), done.server_stream_id),
+                context.async_add_exclusive_publication(
                     ipc_channel(session_id=done.client_session_id, term_length=config.ipc_term_length, mtu=IPC_MTU),
                     done.client_stream_id,
-                )
-            except BaseException:
-                subscription.close()
-                raise
+                ),
+            )
         backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
         while not (subscription.image_count > 0 and publication.is_connected):
             invoke(context)

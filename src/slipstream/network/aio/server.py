@@ -17,7 +17,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...client import ADMIN_ACTION, DriverError, ExclusivePublication, FragmentAssembler, Header, Subscription
+from ...client import (
+    ADMIN_ACTION,
+    DriverError,
+    ExclusivePublication,
+    FragmentAssembler,
+    Header,
+    Registration,
+    Subscription,
+)
 from ...client.allocation import IdAllocator, PortAllocator
 from ..admission import AdmissionPolicy, IpFilterRule, RejectReason
 from ..buffered import BufferedSessions, BufferOverflowed, SessionExpired, SessionResumed
@@ -82,6 +90,20 @@ class _Link:
 
 
 @dataclass(slots=True)
+class _Opening:
+    """An accepted handshake whose streams the driver is adding (awaited by polling, not blocking:
+    a burst of handshakes would otherwise stop the event loop for a driver round trip each)."""
+
+    link: _Link
+    event: ClientAccepted
+    publication: Registration[ExclusivePublication]
+    subscription: Registration[Subscription]
+    control_port: int | None
+    """The UDP control port the publication was asked for (None over IPC)."""
+    attempts: int = 1
+
+
+@dataclass(slots=True)
 class _Starting:
     link: _Link
     event: ClientAccepted
@@ -113,6 +135,7 @@ class Server(Endpoint):
         """Session ids of connections (both directions), the seed's range."""
         self.streams = IdAllocator(1, 65533)
         self._links: list[_Link] = []
+        self._opening: list[_Opening] = []
         self._starting: list[_Starting] = []
         self._connections: dict[int, Connection] = {}
         self._owner: dict[int, _Link] = {}
@@ -227,10 +250,11 @@ class Server(Endpoint):
         ) -> tuple[int, str] | None:
             if address is not None and not ipv4_allowed and "." in address:
                 return int(RejectReason.NOT_PERMITTED), "IPv4 connections are not permitted"
-            counted = len(self._connections) + len(self._starting)
+            counted = len(self._connections) + len(self._opening) + len(self._starting)
             per_address = 0
             if address is not None:
                 per_address = sum(1 for c in self._connections.values() if c.remote_address == address)
+                per_address += sum(1 for s in self._opening if s.event.address == address)
                 per_address += sum(1 for s in self._starting if s.event.address == address)
             reason = self._policy.check(address, tag, public_key or bytes(32), counted, per_address)
             if (
@@ -303,7 +327,7 @@ class Server(Endpoint):
             if isinstance(event, ClientAccepted):
                 if self._recording is not None:
                     self._recording.accepted(event.connection_id, event.address, event.port, event.tag)
-                self._accept(link, event, now_ns)
+                self._accept(link, event)
             elif isinstance(event, Rejected):
                 self.rejected.append(event)
                 del self.rejected[:-100]
@@ -312,80 +336,115 @@ class Server(Endpoint):
                 log.info("rejected %s: %s", event.address or "IPC", event.message)
         return work
 
-    def _open_publication(self, link: _Link, event: ClientAccepted) -> ExclusivePublication:
-        """The connection's dynamic-MDC publication, on another port if its port is taken."""
+    def _add_publication(
+        self, link: _Link, event: ClientAccepted, control_port: int | None
+    ) -> Registration[ExclusivePublication]:
+        """The connection's publication: dynamic MDC to the client's control port over UDP."""
         config = self.config
         context = self._acquire_context()
-        assert link.host is not None
-        control_port = event.control_port
-        for attempt in range(PORT_ATTEMPTS):
-            try:
-                return context.add_exclusive_publication(
-                    udp_channel(
-                        control=host_port(link.host, control_port),
-                        control_mode="dynamic",
-                        session_id=event.server_session_id,
-                        term_length=config.term_length,
-                        mtu=config.network_mtu,
-                        linger=CONNECTION_LINGER,
-                    ),
-                    event.server_stream_id,
-                )
-            except DriverError as exc:
-                port = link.machine.reallocate_port(event.connection_id)
-                if attempt == PORT_ATTEMPTS - 1 or port is None:
-                    raise
-                log.info("control port %d unavailable (%s): trying %d", control_port, exc, port)
-                control_port = port
-        raise AssertionError("unreachable")
+        if link.host is None:
+            return context.async_add_exclusive_publication(
+                ipc_channel(session_id=event.server_session_id, term_length=config.ipc_term_length, mtu=IPC_MTU),
+                event.server_stream_id,
+            )
+        assert control_port is not None
+        return context.async_add_exclusive_publication(
+            udp_channel(
+                control=host_port(link.host, control_port),
+                control_mode="dynamic",
+                session_id=event.server_session_id,
+                term_length=config.term_length,
+                mtu=config.network_mtu,
+                linger=CONNECTION_LINGER,
+            ),
+            event.server_stream_id,
+        )
 
-    def _accept(self, link: _Link, event: ClientAccepted, now_ns: int) -> None:
+    def _accept(self, link: _Link, event: ClientAccepted) -> None:
+        """Ask the driver for the connection's two streams; ``_check_opening`` takes the answers."""
         config = self.config
         context = self._acquire_context()
+        control_port = None if link.host is None else event.control_port
         try:
-            if link.host is not None:
-                publication = self._open_publication(link, event)
-                reliable = None if config.reliable else False
-                try:
-                    subscription = context.add_subscription(
+            publication = self._add_publication(link, event, control_port)
+            try:
+                if link.host is not None:
+                    subscription = context.async_add_subscription(
                         udp_channel(
                             endpoint=host_port(link.host, link.port),
                             session_id=event.client_session_id,
-                            reliable=reliable,
+                            reliable=None if config.reliable else False,
                         ),
                         event.client_stream_id,
                     )
-                except BaseException:
-                    publication.close()
-                    raise
-            else:
-                publication = context.add_exclusive_publication(
-                    ipc_channel(session_id=event.server_session_id, term_length=config.ipc_term_length, mtu=IPC_MTU),
-                    event.server_stream_id,
-                )
-                try:
-                    subscription = context.add_subscription(
+                else:
+                    subscription = context.async_add_subscription(
                         ipc_channel(session_id=event.client_session_id), event.client_stream_id
                     )
-                except BaseException:
-                    publication.close()
-                    raise
+            except BaseException:
+                publication.cancel()
+                raise
         except DriverError as exc:
             log.warning("cannot open connection %d's streams: %s", event.connection_id, exc)
             link.machine.release(event.connection_id)
             return
-        self._owner[event.connection_id] = link
-        link.machine.accept(event.connection_id, now_ns)
-        self._starting.append(
-            _Starting(
-                link,
-                event,
-                publication,
-                subscription,
-                now_ns + int(STARTING_FACTOR * config.handshake_timeout * 1e9),
-                event.port,
+        self._opening.append(_Opening(link, event, publication, subscription, control_port))
+
+    def _check_opening(self, now_ns: int) -> int:
+        work = 0
+        for opening in list(self._opening):
+            event = opening.event
+            try:
+                publication = opening.publication.poll()
+            except DriverError as exc:
+                port = None
+                if opening.control_port is not None and opening.attempts < PORT_ATTEMPTS:
+                    port = opening.link.machine.reallocate_port(event.connection_id)
+                if port is not None:  # most likely the client's control port is taken here: another
+                    log.info("control port %d unavailable (%s): trying %d", opening.control_port, exc, port)
+                    opening.control_port = port
+                    opening.attempts += 1
+                    try:
+                        opening.publication = self._add_publication(opening.link, event, port)
+                        continue
+                    except DriverError as again:
+                        exc = again
+                self._fail_opening(opening, exc)
+                work += 1
+                continue
+            try:
+                subscription = opening.subscription.poll()
+            except DriverError as exc:
+                self._fail_opening(opening, exc)
+                work += 1
+                continue
+            if publication is None or subscription is None:
+                continue
+            self._opening.remove(opening)
+            work += 1
+            link = opening.link
+            self._owner[event.connection_id] = link
+            link.machine.accept(event.connection_id, now_ns)
+            self._starting.append(
+                _Starting(
+                    link,
+                    event,
+                    publication,
+                    subscription,
+                    now_ns + int(STARTING_FACTOR * self.config.handshake_timeout * 1e9),
+                    event.port,
+                )
             )
-        )
+        return work
+
+    def _fail_opening(self, opening: _Opening, error: DriverError | None) -> None:
+        """Give up on an accepted handshake's streams (``error``: why; None when the server closes)."""
+        self._opening.remove(opening)
+        opening.publication.cancel()
+        opening.subscription.cancel()
+        if error is not None:
+            log.warning("cannot open connection %d's streams: %s", opening.event.connection_id, error)
+        opening.link.machine.release(opening.event.connection_id)
 
     def _check_starting(self, now_ns: int) -> int:
         work = 0
@@ -516,7 +575,7 @@ class Server(Endpoint):
         up (soon: checked at the busy cadence, never by spinning, which would starve an embedded driver
         thread of the GIL it needs to set them up) and the buffered sessions' expiry."""
         due = super()._deadline_ns(now_ns)
-        if self._starting:
+        if self._starting or self._opening:
             due = earliest((now_ns + BUSY_CADENCE_NS,), due)
         for link in self._links:
             due = earliest((now_ns + BUSY_CADENCE_NS if link.outbox else link.machine.deadline_ns,), due)
@@ -559,6 +618,8 @@ class Server(Endpoint):
         if not self._closing:  # a client accepted while closing would miss the CLOSE
             for link in self._links:
                 work += self._handshake_cycle(link, now_ns)
+        if self._opening:
+            work += self._check_opening(now_ns)
         if self._starting:
             work += self._check_starting(now_ns)
         for connection in list(self._connections.values()):
@@ -568,6 +629,8 @@ class Server(Endpoint):
     async def close(self) -> None:
         """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
         self._closing = True  # no handshakes from now on
+        for opening in list(self._opening):  # not accepted yet: the client hears nothing, and retries or gives up
+            self._fail_opening(opening, None)
         await self._settle_starting()
         if self._starting:
             self._check_starting(time.monotonic_ns())  # a client that is up must hear CLOSE too

@@ -15,8 +15,10 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from ... import ChannelUri, Context, DriverConfig
+from ...client import Registration, registered
 from ...files.doorbell import Doorbell, wait_any
 from ..config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES
 
@@ -30,6 +32,7 @@ __all__ = [
     "invoke",
     "ipc_channel",
     "parse_source",
+    "registered_pair",
     "release_context",
     "udp_channel",
 ]
@@ -137,6 +140,27 @@ def invoke(context: Context) -> int:
     end = time.monotonic()
     _last_invoke[key] = end + max(INVOKE_GAP_S - (end - now), end - now)
     return work
+
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+async def registered_pair(context: Context, first: Registration[A], second: Registration[B]) -> tuple[A, B]:
+    """A connection's two streams, both commands sent before either is awaited (the driver answers
+    them in one cycle), awaited while the event loop goes on: blocking ``add_*`` calls of many
+    clients connecting at once would add up to seconds in one turn of the loop, long enough for the
+    first connections to expire. If either fails or the caller is cancelled, neither stays."""
+
+    def step() -> int:
+        return invoke(context)
+
+    try:
+        return await registered(first, invoke=step), await registered(second, invoke=step)
+    except BaseException:
+        first.cancel()
+        second.cancel()
+        raise
 
 
 def host_port(host: str, port: int) -> str:
