@@ -164,3 +164,78 @@ def test_invoker_busy_while_a_stream_has_data_in_flight(two_dirs: tuple[Path, Pa
         assert seen == [b"ipc", b"udp"]
     with Context(two_dirs[1], driver="embedded") as threaded:
         assert not threaded.invoker_busy()  # a driver thread keeps its own time
+
+
+def test_send_now_sends_one_udp_publication_without_a_duty_cycle(two_dirs: tuple[Path, Path]) -> None:
+    """``send_now`` puts what the application just offered on the wire at once (the network layer
+    calls it after each flush, instead of waiting for its poller's next duty cycle); nothing for IPC
+    or for a driver with its own thread."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    with invoker_context(two_dirs[0]) as sender, invoker_context(two_dirs[1]) as receiver:
+        sub = receiver.add_subscription(channel, 8)
+        pub = sender.add_exclusive_publication(channel, 8)
+        ipc = sender.add_exclusive_publication("aeron:ipc", 8)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (pub.is_connected and sub.image_count):
+            assert time.monotonic() < deadline, "not connected while invoking"
+            sender.invoke()
+            receiver.invoke()
+        assert sender.send_now(pub) == 0  # nothing offered: nothing sent
+        seen: list[bytes] = []
+        for payload in (b"first", b"second"):
+            assert pub.offer(payload) > 0
+            assert sender.send_now(pub) == 1  # the datagram left without sender.invoke()
+            while len(seen) < 1 + (payload == b"second"):
+                assert time.monotonic() < deadline, f"{payload!r} did not arrive"
+                receiver.invoke()
+                sub.poll(lambda data, header: seen.append(bytes(data)), 10)
+        assert seen == [b"first", b"second"]
+        assert sender.send_now(ipc) == 0
+    with Context(two_dirs[1], driver="embedded") as threaded:
+        udp = threaded.add_exclusive_publication(channel, 9)
+        assert threaded.send_now(udp) == 0
+
+
+def test_ipc_limits_are_recomputed_every_interval_or_every_cycle_under_pressure(driver_dir: Path) -> None:
+    """Recomputing the IPC limits reads every subscriber's position: a spinning invoker would pay it on
+    each turn, so it runs every IPC_TRACK_INTERVAL_NS, and on every duty cycle while a publisher has
+    used more than half its window (so a fast publisher never waits an interval for its limit)."""
+    from slipstream.driver.conductor import IPC_TRACK_INTERVAL_NS
+
+    config = DriverConfig(directory=driver_dir, threading_mode="invoker", ipc_term_length=64 * 1024)
+    with Context(driver_dir, driver="embedded", driver_config=config) as ctx:
+        sub = ctx.add_subscription("aeron:ipc", 6)
+        pub = ctx.add_exclusive_publication("aeron:ipc", 6)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not pub.is_connected:
+            assert time.monotonic() < deadline
+            ctx.invoke()
+        driver = ctx._embedded
+        assert driver is not None and driver._conductor is not None
+        conductor = driver._conductor
+        window = conductor.publications[pub.registration_id].window
+        now = time.monotonic_ns() + IPC_TRACK_INTERVAL_NS  # past whatever the invokes above scheduled
+        conductor.do_work(now)
+        start = pub.position_limit
+
+        def consume() -> None:
+            while sub.poll(lambda payload, header: None, 1000):
+                pass
+
+        assert pub.offer(b"x" * 100) > 0  # far from the limit: no hurry
+        consume()
+        conductor.do_work(now + IPC_TRACK_INTERVAL_NS // 2)
+        assert pub.position_limit == start
+        conductor.do_work(now + IPC_TRACK_INTERVAL_NS)
+        assert pub.position_limit == start + pub.position
+        now += IPC_TRACK_INTERVAL_NS
+
+        while pub.position_limit - pub.position > window // 2 - 1000:  # past half the window
+            assert pub.offer(b"y" * 900) > 0
+        consume()
+        conductor.do_work(now + IPC_TRACK_INTERVAL_NS)  # due: the limit moves, and the publisher was close
+        assert pub.position_limit == start + pub.position
+        assert pub.offer(b"z" * 900) > 0
+        consume()
+        conductor.do_work(now + IPC_TRACK_INTERVAL_NS + 1)  # so the very next cycle recomputes again
+        assert pub.position_limit == start + pub.position

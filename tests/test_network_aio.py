@@ -625,6 +625,16 @@ def test_invoker_mode_runs_the_driver_in_the_event_loop(driver_dir: Path) -> Non
                 await connection.send_sync(Base(n), timeout=5)
             assert got == list(range(20))
             assert (await connection.ping(timeout=5)).round_trip < 0.5
+            # What the application sends leaves at once (Connection._flush_out), not with the poller's
+            # next duty cycle a loop turn later: no await between the send and the check.
+            driver = client._context._embedded
+            assert driver is not None and driver._conductor is not None
+            network = driver._conductor.network_publications[connection._publication.registration_id]
+            await asyncio.sleep(0)
+            before = network.sender.sender_position
+            assert connection.send_nowait(Base(20))
+            assert network.sender.sender_position == network.sender.producer_position() > before
+            await wait_for(lambda: got[-1:] == [20], 5)
 
     run(main())
 

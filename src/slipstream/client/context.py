@@ -504,6 +504,15 @@ class Context:
             return 0
         return embedded.invoke()
 
+    def send_now(self, publication: Publication | ExclusivePublication) -> int:
+        """For an invoker-mode embedded driver: send what ``publication`` (a UDP one) holds now, from
+        this thread, instead of at the next :meth:`invoke`; the datagrams sent. 0 (nothing done) when
+        the driver has its own thread or process, or for IPC."""
+        embedded = self._embedded
+        if embedded is None or not embedded.is_invoker:
+            return 0
+        return embedded.send_now(publication.registration_id)
+
     # -- commands ---------------------------------------------------------------------------------
 
     def _send(self, message: cmd.ClientMessage | bytes) -> None:

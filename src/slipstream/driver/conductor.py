@@ -80,6 +80,13 @@ a millisecond or so here (its log file is made and mapped); a burst of hundreds 
 connecting at once) is spread over cycles, so the streams already up keep moving in between, and an
 invoker-mode driver never holds its application's thread for long."""
 
+IPC_TRACK_INTERVAL_NS = 100_000
+"""How often the IPC publications' limits are recomputed while no publisher presses on its limit. Each
+pass reads every subscriber's position (several microseconds per publication in Python), and a driver
+spinning in an application's event loop (invoker mode) would pay it on every turn. A window is at
+least half a term (512 KiB for the network layer's IPC default), which a publisher bursting at 2 GB/s
+takes 250 us to fill; one that used more than half of it makes the pass run on every duty cycle again."""
+
 
 @dataclass(slots=True, eq=False)
 class SubscriptionLink:
@@ -118,6 +125,8 @@ class DriverConductor:
         self._next_image_id = 0
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self._next_timer_ns = now_ns
+        self._next_ipc_ns = now_ns
+        """When the IPC limits are next recomputed (0: at the next duty cycle)."""
         self._udp_ready: set[int] = set()
         """UDP sockets the last socket wait found readable."""
 
@@ -143,8 +152,12 @@ class DriverConductor:
         work = self._poll_sockets(now_ns, timeout_s)
         if self.client_commands.pending:
             work += self._on_client_commands(now_ns)
-        if self.publications:
-            work += self._ipc_work(now_ns)
+            self._next_ipc_ns = 0  # a publication or subscription may have come or gone
+        if self.publications and now_ns >= self._next_ipc_ns:
+            ipc = self._ipc_work(now_ns)
+            # a publisher past half its window (or a publication draining) keeps the pass on every cycle
+            self._next_ipc_ns = 0 if ipc else now_ns + IPC_TRACK_INTERVAL_NS
+            work += ipc
         work += self.sender.do_work(now_ns, self._udp_ready, self.counters)
         if self.sender.finished:
             work += self._retire_network_publications(self.sender.take_finished(), now_ns)

@@ -171,6 +171,24 @@ class MediaDriver:
             return 0
         return self._duty_cycle(conductor)
 
+    def send_now(self, registration_id: int) -> int:
+        """In invoker mode, send what the network publication ``registration_id`` holds now (its
+        datagrams, as the next duty cycle would), so an application's offer leaves at once instead of
+        a loop turn later; the datagrams sent, 0 for anything else. Control datagrams wait for the
+        duty cycle, and so does whatever the sender reports (finished, connected)."""
+        conductor = self._conductor
+        if conductor is None or self._closed or not self.is_invoker:
+            return 0
+        network = conductor.network_publications.get(registration_id)
+        if network is None:
+            return 0
+        try:
+            return network.do_work(time.monotonic_ns(), False, conductor.counters)
+        except Exception as exc:  # as a duty cycle's: counted and logged, never the application's problem
+            log.exception("sending publication %d failed", registration_id)
+            conductor.record_error(f"send failed: {exc!r}")
+            return 0
+
     def data_in_flight(self) -> bool:
         """In invoker mode, whether the application should invoke again soon even without input (see
         ``DriverConductor.data_in_flight``); False for a driver with its own thread."""

@@ -86,6 +86,8 @@ class EndpointHooks(Protocol):
 
     def _report_error(self, connection: Connection | None, error: BaseException) -> None: ...
 
+    def _send_now(self, publication: ExclusivePublication) -> None: ...
+
     def _connection_closed(self, connection: Connection, event: Closed) -> None: ...
 
     def _round_trip(self, connection: Connection, round_trip_ns: int) -> None: ...
@@ -201,6 +203,7 @@ class Connection:
         self._room = asyncio.Event()
         self._room.set()
         self._flush_scheduled = False
+        self._udp = remote_address is not None
         self._syncs: dict[int, asyncio.Future[None]] = {}
         self._pings: dict[int, asyncio.Future[Ping]] = {}
         self._closed_event = asyncio.Event()
@@ -395,14 +398,20 @@ class Connection:
             # turn of the loop); the ones that follow in the same turn share records and go with the
             # scheduled flush.
             self._flush_scheduled = True
-            self._flush()
+            self._flush_out()
             self._loop.call_soon(self._scheduled_flush)
         elif self._machine.sealed_count >= _SEAL_FLUSH:
-            self._flush()
+            self._flush()  # the driver sends these with the next flush_out or cycle, in larger batches
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
-        self._flush()
+        self._flush_out()
+
+    def _flush_out(self) -> None:
+        """Flush what the application sent, and over UDP have an invoker-mode driver send it at once:
+        its next duty cycle comes a turn of the event loop later (about 30 us per message here)."""
+        if self._flush() and self._udp:
+            self._endpoint._send_now(self._publication)
 
     def _flush(self) -> int:
         """Offer sealed records in order; what the transport refuses waits in the backlog."""

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from ...client import Context, DriverError
+from ...client import Context, DriverError, ExclusivePublication
 from ...client.aio import Parking
 from ...files.doorbell import Doorbell
 from ..config import ClientConfig, ServerConfig
@@ -342,6 +342,12 @@ class Endpoint:
         if self._group is not None:
             self._group.backoff.kick()
 
+    def _send_now(self, publication: ExclusivePublication) -> None:
+        """An invoker-mode driver sends what ``publication`` was just given now (see Connection)."""
+        context = self._context
+        if context is not None:
+            context.send_now(publication)
+
     def _duty_cycle(self, now_ns: int) -> int:
         raise NotImplementedError
 
@@ -486,7 +492,12 @@ class PollGroup:
             self.task = None
 
     def _cycle(self, now_ns: int) -> int:
-        """One duty cycle of every endpoint (and of invoker-mode drivers); returns the work done."""
+        """One duty cycle of every endpoint (and of invoker-mode drivers); returns the work done.
+
+        The drivers run first (what arrived reaches the images the endpoints poll) and not again after
+        the endpoints: what the application sends leaves at once (``Connection._flush_out``), and the
+        rest (handshake packets, status messages) with the next cycle, one loop turn later, after the
+        tasks this cycle woke have run."""
         work = 0
         self._invoke_drivers()
         for endpoint in list(self.endpoints):
@@ -495,8 +506,6 @@ class PollGroup:
             except Exception as exc:  # a bug must not silently stop every connection
                 log.exception("network poller failed")
                 endpoint._report_error(None, exc)
-        if work:
-            self._invoke_drivers()  # what the cycle just offered leaves now, not a loop turn later
         return work
 
     def _until_due(self, pause_s: float, now_ns: int) -> float:
