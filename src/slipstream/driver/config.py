@@ -72,12 +72,12 @@ class DriverConfig:
     reserved_session_id_high: int = RESERVED_SESSION_ID_HIGH_DEFAULT
     timer_interval_ns: int = 100 * MS
     idle_heartbeat_max_ns: int | None = None
-    """While a publication sends nothing new, its heartbeats after the first back off from 100 ms,
-    doubling, up to this (at most 5 s; None: every 100 ms, as Aeron). The first heartbeat after data is
-    never delayed (it reveals a lost tail); later ones only keep the receiver's image alive."""
+    """While a publication sends nothing new, its heartbeats after the first come this far apart (at
+    most 5 s; None: every 100 ms, as Aeron). The first heartbeat after data is never delayed (it reveals
+    a lost tail); later ones only keep the receiver's image alive."""
     idle_status_message_max_ns: int | None = None
-    """While an image's position stays put, its timed status messages back off from 200 ms, doubling,
-    up to this (at most 2.5 s, half the sender's connection timeout; None: every 200 ms, as Aeron)."""
+    """While an image's position stays put, its timed status messages after the first come this far
+    apart (at most 2.5 s, half the sender's connection timeout; None: every 200 ms, as Aeron)."""
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)

@@ -62,9 +62,10 @@ class ReceiverConfig:
     """A SETUP whose MTU exceeds the socket receive buffer is refused."""
     sm_timeout_ns: int = STATUS_MESSAGE_TIMEOUT_NS
     idle_sm_max_ns: int | None = None
-    """While the image's position stays where the last status message put it, each timed status message
-    waits twice as long as the one before, up to this (None: every ``sm_timeout_ns``, as Aeron). Keep it
-    well under the sender's connection timeout and a dynamic MDC destination's timeout (5 s each)."""
+    """While the image's position stays where the last status message put it, the timed status
+    messages come this far apart (None: every ``sm_timeout_ns``, as Aeron); the first after the position
+    moved still comes ``sm_timeout_ns`` later. Keep it well under the sender's connection timeout and a
+    dynamic MDC destination's timeout (5 s each)."""
     nak_delay_ns: int = NAK_UNICAST_DELAY_NS
     nak_retry_delay_ns: int | None = None
     """Delay between NAKs for a gap that persists; None means nak_delay_ns x 100."""
@@ -140,10 +141,12 @@ class SenderConfig:
     gap; waiting the idle period (100 ms) for it would stall a lossy stream. Heartbeats are legal at
     any time on the wire, so peers see nothing new."""
     idle_heartbeat_max_ns: int | None = None
-    """While nothing new is sent, each heartbeat after the first waits twice as long as the one before,
-    up to this (None: every ``heartbeat_timeout_ns``, as Aeron). The first heartbeat after data, which
-    reveals a lost tail, is not delayed; later ones only keep the image alive (the receiver's liveness
-    timeout is 10 s), and each costs both hosts a system call and an idle peer a wake-up."""
+    """While nothing new is sent, the heartbeats after the first come this far apart (None: every
+    ``heartbeat_timeout_ns``, as Aeron). The first heartbeat after data, which reveals a lost tail, is
+    not delayed; later ones only keep the image alive (the receiver's liveness timeout is 10 s), and each
+    costs both hosts a system call and an idle peer a wake-up. They go straight to this period rather
+    than doubling towards it: a connection's keepalive every second restarts the sequence, and doubling
+    from 100 ms put three heartbeats a second on each idle stream instead of one."""
     connection_timeout_ns: int = PUBLICATION_CONNECTION_TIMEOUT_NS
     linger_timeout_ns: int = PUBLICATION_LINGER_TIMEOUT_NS
     retransmit_delay_ns: int = RETRANSMIT_UNICAST_DELAY_NS

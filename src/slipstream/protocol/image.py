@@ -130,7 +130,7 @@ class PublicationImageReceiver:
         self._sm_scheduled = True  # the first SM goes out at once (reference 2.2.2)
         self._next_sm_deadline_ns = now_ns + config.sm_timeout_ns
         self._sm_period_ns = config.sm_timeout_ns
-        """The period of timed status messages (grows while the position stays put: idle_sm_max_ns)."""
+        """The period of timed status messages (idle_sm_max_ns while the position stays put)."""
         self._sending_eos_sm = False
         self._eos_position: int | None = None
         self._last_packet_ns = now_ns
@@ -431,7 +431,7 @@ class PublicationImageReceiver:
         self._sm_scheduled = False
         longest = self.config.idle_sm_max_ns
         if longest is not None and idle:
-            self._sm_period_ns = min(self._sm_period_ns * 2, longest)
+            self._sm_period_ns = longest
         else:
             self._sm_period_ns = self.config.sm_timeout_ns
         self._next_sm_deadline_ns = now_ns + self._sm_period_ns

@@ -123,7 +123,7 @@ class NetworkPublicationSender:
         self._last_setup_ns: int | None = None
         self._last_data_or_heartbeat_ns: int | None = None
         self._heartbeat_period_ns = config.heartbeat_timeout_ns
-        """The idle period before the next heartbeat (grows while nothing new is sent: idle_heartbeat_max_ns)."""
+        """The idle period before the next heartbeat (idle_heartbeat_max_ns after the first with nothing new)."""
         self._blocked = False
         """Data is waiting but the receiver window is exhausted (see ``blocked_heartbeat_ns``)."""
         self._linger_start_ns = 0
@@ -569,7 +569,7 @@ class NetworkPublicationSender:
         self._last_data_or_heartbeat_ns = now_ns
         longest = self.config.idle_heartbeat_max_ns
         if longest is not None and not self._blocked:
-            self._heartbeat_period_ns = min(self._heartbeat_period_ns * 2, longest)
+            self._heartbeat_period_ns = longest
         if eos and not self._eos_sent:
             self._eos_sent = True
             self._events.append(PublicationEndOfStreamSent(self.session_id, self.stream_id, self._snd_pos))
