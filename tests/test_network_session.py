@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slipstream.network import session
 from slipstream.network.errors import NetworkError, RecordMalformed, RecordRejected, RecordReplayed, RecordTampered
 from slipstream.network.session import RECORD_OVERHEAD, RecordLayer
 
@@ -27,6 +28,31 @@ def test_round_trip_both_ways() -> None:
         assert a.open(b.seal(bytearray(text))) == text
     assert b.open(memoryview(a.seal(memoryview(b"view")))) == b"view"
     assert a.records_sealed == b.records_opened == 4 and a.records_opened == b.records_sealed == 3
+
+
+def test_large_records_are_sealed_in_place_and_opened_from_a_view() -> None:
+    """From 4 KiB a record is encrypted into its own buffer (no second copy) and a record is opened
+    from a view (of the log) without copying it first: the same bytes on the wire, the same checks."""
+    a, b = pair()
+    for size in (4095, 4096, 70_000):
+        text = os.urandom(size)
+        record = a.seal(memoryview(text))
+        assert len(record) == size + RECORD_OVERHEAD
+        shared = bytearray(b"\xff" * 5 + bytes(record) + b"\xff" * 5)  # a record inside a larger buffer
+        shared[5 + 8 + size // 2] ^= 1
+        with pytest.raises(RecordTampered):
+            b.open(memoryview(shared)[5:-5])
+        shared[5 + 8 + size // 2] ^= 1
+        assert b.open(memoryview(shared)[5:-5]) == text
+
+
+def test_both_sealing_paths_make_the_same_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    key, text = os.urandom(32), os.urandom(5000)
+    in_place = RecordLayer(key, os.urandom(32)).seal(text)
+    monkeypatch.setattr(session, "_SEAL_INTO_FROM", 1 << 30)  # everything through the concatenation
+    concatenated = RecordLayer(key, os.urandom(32)).seal(text)
+    assert isinstance(in_place, bytearray) and isinstance(concatenated, bytes)
+    assert bytes(in_place) == concatenated
 
 
 def test_counters_are_big_endian_and_never_repeat() -> None:

@@ -58,7 +58,7 @@ _PONG = struct.Struct(">qq")
 class Records(Protocol):
     """The record layer as this machine uses it (``session.RecordLayer``, or plain for IPC)."""
 
-    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes:
+    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes | bytearray:
         """One record carrying ``plaintext``."""
         ...
 
@@ -155,7 +155,7 @@ class ConnectionMachine:
         self.stats = ConnectionStats()
         self.closed = False
         self._batch = bytearray()
-        self._sealed: list[bytes] = []
+        self._sealed: list[bytes | bytearray] = []
         self._events: list[Event | StreamEvent] = []
         self.streams = streams
         """Large messages and files (None: a frame larger than one record raises MessageTooLarge)."""
@@ -214,7 +214,7 @@ class ConnectionMachine:
         if self.closed:
             raise ConnectionClosedError("the connection is closed")
 
-    def _append(self, kind: int, request_id: int, payload: bytes | memoryview) -> None:
+    def _append(self, kind: int, request_id: int, payload: bytes | bytearray | memoryview) -> None:
         size = self.frame_overhead + len(payload)
         if size > self.max_payload:
             if self.streams is not None:
@@ -357,7 +357,7 @@ class ConnectionMachine:
         """Frames wait to be sealed, records to be taken, or streams to be sent."""
         return bool(self._batch or self._sealed or (self.streams is not None and self.streams.sending))
 
-    def messages_to_send(self, now_ns: int, stream_budget: int = 1 << 20) -> list[bytes]:
+    def messages_to_send(self, now_ns: int, stream_budget: int = 1 << 20) -> list[bytes | bytearray]:
         """Seal the batch; return every record to offer, oldest first (one transport message each).
         Outgoing streams add up to about ``stream_budget`` bytes of chunks (the adapter sizes it to
         the room its transport has, so a large file is read as the transport drains it)."""

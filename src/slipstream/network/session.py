@@ -34,6 +34,9 @@ MAX_RECORD: Final = 16 * 1024 * 1024
 _LAST_COUNTER: Final = 2**64 - 2
 _COUNTER: Final = struct.Struct(">Q")
 _NONCE_PAD: Final = b"\x00\x00\x00\x00"
+_SEAL_INTO_FROM: Final = 4096
+"""Plaintext size from which a record is encrypted into its own buffer (large chunks: 147 -> 79 us per
+128 KiB here) instead of concatenated to its counter (small records: 2.3 us against 3.8)."""
 
 
 class RecordLayer:
@@ -48,6 +51,7 @@ class RecordLayer:
         "_highest",
         "_open",
         "_seal",
+        "_seal_into",
         "_seen",
         "_send_counter",
         "max_record",
@@ -68,7 +72,9 @@ class RecordLayer:
             raise ValueError(f"replay_window must be 1..{1 << 20}, not {replay_window}")
         if max_record < RECORD_OVERHEAD:
             raise ValueError(f"max_record must be at least {RECORD_OVERHEAD}, not {max_record}")
-        self._seal = ChaCha20Poly1305(send_key).encrypt
+        sealer = ChaCha20Poly1305(send_key)
+        self._seal = sealer.encrypt
+        self._seal_into = sealer.encrypt_into
         self._open = ChaCha20Poly1305(receive_key).decrypt
         self.replay_window = replay_window
         self.max_record = max_record
@@ -99,7 +105,7 @@ class RecordLayer:
         """All records refused, whatever the reason."""
         return self.rejected_malformed + self.rejected_tampered + self.rejected_replayed
 
-    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes:
+    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes | bytearray:
         """One record carrying ``plaintext``; raises NetworkError (without sealing) once counters run out."""
         counter = self._send_counter
         if counter > _LAST_COUNTER:
@@ -107,7 +113,13 @@ class RecordLayer:
         self._send_counter = counter + 1
         header = _COUNTER.pack(counter)
         self.records_sealed += 1
-        return header + self._seal(_NONCE_PAD + header, plaintext, None)
+        size = len(plaintext)
+        if size < _SEAL_INTO_FROM:
+            return header + self._seal(_NONCE_PAD + header, plaintext, None)
+        record = bytearray(RECORD_OVERHEAD + size)  # encrypted in place: no second copy of a large record
+        record[:COUNTER_SIZE] = header
+        self._seal_into(_NONCE_PAD + header, plaintext, None, memoryview(record)[COUNTER_SIZE:])
+        return record
 
     def open(self, record: bytes | bytearray | memoryview) -> bytes:
         """The plaintext of ``record``; raises RecordMalformed, RecordTampered or RecordReplayed (counted)."""
@@ -115,9 +127,7 @@ class RecordLayer:
         if size < RECORD_OVERHEAD or size > self.max_record:
             self.rejected_malformed += 1
             raise RecordMalformed(f"a record of {size} bytes (must be {RECORD_OVERHEAD}..{self.max_record})")
-        if not isinstance(record, bytes):
-            record = bytes(record)
-        header = record[:COUNTER_SIZE]
+        header = bytes(record[:COUNTER_SIZE])  # the rest is read in place (a view of the log, often)
         (counter,) = _COUNTER.unpack(header)
         if counter <= self._floor:
             self.rejected_replayed += 1
@@ -128,7 +138,7 @@ class RecordLayer:
             self.rejected_replayed += 1
             raise RecordReplayed(f"record {counter} was already received")
         try:
-            plaintext = self._open(_NONCE_PAD + header, record[COUNTER_SIZE:], None)
+            plaintext = self._open(_NONCE_PAD + header, memoryview(record)[COUNTER_SIZE:], None)
         except InvalidTag:
             self.rejected_tampered += 1
             raise RecordTampered(f"record {counter} failed authentication") from None

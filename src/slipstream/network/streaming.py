@@ -166,7 +166,7 @@ class StreamFailed:
 
 
 StreamEvent = StreamStarted | StreamProgressed | StreamCompleted | StreamSent | StreamFailed
-OutFrame = tuple[int, int, bytes]
+OutFrame = tuple[int, int, bytes | bytearray]
 
 
 # -- the I/O ------------------------------------------------------------------------------------------
@@ -219,8 +219,9 @@ class FileSource:
         self.size = os.fstat(self._file.fileno()).st_size
         self.name = Path(path).name
 
-    def read(self, n: int) -> bytes:
-        return self._file.read(n)
+    def read_into(self, buffer: memoryview) -> int:
+        """Fill ``buffer`` from the file (fewer bytes only at its end); the bytes read."""
+        return self._file.readinto(buffer)
 
     def close(self) -> None:
         self._file.close()
@@ -442,24 +443,29 @@ class Streams:
         assert stream.hasher is not None
         if stream.offset < stream.total:
             n = min(self.chunk_data, stream.total - stream.offset)
+            payload: bytes | bytearray
             if stream.data is not None:
-                chunk: bytes | memoryview = stream.data[stream.offset : stream.offset + n]
+                chunk: memoryview = stream.data[stream.offset : stream.offset + n]
+                payload = _OFFSET.pack(stream.offset) + chunk
             else:
                 assert stream.source is not None
+                payload = bytearray(_OFFSET.size + n)  # the file is read straight after the offset
+                _OFFSET.pack_into(payload, 0, stream.offset)
+                chunk = memoryview(payload)[_OFFSET.size :]
                 try:
-                    chunk = stream.source.read(n)
+                    got = stream.source.read_into(chunk)
                 except OSError as exc:
                     self._fail_outgoing(
                         stream, StreamFailure.SENDER_ABORTED, f"file read failed: {exc}", tell_peer=True
                     )
                     return 1
-                if len(chunk) != n:
+                if got != n:
                     self._fail_outgoing(
                         stream, StreamFailure.SENDER_ABORTED, "the file shrank while sent", tell_peer=True
                     )
                     return 1
             stream.hasher.update(chunk)
-            frames.append((FrameKind.STREAM_CHUNK, stream.stream_id, _OFFSET.pack(stream.offset) + chunk))
+            frames.append((FrameKind.STREAM_CHUNK, stream.stream_id, payload))
             stream.offset += n
             if stream.offset >= stream.next_progress or stream.offset == stream.total:
                 stream.next_progress = stream.offset + self.progress_step

@@ -205,11 +205,11 @@ class ConnectionPair:
         now = self.clock.now_ns()
         moved = 0
         for record in self.a.messages_to_send(now):
-            self.wire.append(("a", record))
+            self.wire.append(("a", bytes(record)))
             self.network.send(CLIENT, SERVER, record)
             moved += 1
         for record in self.b.messages_to_send(now):
-            self.wire.append(("b", record))
+            self.wire.append(("b", bytes(record)))
             self.network.send(SERVER, CLIENT, record)
             moved += 1
         self.events_a.extend(self.a.take_events())

@@ -199,7 +199,7 @@ class Connection:
         self._subscription = subscription
         self._assembler = FragmentAssembler(self._on_fragment)
         self._listeners = Listeners()
-        self._backlog: deque[bytes] = deque()
+        self._backlog: deque[bytes | bytearray] = deque()
         self._room = asyncio.Event()
         self._room.set()
         self._flush_scheduled = False

@@ -14,7 +14,7 @@ from ...client import Context, DriverError, ExclusivePublication
 from ...client.aio import Parking
 from ...files.doorbell import Doorbell
 from ..config import ClientConfig, ServerConfig
-from ..connection import ConnectionMachine, Records
+from ..connection import RECORD_OVERHEAD, ConnectionMachine, Records
 from ..errors import MessageDispatchError
 from ..events import Closed
 from ..frames import FRAME_OVERHEAD
@@ -38,6 +38,9 @@ __all__ = ["CLOSE_GRACE_S", "Endpoint", "PollGroup"]
 
 CLOSE_GRACE_S = 0.05
 """After the CLOSE frame was handed to the transport, how long before its publication is closed."""
+
+ONE_FRAME_CHUNKS_FROM = 16 * 1024
+"""A frame payload (the MTU less the header) from which a stream's chunks are cut to fit one frame."""
 
 log = logging.getLogger("slipstream.network")
 
@@ -172,8 +175,13 @@ class Endpoint:
             max_record=max_record,
             wall_offset_ns=time.time_ns() - time.monotonic_ns(),
         )
+        chunk_record = machine.max_payload
+        if publication.max_payload_length >= ONE_FRAME_CHUNKS_FROM:
+            # A chunk's record fits one frame of the log (IPC: 64 KiB): read in place on the other side,
+            # where a fragmented record would first be copied together by the assembler.
+            chunk_record = min(chunk_record, publication.max_payload_length - RECORD_OVERHEAD)
         machine.streams = Streams(
-            chunk_payload=machine.max_payload - FRAME_OVERHEAD,
+            chunk_payload=chunk_record - FRAME_OVERHEAD,
             spill_threshold=config.spill_threshold,
             max_stream_size=config.max_stream_size,
             temp_dir=None if config.temp_directory is None else os.fspath(config.temp_directory),
