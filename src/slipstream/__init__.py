@@ -28,6 +28,7 @@ from .client import (
     IdleStrategy,
     Image,
     Publication,
+    Registration,
     RegistrationError,
     SleepingIdleStrategy,
     Subscription,
@@ -36,6 +37,7 @@ from .client import (
     fast_path_active,
     offer_async,
     poll_async,
+    registered,
     result_name,
 )
 from .driver.config import DriverConfig
@@ -88,6 +90,7 @@ __all__ = [
     "InvalidArgumentTypeError",
     "MediaDriver",
     "Publication",
+    "Registration",
     "RegistrationError",
     "SleepingIdleStrategy",
     "SlipstreamError",
@@ -97,5 +100,6 @@ __all__ = [
     "__version__",
     "offer_async",
     "poll_async",
+    "registered",
     "result_name",
 ]
