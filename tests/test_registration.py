@@ -169,3 +169,25 @@ def test_a_burst_of_commands_is_run_a_few_per_duty_cycle(driver_dir: Path) -> No
             if answered[-1] < burst and answered[-1] > before:
                 assert ctx.invoker_deadline_ns() == 0  # the rest are due now, not at a stream's timer
         assert len(answered) >= 4  # 31 commands took four cycles at least
+
+
+@pytest.mark.parametrize("mode", ["invoker", "thread"])
+def test_closing_does_not_wait_yet_what_comes_next_sees_it_done(driver_dir: Path, mode: str) -> None:
+    """A close sends the removal and returns (Aeron's clients do the same); commands are handled in
+    order, so a subscription on the port just given up binds it again at once."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        channel = f"aeron:udp?endpoint=127.0.0.1:{probe.getsockname()[1]}"
+    ctx = invoker_context(driver_dir) if mode == "invoker" else Context(driver_dir, driver="embedded")
+    with ctx:
+        for _ in range(20):
+            subscription = ctx.add_subscription(channel, 5)
+            subscription.close()
+            assert subscription.is_closed
+        publication = ctx.add_exclusive_publication("aeron:ipc", 5)
+        publication.close()
+        assert ctx.subscriptions == ()
+    # The context closed cleanly: the directory is free for another driver.
+    Context(driver_dir, driver="embedded").close()

@@ -723,8 +723,11 @@ class Context:
         self._ignored.add(correlation_id)
         if kind is cmd.RemovePublication:
             self._undrained = True
-        with contextlib.suppress(OSError):
+        try:
             self._send(kind(correlation_id, registration_id))
+        except OSError as exc:
+            self._ignored.discard(correlation_id)  # no answer is coming: a drain must not wait for it
+            log.warning("closing %d: %s", registration_id, exc)
 
     # -- observation ------------------------------------------------------------------------------
 
