@@ -31,10 +31,11 @@ def settle(ctx: Context, registration: Registration[object]) -> None:
             time.sleep(0.0005)
 
 
-def images_of(ctx: Context, channel: str, stream_id: int, cycles: int = 50) -> int:
-    """How many publishers a fresh subscription sees after ``cycles`` driver cycles."""
+def images_of(ctx: Context, channel: str, stream_id: int, within_s: float = 0.5) -> int:
+    """How many publishers a fresh subscription sees within ``within_s`` (the driver invoked meanwhile)."""
     subscription = ctx.add_subscription(channel, stream_id)
-    for _ in range(cycles):
+    deadline = time.monotonic() + within_s
+    while subscription.image_count == 0 and time.monotonic() < deadline:
         ctx.invoke()
         time.sleep(0.0005)
     count = subscription.image_count
@@ -119,9 +120,16 @@ def test_more_commands_than_the_socket_holds_do_not_block_an_invoker_context(dri
     assert outcome == [2000]
 
 
-def test_awaiting_registrations_lets_the_event_loop_run_and_a_cancelled_await_leaves_nothing(driver_dir: Path) -> None:
+@pytest.mark.parametrize("mode", ["invoker", "thread"])
+def test_awaiting_registrations_lets_the_event_loop_run_and_a_cancelled_await_leaves_nothing(
+    driver_dir: Path, mode: str
+) -> None:
+    """With a driver thread, the waiter is woken by the answer (nothing polls: a hundred polling
+    waiters kept the GIL from that thread until its heartbeat stopped); in invoker mode it polls and
+    runs the driver."""
+
     async def main() -> None:
-        with invoker_context(driver_dir) as ctx:
+        with invoker_context(driver_dir) if mode == "invoker" else Context(driver_dir, driver="embedded") as ctx:
             ticks = 0
             stop = False
 
@@ -147,6 +155,9 @@ def test_awaiting_registrations_lets_the_event_loop_run_and_a_cancelled_await_le
             await task
             assert ticks > before
             assert images_of(ctx, "aeron:ipc", 9) == 0
+            kept = await registered(ctx.async_add_exclusive_publication("aeron:ipc", 9))  # the control
+            assert images_of(ctx, "aeron:ipc", 9) == 1
+            kept.close()
 
     asyncio.run(main())
 
@@ -191,3 +202,25 @@ def test_closing_does_not_wait_yet_what_comes_next_sees_it_done(driver_dir: Path
         assert ctx.subscriptions == ()
     # The context closed cleanly: the directory is free for another driver.
     Context(driver_dir, driver="embedded").close()
+
+
+def test_with_a_driver_thread_an_awaited_registration_is_woken_not_polled(
+    driver_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    polls = [0]
+    original = Registration.poll
+
+    def counting(self: Registration[object]) -> object:
+        polls[0] += 1
+        return original(self)
+
+    monkeypatch.setattr(Registration, "poll", counting)
+
+    async def main() -> None:
+        with Context(driver_dir, driver="embedded") as ctx:
+            for stream_id in range(10):
+                polls[0] = 0
+                await asyncio.wait_for(registered(ctx.async_add_subscription("aeron:ipc", stream_id)), TIMEOUT_S)
+                assert polls[0] <= 3  # before the wait, after the wake (and one spare for a race)
+
+    asyncio.run(main())

@@ -13,6 +13,7 @@ to ``max_sleep_s``. Waiting for room (``offer_async``) always uses the timed bac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -179,16 +180,36 @@ async def registered(
 ) -> T:
     """Await what a ``Context.async_add_*`` call adds while the event loop goes on (the blocking
     ``add_*`` would stop it for the driver's round trip: a millisecond or more, and many at once add
-    up). ``invoke`` runs an invoker-mode driver between polls (default: the context's ``invoke``).
+    up). A driver with a thread of its own wakes the waiter when it answers (nothing polls meanwhile:
+    a hundred polling waiters would keep the GIL from that very thread). An invoker-mode driver is
+    run between polls: ``invoke`` (default: the context's ``invoke``), with ``backoff`` between.
     Raises as ``Registration.poll``; cancelled or failed, nothing stays added."""
-    invoke = invoke or registration.context.invoke
-    backoff = backoff or AsyncBackoff()
     try:
+        if registration.context.is_invoker:
+            invoke = invoke or registration.context.invoke
+            backoff = backoff or AsyncBackoff()
+            while (result := registration.poll()) is None:
+                if invoke():
+                    backoff.reset()
+                await backoff.idle()
+            return result
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(_resolve, answered)
+
+        registration.add_done_callback(wake)
         while (result := registration.poll()) is None:
-            if invoke():
-                backoff.reset()
-            await backoff.idle()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(answered), registration.remaining_s + 1e-3)
+        return result
     except BaseException:
         registration.cancel()
         raise
-    return result
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

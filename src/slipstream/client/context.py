@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
@@ -56,6 +56,17 @@ class _Pending:
     event: threading.Event
     response: cmd.DriverMessage | None = None
     error: DriverError | None = None
+    callbacks: list[Callable[[], object]] = field(default_factory=list)
+
+    def settle(self, response: cmd.DriverMessage | None, error: DriverError | None) -> None:
+        """The answer (or the loss of the driver), from the client thread: waiters wake."""
+        self.response, self.error = response, error
+        self.event.set()
+        for callback in self.callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("registration callback failed")
 
 
 class Registration(Generic[T]):
@@ -108,6 +119,19 @@ class Registration(Generic[T]):
     def done(self) -> bool:
         """True once :meth:`poll` no longer returns None."""
         return self._result is not None or self._error is not None or self._pending.event.is_set()
+
+    @property
+    def remaining_s(self) -> float:
+        """Seconds until the driver is given up on (``driver_timeout_s`` from the command; 0 past it)."""
+        return max(0.0, self._deadline - time.monotonic())
+
+    def add_done_callback(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once the driver answered (or was lost): on the client thread, or here if
+        that happened already. It may be called twice, and must be quick and thread-safe (an asyncio
+        waiter uses ``loop.call_soon_threadsafe``); it does not run when the driver never answers."""
+        self._pending.callbacks.append(callback)
+        if self._pending.event.is_set():
+            callback()
 
     def poll(self) -> T | None:
         """What was added, once the driver answered; None before. Raises ``RegistrationError`` for the
@@ -412,8 +436,7 @@ class Context:
             case cmd.PublicationReady() | cmd.SubscriptionReady() | cmd.OperationSuccess() | cmd.ErrorResponse():
                 pending = self._pending.get(message.correlation_id)
                 if pending is not None:
-                    pending.response = message
-                    pending.event.set()
+                    pending.settle(message, None)
                 elif message.correlation_id in self._ignored:
                     self._ignored.discard(message.correlation_id)
                     if isinstance(message, cmd.ErrorResponse):
@@ -455,8 +478,7 @@ class Context:
             self._driver_error = error
         log.error("%s", error)
         for pending in list(self._pending.values()):
-            pending.error = error
-            pending.event.set()
+            pending.settle(None, error)
         for publication in list(self._publications.values()):
             publication._lose(error)
         for subscription in list(self._subscriptions.values()):
