@@ -117,7 +117,9 @@ class Registration(Generic[T]):
 
     @property
     def done(self) -> bool:
-        """True once :meth:`poll` no longer returns None."""
+        """True once the driver answered (or was lost), or the registration failed or was cancelled:
+        :meth:`poll` then returns the stream or raises. (Past ``driver_timeout_s`` without an answer it
+        is still False, and :meth:`poll` raises ``DriverUnavailableError``.)"""
         return self._result is not None or self._error is not None or self._pending.event.is_set()
 
     @property
