@@ -400,7 +400,7 @@ class Server(Endpoint):
                 port = None
                 if opening.control_port is not None and opening.attempts < PORT_ATTEMPTS:
                     port = opening.link.machine.reallocate_port(event.connection_id)
-                if port is not None:  # most likely the client's control port is taken here: another
+                if port is not None:  # the port is most likely held by another program on this host
                     log.info("control port %d unavailable (%s): trying %d", opening.control_port, exc, port)
                     opening.control_port = port
                     opening.attempts += 1
