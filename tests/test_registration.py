@@ -11,16 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from slipstream import Context, DriverConfig
+from slipstream import Context
 from slipstream.client import DriverError, Registration, RegistrationError, registered
 from slipstream.driver.conductor import COMMAND_DRAIN_LIMIT
 
+from .test_invoker import invoker_context
+
 TIMEOUT_S = 20.0
-
-
-def invoker_context(directory: Path) -> Context:
-    config = DriverConfig(directory=directory, threading_mode="invoker")
-    return Context(directory, driver="embedded", driver_config=config)
 
 
 def settle(ctx: Context, registration: Registration[object]) -> None:
