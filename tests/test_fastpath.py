@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slipstream.client.assembler import FragmentAssembler, PyFragmentAssembler
 from slipstream.logbuffer import (
     BufferClaim,
     Header,
@@ -49,9 +50,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 def make_log(term_id: int = 7, term_offset: int = 0, mtu: int = 1408) -> LogBuffers:
     log = LogBuffers(bytearray(compute_log_length(TERM)), TERM)
-    log.initialize(
-        initial_term_id=7, term_id=term_id, term_offset=term_offset, session_id=42, stream_id=1001, mtu=mtu
-    )
+    log.initialize(initial_term_id=7, term_id=term_id, term_offset=term_offset, session_id=42, stream_id=1001, mtu=mtu)
     log.is_connected = True
     return log
 
@@ -287,6 +286,96 @@ def test_scan_block_takes_whole_frames_and_skips_a_leading_pad() -> None:
         assert scan(term, ints, 0, 10_000) == (0, 96, True)
 
 
+# ---- assembler ------------------------------------------------------------------------------------
+
+# A frame: (session id, flags bits, payload size, pad before it). Flags are drawn from all four
+# begin/end combinations, so the terms hold whole messages, fragments in order, and orphans, gaps and
+# interleaved sessions that the reference drops.
+frames_st = st.lists(
+    st.tuples(
+        st.sampled_from([5, 6, -9]), st.sampled_from([0x80, 0x00, 0x40, 0xC0]), st.integers(0, 300), st.booleans()
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+def fragment_term(frames: list[tuple[int, int, int, bool]]) -> memoryview:
+    """Frames written as a log holds them (a pad before a frame breaks the offset chain)."""
+    term = memoryview(bytearray(TERM))
+    offset = 0
+    for i, (session_id, flags, size, pad) in enumerate(frames):
+        if pad:
+            struct.pack_into("<iBBHiiiiq", term, offset, 64, 0, 0, HDR_TYPE_PAD, offset, session_id, 1, 7, 0)
+            offset += 64
+        struct.pack_into("<iBBHiiiiq", term, offset, 32 + size, 0, flags, 1, offset, session_id, 1, 7, i)
+        term[offset + 32 : offset + 32 + size] = payload_of(size, i)
+        offset += (32 + size + 31) & -32
+    return term
+
+
+def assemble_all(
+    term: memoryview, make: Any, reader: Any, limits: list[int], raise_at: int | None
+) -> tuple[list[tuple[bytes, int, bool, str, int]], list[object]]:
+    """Poll the term as ``Image.poll`` does (a raising handler consumes its frame) with one assembler."""
+    recorder = Recorder(raise_at)
+    assembler = make(recorder)
+    header = Header(7, TERM.bit_length() - 1)
+    offset, results = 0, []
+    for limit in limits:
+        try:
+            result: object = reader(term, term.cast("i"), offset, assembler, limit, header)
+            offset = result[1]  # type: ignore[index]
+        except KeyError as exc:
+            result = ("KeyError", str(exc), header.offset)
+            offset = header.offset + ((header.frame_length + 31) & -32)
+        results.append(result)
+    return recorder.seen, results
+
+
+@SETTINGS
+@given(frames_st, st.lists(st.integers(1, 30), min_size=1, max_size=8), st.none() | st.integers(1, 10))
+def test_assembler_matches_reference(
+    frames: list[tuple[int, int, int, bool]], limits: list[int], raise_at: int | None
+) -> None:
+    """The C assembler, inline in ``read_term`` and called from the Python reader, against the reference."""
+    term = fragment_term(frames)
+    reference = assemble_all(term, PyFragmentAssembler, py_read_term, limits, raise_at)
+    assert assemble_all(term, FragmentAssembler, FAST.read_term, limits, raise_at) == reference
+    assert assemble_all(term, FragmentAssembler, py_read_term, limits, raise_at) == reference
+
+
+@pytest.mark.parametrize("make, reader", [(PyFragmentAssembler, py_read_term), (FragmentAssembler, FAST.read_term)])
+def test_assembler_reassembles_a_fragmented_log_and_a_kept_view_keeps_its_bytes(make: Any, reader: Any) -> None:
+    """Messages cut by the appender at MTU 1408 come out whole; a handler that keeps a slice of its view
+    keeps its message (the assembler moves on to a fresh buffer); ``free_session_buffer`` drops a
+    partial message."""
+    log = make_log(mtu=1408)
+    app = PyExclusiveAppender(log)
+    sizes = [5000, 10, 1376, 1377, 8192, 3]
+    messages = [payload_of(size, i) for i, size in enumerate(sizes)]
+    for message in messages:
+        app.append(message, BIG)
+    term, header = log.terms[0], Header(7, TERM.bit_length() - 1)
+    kept: list[memoryview] = []
+    fragments, offset, intact = reader(term, term.cast("i"), 0, make(lambda v, h: kept.append(v[:])), 1000, header)
+    assert (fragments, offset, intact) == (4 + 1 + 1 + 2 + 6 + 1, app.position, True)
+    assert [bytes(view) for view in kept] == messages
+    got: list[bytes] = []
+    assembler = make(lambda view, header: got.append(bytes(view)))
+    reader(term, term.cast("i"), 0, assembler, 2, header)  # the first two fragments of 5000 bytes
+    assembler.free_session_buffer(42)
+    reader(term, term.cast("i"), offset_after(term, 2), assembler, 1000, header)
+    assert got == messages[1:]
+
+
+def offset_after(term: memoryview, frames: int) -> int:
+    offset = 0
+    for _ in range(frames):
+        offset += (struct.unpack_from("<i", term, offset)[0] + 31) & -32
+    return offset
+
+
 def test_fast_path_reported_and_disabled_by_environment() -> None:
     assert fast_path_active()
     code = "import slipstream; print(slipstream.fast_path_active())"
@@ -297,5 +386,3 @@ def test_fast_path_reported_and_disabled_by_environment() -> None:
         [sys.executable, "-m", "slipstream", "--version"], capture_output=True, text=True, timeout=60, env=os.environ
     )
     assert "C extension" in version.stdout
-
-

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..logbuffer import FragmentHandler, Header
+from ..logbuffer.fastpath import FAST
 from ..wire.constants import BEGIN_FLAG, END_FLAG, UNFRAGMENTED
 
 
-class FragmentAssembler:
+class PyFragmentAssembler:
     """Wraps a handler so it receives whole messages. Partial messages are kept per session; a gap
-    in a session's frames (which cannot happen on a reliable stream) drops the partial message."""
+    in a session's frames (which cannot happen on a reliable stream) drops the partial message.
+
+    The pure-Python reference; ``FragmentAssembler`` is the C one when the fast path is active.
+    """
 
     __slots__ = ("_buffers", "_handler", "_next_offset")
 
@@ -43,7 +49,10 @@ class FragmentAssembler:
                 with memoryview(buffer) as view:
                     self._handler(view, header)
             finally:
-                buffer.clear()
+                try:
+                    buffer.clear()
+                except BufferError:  # the handler kept a slice of the message: it keeps this buffer
+                    self._buffers[session_id] = bytearray()
         else:
             self._next_offset[session_id] = next_offset
 
@@ -51,3 +60,17 @@ class FragmentAssembler:
         """Forget a session's partial message (call from an unavailable-image handler)."""
         self._buffers.pop(session_id, None)
         self._next_offset.pop(session_id, None)
+
+
+if TYPE_CHECKING or FAST is None:
+    FragmentAssembler = PyFragmentAssembler
+else:
+
+    class FragmentAssembler(FAST.AssemblerCore):  # type: ignore[misc,name-defined]
+        """Wraps a handler so it receives whole messages (as ``PyFragmentAssembler``, the reference),
+        with its state in C: polled through ``Subscription.poll`` / ``Image.poll``, a fragment of a
+        longer message is copied in C and the handler is called once per message. The message view is
+        valid only during the call; a handler that keeps it keeps a buffer the assembler then gives up.
+        """
+
+        __slots__ = ()

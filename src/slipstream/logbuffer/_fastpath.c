@@ -497,6 +497,318 @@ static PyObject *read_result(long long fragments, Py_ssize_t offset, int intact)
     return Py_BuildValue("(LnO)", fragments, offset, intact ? Py_True : Py_False);
 }
 
+/* ---- AssemblerCore ----------------------------------------------------------------------------- */
+
+/* FragmentAssembler's state and logic (assembler.py's PyFragmentAssembler is the reference). read_term
+ * recognises it as the handler and assembles in C: a fragment that is not a whole message costs a copy
+ * and no Python call, and the wrapped handler is called once per message. */
+
+#define FLAGS_OFFSET 5
+#define SESSION_ID_OFFSET 12
+#define UNFRAGMENTED (BEGIN_FLAG | END_FLAG)
+#define ASSEMBLER_KEEP_LIMIT (1 << 20) /* a session's buffer above this is dropped after its message */
+
+typedef struct {
+    int32_t session_id;
+    Py_ssize_t length;      /* bytes of the partial message so far; 0: none in progress */
+    Py_ssize_t next_offset; /* where the next fragment must start */
+    PyObject *buffer;       /* bytearray, grown as needed; NULL until first used */
+} Partial;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *handler;
+    Partial *partials;
+    Py_ssize_t count;
+    Py_ssize_t capacity;
+} AssemblerCore;
+
+static PyTypeObject *assembler_type;
+static PyObject *str_release, *str_flags, *str_session_id, *str_frame_length;
+
+static int assembler_traverse(AssemblerCore *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->handler);
+    for (Py_ssize_t i = 0; i < self->count; i++) {
+        Py_VISIT(self->partials[i].buffer);
+    }
+    return 0;
+}
+
+static int assembler_clear(AssemblerCore *self) {
+    Py_CLEAR(self->handler);
+    for (Py_ssize_t i = 0; i < self->count; i++) {
+        Py_CLEAR(self->partials[i].buffer);
+    }
+    self->count = 0;
+    return 0;
+}
+
+static void assembler_dealloc(AssemblerCore *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    assembler_clear(self);
+    PyMem_Free(self->partials);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static int assembler_init(AssemblerCore *self, PyObject *args, PyObject *kwargs) {
+    PyObject *handler;
+    static char *names[] = {"handler", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:FragmentAssembler", names, &handler)) {
+        return -1;
+    }
+    Py_INCREF(handler);
+    Py_XSETREF(self->handler, handler);
+    return 0;
+}
+
+static Partial *find_partial(AssemblerCore *self, int32_t session_id) {
+    for (Py_ssize_t i = 0; i < self->count; i++) {
+        if (self->partials[i].session_id == session_id) {
+            return &self->partials[i];
+        }
+    }
+    return NULL;
+}
+
+static Partial *add_partial(AssemblerCore *self, int32_t session_id) {
+    if (self->count == self->capacity) {
+        Py_ssize_t capacity = self->capacity ? self->capacity * 2 : 4;
+        Partial *grown = PyMem_Realloc(self->partials, (size_t)capacity * sizeof(Partial));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        self->partials = grown;
+        self->capacity = capacity;
+    }
+    Partial *p = &self->partials[self->count++];
+    p->session_id = session_id;
+    p->length = 0;
+    p->next_offset = 0;
+    p->buffer = NULL;
+    return p;
+}
+
+/* Make room for ``needed`` bytes, keeping the partial message. A buffer a handler still holds a view of
+ * (it kept the message past its call) is left to it and replaced. */
+static int reserve(Partial *p, Py_ssize_t needed) {
+    PyObject *buffer = p->buffer;
+    if (buffer != NULL && ((PyByteArrayObject *)buffer)->ob_exports == 0) {
+        Py_ssize_t size = PyByteArray_GET_SIZE(buffer);
+        if (size >= needed) {
+            return 0;
+        }
+        return PyByteArray_Resize(buffer, needed > size * 2 ? needed : size * 2);
+    }
+    PyObject *fresh = PyByteArray_FromStringAndSize(NULL, needed < 4096 ? 4096 : needed);
+    if (fresh == NULL) {
+        return -1;
+    }
+    if (p->length > 0) {
+        memcpy(PyByteArray_AS_STRING(fresh), PyByteArray_AS_STRING(buffer), (size_t)p->length);
+    }
+    Py_XSETREF(p->buffer, fresh);
+    return 0;
+}
+
+/* Hand the whole message to the handler as a view of exactly its bytes, released after the call. */
+static int deliver(AssemblerCore *self, Partial *p, PyObject *header) {
+    PyObject *view = PyMemoryView_FromObject(p->buffer);
+    if (view == NULL) {
+        p->length = 0;
+        return -1;
+    }
+    Py_buffer *v = PyMemoryView_GET_BUFFER(view);
+    v->len = p->length;
+    v->shape[0] = p->length;
+    p->length = 0;
+    PyObject *call[2] = {view, header};
+    PyObject *r = PyObject_Vectorcall(self->handler, call, 2, NULL);
+    if (r == NULL) {
+        /* the handler's error wins over the release's (as a with block's body over its exit) */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *released = PyObject_CallMethodNoArgs(view, str_release);
+        Py_XDECREF(released);
+        PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+        Py_DECREF(view);
+        return -1;
+    }
+    Py_DECREF(r);
+    PyObject *released = PyObject_CallMethodNoArgs(view, str_release);
+    Py_DECREF(view);
+    if (released == NULL) {
+        return -1;
+    }
+    Py_DECREF(released);
+    if (PyByteArray_GET_SIZE(p->buffer) > ASSEMBLER_KEEP_LIMIT) {
+        Py_CLEAR(p->buffer);
+    }
+    return 0;
+}
+
+/* One fragment of a message that is not whole (flags without both begin and end). ``offset`` is the
+ * frame's offset in its term; ``header_offset`` >= 0 repoints ``header`` there before the handler
+ * sees it (read_term's inline path), -1 leaves it (the handler was given a header already). */
+static int assemble(AssemblerCore *self, const char *payload, Py_ssize_t length, uint8_t flags, int32_t session_id,
+                    Py_ssize_t offset, int64_t frame_length, PyObject *header, Py_ssize_t header_offset) {
+    Py_ssize_t next_offset = offset + (Py_ssize_t)ALIGN32(frame_length);
+    Partial *p = find_partial(self, session_id);
+    if (flags & BEGIN_FLAG) {
+        if (p == NULL && (p = add_partial(self, session_id)) == NULL) {
+            return -1;
+        }
+        p->length = 0;
+        if (reserve(p, length) < 0) {
+            return -1;
+        }
+        memcpy(PyByteArray_AS_STRING(p->buffer), payload, (size_t)length);
+        p->length = length;
+        p->next_offset = next_offset;
+        return 0;
+    }
+    if (p == NULL || p->length == 0 || p->next_offset != offset) {
+        if (p != NULL) {
+            p->length = 0;
+        }
+        return 0;
+    }
+    if (length > PY_SSIZE_T_MAX - p->length) {
+        p->length = 0;
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (reserve(p, p->length + length) < 0) {
+        p->length = 0;
+        return -1;
+    }
+    memcpy(PyByteArray_AS_STRING(p->buffer) + p->length, payload, (size_t)length);
+    p->length += length;
+    if (!(flags & END_FLAG)) {
+        p->next_offset = next_offset;
+        return 0;
+    }
+    if (header_offset >= 0 && set_header_offset(header, header_offset) < 0) {
+        p->length = 0;
+        return -1;
+    }
+    return deliver(self, p, header);
+}
+
+static int int_attr(PyObject *obj, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        return -1;
+    }
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* assembler(fragment, header): the same logic for a caller that is not read_term, reading the header's
+ * fields through its properties. */
+static PyObject *assembler_call(AssemblerCore *self, PyObject *args, PyObject *kwargs) {
+    PyObject *fragment, *header;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) {
+        PyErr_SetString(PyExc_TypeError, "FragmentAssembler takes (fragment, header)");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "FragmentAssembler", 2, 2, &fragment, &header)) {
+        return NULL;
+    }
+    if (self->handler == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "FragmentAssembler was not initialised");
+        return NULL;
+    }
+    long long flags, session_id, offset, frame_length;
+    if (int_attr(header, str_flags, &flags) < 0) {
+        return NULL;
+    }
+    if ((flags & UNFRAGMENTED) == UNFRAGMENTED) {
+        PyObject *call[2] = {fragment, header};
+        return PyObject_Vectorcall(self->handler, call, 2, NULL);
+    }
+    if (int_attr(header, str_session_id, &session_id) < 0 || int_attr(header, str_offset, &offset) < 0 ||
+        int_attr(header, str_frame_length, &frame_length) < 0) {
+        return NULL;
+    }
+    Py_buffer fb;
+    if (PyObject_GetBuffer(fragment, &fb, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    int r = assemble(self, (const char *)fb.buf, fb.len, (uint8_t)flags, (int32_t)session_id, (Py_ssize_t)offset,
+                     frame_length, header, -1);
+    PyBuffer_Release(&fb);
+    if (r < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *assembler_free_session_buffer(AssemblerCore *self, PyObject *arg) {
+    long session_id = PyLong_AsLong(arg);
+    if (session_id == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < self->count; i++) {
+        if (self->partials[i].session_id == (int32_t)session_id) {
+            Py_CLEAR(self->partials[i].buffer);
+            self->partials[i] = self->partials[--self->count];
+            break;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef assembler_methods[] = {
+    {"free_session_buffer", (PyCFunction)assembler_free_session_buffer, METH_O,
+     "Forget a session's partial message (call from an unavailable-image handler)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot assembler_slots[] = {
+    {Py_tp_doc, "FragmentAssembler's state and reassembly in C; read_term assembles inline for it."},
+    {Py_tp_methods, assembler_methods},
+    {Py_tp_call, assembler_call},
+    {Py_tp_init, assembler_init},
+    {Py_tp_traverse, assembler_traverse},
+    {Py_tp_clear, assembler_clear},
+    {Py_tp_dealloc, assembler_dealloc},
+    {Py_tp_new, PyType_GenericNew},
+    {0, NULL},
+};
+
+static PyType_Spec assembler_spec = {
+    "slipstream.logbuffer._fastpath.AssemblerCore",
+    sizeof(AssemblerCore),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    assembler_slots,
+};
+
+/* The assembler read_term may work for inline: our type, its call not overridden by a subclass. */
+static AssemblerCore *inline_assembler(PyObject *handler) {
+    if (assembler_type != NULL && PyObject_TypeCheck(handler, assembler_type) &&
+        Py_TYPE(handler)->tp_call == (ternaryfunc)assembler_call && ((AssemblerCore *)handler)->handler != NULL) {
+        return (AssemblerCore *)handler;
+    }
+    return NULL;
+}
+
+/* The header names the failing frame, as when a Python handler raises; the pending error is kept. */
+static void repoint_after_error(PyObject *header, Py_ssize_t offset) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (set_header_offset(header, offset) < 0) {
+        PyErr_Clear();
+    }
+    PyErr_Restore(type, value, traceback);
+}
+
 /* read_term(term, term_i32, offset, handler, fragment_limit, header) -> (fragments, next_offset, intact) */
 static PyObject *fp_read_term(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -528,6 +840,10 @@ static PyObject *fp_read_term(PyObject *module, PyObject *const *args, Py_ssize_
     const char *base = (const char *)tb.buf;
     Py_ssize_t capacity = tb.len;
     int fast = plain_byte_view(term);
+    AssemblerCore *assembler = inline_assembler(handler);
+    if (assembler != NULL) {
+        handler = assembler->handler;
+    }
     long long fragments = 0;
     int intact = 1;
     while (fragments < fragment_limit && offset < capacity) {
@@ -556,6 +872,21 @@ static PyObject *fp_read_term(PyObject *module, PyObject *const *args, Py_ssize_
             break;
         }
         fragments++;
+        if (assembler != NULL) {
+            uint8_t flags = (uint8_t)base[frame_offset + FLAGS_OFFSET];
+            if ((flags & UNFRAGMENTED) != UNFRAGMENTED) {
+                int32_t session_id;
+                memcpy(&session_id, base + frame_offset + SESSION_ID_OFFSET, 4);
+                if (assemble(assembler, base + frame_offset + HEADER_LENGTH, frame_length - HEADER_LENGTH, flags,
+                             session_id, frame_offset, frame_length, header, frame_offset) < 0) {
+                    /* the header names the failing frame, as when a Python handler raises */
+                    repoint_after_error(header, frame_offset);
+                    PyBuffer_Release(&tb);
+                    return NULL;
+                }
+                continue;
+            }
+        }
         if (set_header_offset(header, frame_offset) < 0) {
             PyBuffer_Release(&tb);
             return NULL;
@@ -1265,6 +1596,10 @@ static int module_exec(PyObject *m) {
     INTERN(str_wrap, "_wrap");
     INTERN(str_offset, "offset");
     INTERN(str_buffer, "buffer");
+    INTERN(str_release, "release");
+    INTERN(str_flags, "flags");
+    INTERN(str_session_id, "session_id");
+    INTERN(str_frame_length, "frame_length");
 #undef INTERN
     PyObject *core = PyType_FromModuleAndSpec(m, &core_spec, NULL);
     if (core == NULL) {
@@ -1274,6 +1609,15 @@ static int module_exec(PyObject *m) {
         Py_DECREF(core);
         return -1;
     }
+    PyObject *assembler = PyType_FromModuleAndSpec(m, &assembler_spec, NULL);
+    if (assembler == NULL) {
+        return -1;
+    }
+    if (PyModule_AddObjectRef(m, "AssemblerCore", assembler) < 0) {
+        Py_DECREF(assembler);
+        return -1;
+    }
+    Py_XSETREF(assembler_type, (PyTypeObject *)assembler);
     return 0;
 }
 
