@@ -68,6 +68,8 @@ class Image:
         position = self._position
         offset = position & self._mask
         index = (position >> self._bits) % 3
+        if self._terms_i32[index][offset >> 2] <= 0:
+            return 0  # nothing new (the common case of a busy poll): no call, no result tuple
         header = self._header
         try:
             fragments, next_offset, intact = read_term(
@@ -77,8 +79,9 @@ class Image:
             failed_end = header.offset + ((header.frame_length + 31) & -32)
             self._advance(position + failed_end - offset)
             raise
-        if next_offset != offset:
-            self._advance(position + next_offset - offset)
+        if next_offset != offset:  # _advance, inlined: this is the hot path of every busy poll
+            self._position = position = position + next_offset - offset
+            self._values[self._index] = position
         if not intact:
             self.is_corrupt = True
             self._closed = True
