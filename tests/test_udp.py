@@ -38,10 +38,14 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.001)
 
 
-def offer(pub, message: bytes, timeout: float = 10.0) -> int:  # type: ignore[no-untyped-def]
+def offer(pub, message: bytes, timeout: float = 10.0, while_refused: Callable[[], object] | None = None) -> int:  # type: ignore[no-untyped-def]
+    """Offer until taken. A publisher runs at most a window ahead of its subscriber: a test that offers
+    more than that before it reads passes ``while_refused`` (its poll), or it deadlocks once reading lags."""
     deadline = time.monotonic() + timeout
     while (result := pub.offer(message)) < 0:
         assert time.monotonic() < deadline, f"offer refused: {result}"
+        if while_refused is not None:
+            while_refused()
     return int(result)
 
 
@@ -70,8 +74,8 @@ def test_messages_fragments_and_end_of_stream_over_loopback(ctx: Context) -> Non
     messages = [rng.randbytes(rng.choice([1, 100, 1376, 1377, 5000, 20000])) for _ in range(300)]
     got: list[bytes] = []
     assembler = FragmentAssembler(lambda b, h: got.append(bytes(b)))
-    for m in messages:
-        offer(pub, m)
+    for m in messages:  # 1.4 MB: more than the window, so the subscriber reads while refused
+        offer(pub, m, while_refused=lambda: sub.poll(assembler, 10))
         sub.poll(assembler, 10)
     wait_for(lambda: sub.poll(assembler, 100) == 0 and len(got) == len(messages))
     assert got == messages
@@ -184,8 +188,8 @@ def test_flood_of_hostile_datagrams_does_not_disturb_a_stream(ctx: Context) -> N
         got.append(int.from_bytes(b[:4], "little"))
 
     try:
-        for i in range(20_000):
-            offer(pub, i.to_bytes(4, "little") * 8)
+        for i in range(20_000):  # 1.3 MB of frames: more than the window
+            offer(pub, i.to_bytes(4, "little") * 8, while_refused=lambda: sub.poll(on, 10))
             sub.poll(on, 10)
         wait_for(lambda: sub.poll(on, 100) == 0 and len(got) >= 20_000, timeout=30)
     finally:
@@ -194,6 +198,7 @@ def test_flood_of_hostile_datagrams_does_not_disturb_a_stream(ctx: Context) -> N
     assert got == list(range(20_000))
     assert sent[0] > 1000
     wait_for(lambda: counter(ctx, "Invalid packets") > 0, timeout=5)
+
     # The error log holds each distinct error once, with how often it was seen.
     def invalid_records() -> list[int]:
         return [r.observation_count for r in observe.errors(ctx.directory) if r.text.startswith("invalid datagrams")]
