@@ -9,6 +9,7 @@ test``, ``make asan`` and the wheel tests set it, so a silently missing build fa
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 import struct
 import subprocess
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client.assembler import FragmentAssembler, PyFragmentAssembler
+from slipstream.client.image import Image, PyImage
 from slipstream.logbuffer import (
     BufferClaim,
     Header,
@@ -374,6 +376,63 @@ def offset_after(term: memoryview, frames: int) -> int:
     for _ in range(frames):
         offset += (struct.unpack_from("<i", term, offset)[0] + 31) & -32
     return offset
+
+
+# ---- image poll -----------------------------------------------------------------------------------
+
+
+def poll_image(cls: Any, raw: bytes, start: int, limits: list[int], raise_at: int | None) -> list[object]:
+    """Poll an image of class ``cls`` over a copy of ``raw`` (a whole log) from ``start``: what the handler
+    got, each poll's result (or error) and the position, the published counter and the image's flags."""
+    mapping = mmap.mmap(-1, len(raw))
+    mapping[:] = raw
+    values = memoryview(bytearray(32)).cast("q")
+    image = cls(
+        subscription_registration_id=1,
+        correlation_id=2,
+        session_id=42,
+        stream_id=1001,
+        source_identity="test",
+        mapping=mapping,
+        position_values=values,
+        position_index=2,
+        join_position=start,
+    )
+    recorder = Recorder(raise_at)
+    out: list[object] = []
+    for limit in limits:
+        try:
+            result: object = image.poll(recorder, limit)
+        except KeyError as exc:
+            result = ("KeyError", str(exc))
+        out.append((result, image.position, values[2], image.is_corrupt, image.is_closed))
+    out.append(recorder.seen)
+    return out
+
+
+@SETTINGS
+@given(
+    sizes_st,
+    st.booleans(),
+    corruptions,
+    st.integers(0, 45),
+    st.lists(st.integers(1, 30), min_size=1, max_size=6),
+    st.none() | st.integers(1, 40),
+)
+def test_image_poll_matches_reference(
+    sizes: list[int],
+    equal: bool,
+    damage: list[tuple[str, int, int]],
+    start: int,
+    limits: list[int],
+    raise_at: int | None,
+) -> None:
+    """``Image.poll`` in C against ``PyImage.poll``: fragments, positions (and the counter the publisher
+    reads), a raising handler's frame consumed, a corrupt frame closing the image."""
+    term, offsets = messy_term(sizes, equal, damage)
+    raw = bytes(term.obj)  # type: ignore[arg-type]  # the whole log the term is a slice of
+    begin = offsets[start % len(offsets)]
+    assert poll_image(Image, raw, begin, limits, raise_at) == poll_image(PyImage, raw, begin, limits, raise_at)
 
 
 def test_fast_path_reported_and_disabled_by_environment() -> None:

@@ -5,16 +5,21 @@ from __future__ import annotations
 import contextlib
 import mmap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..files.directory import close_mapping
 from ..files.doorbell import ParkingSlot, map_parking_slot
 from ..logbuffer import BlockHandler, FragmentHandler, Header, LogBuffers, read_term, scan_block
+from ..logbuffer.fastpath import FAST
 from ..wire.positions import compute_term_id
 
 
-class Image:
+class PyImage:
     """Replicated stream of one publisher session. ``poll`` delivers fragments from the log and
-    publishes this subscriber's position, which is what lets the publisher move on."""
+    publishes this subscriber's position, which is what lets the publisher move on.
+
+    All in Python: the reference; ``Image`` is this with ``poll`` in C when the fast path is active.
+    """
 
     def __init__(
         self,
@@ -39,7 +44,7 @@ class Image:
         self.join_position = join_position
         self._mapping = mapping
         self._log = LogBuffers(memoryview(mapping))
-        self._terms = self._log.terms
+        self._terms = tuple(self._log.terms)
         self._terms_i32 = self._log.terms_i32
         self._bits = self._log.bits
         self._mask = self._log.term_length - 1
@@ -206,3 +211,13 @@ class Image:
             f"Image(session_id={self.session_id}, stream_id={self.stream_id}, position={self._position}, "
             f"source={self.source_identity!r}, end_of_stream={self.is_end_of_stream})"
         )
+
+
+if TYPE_CHECKING or FAST is None:
+    Image = PyImage
+else:
+
+    class Image(FAST.ImageCore, PyImage):  # type: ignore[misc,name-defined]
+        """Replicated stream of one publisher session (see ``PyImage``, the reference), with its
+        position, terms and ``poll`` in C: a poll that finds nothing costs one length-word read, and
+        one that delivers makes no Python call but the handler's."""

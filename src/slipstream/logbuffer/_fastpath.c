@@ -810,6 +810,91 @@ static void repoint_after_error(PyObject *header, Py_ssize_t offset) {
 }
 
 /* read_term(term, term_i32, offset, handler, fragment_limit, header) -> (fragments, next_offset, intact) */
+/* The frames from ``*offset`` on, up to ``fragment_limit`` DATA frames, to ``handler`` (or assembled inline
+ * by a FragmentAssembler); padding skipped. ``term`` is the object ``base``/``capacity`` were taken from,
+ * and ``header.buffer`` must be it already. On return ``*offset`` is where reading stops, ``*fragments``
+ * how many were delivered and ``*intact`` 0 when the frame there cannot be valid. -1: the handler (or
+ * the assembly) raised, ``header.offset`` names that frame and ``*failed_end`` is just past it. */
+static int read_frames(PyObject *term, const char *base, Py_ssize_t capacity, Py_ssize_t *offset_io,
+                       PyObject *handler, long long fragment_limit, PyObject *header, long long *fragments_out,
+                       int *intact_out, Py_ssize_t *failed_end) {
+    Py_ssize_t offset = *offset_io;
+    int fast = plain_byte_view(term);
+    AssemblerCore *assembler = inline_assembler(handler);
+    if (assembler != NULL) {
+        handler = assembler->handler;
+    }
+    long long fragments = 0;
+    int intact = 1;
+    int failed = 0;
+    while (fragments < fragment_limit && offset < capacity) {
+        Py_ssize_t word = offset & ~(Py_ssize_t)3;
+        if (word + 4 > capacity) {
+            intact = 0;
+            break;
+        }
+        int32_t frame_length = load_i32(base + word);
+        if (frame_length <= 0) {
+            break;
+        }
+        Py_ssize_t frame_offset = offset;
+        if (frame_length < HEADER_LENGTH || frame_length > capacity - frame_offset) {
+            intact = 0;
+            break;
+        }
+        offset += ALIGN32((Py_ssize_t)frame_length);
+        uint8_t frame_type = (uint8_t)base[frame_offset + TYPE_OFFSET];
+        if (frame_type != HDR_TYPE_DATA) {
+            if (frame_type == HDR_TYPE_PAD && base[frame_offset + TYPE_OFFSET + 1] == 0) {
+                continue;
+            }
+            offset = frame_offset;
+            intact = 0;
+            break;
+        }
+        fragments++;
+        *failed_end = offset;
+        if (assembler != NULL) {
+            uint8_t flags = (uint8_t)base[frame_offset + FLAGS_OFFSET];
+            if ((flags & UNFRAGMENTED) != UNFRAGMENTED) {
+                int32_t session_id;
+                memcpy(&session_id, base + frame_offset + SESSION_ID_OFFSET, 4);
+                if (assemble(assembler, base + frame_offset + HEADER_LENGTH, frame_length - HEADER_LENGTH, flags,
+                             session_id, frame_offset, frame_length, header, frame_offset) < 0) {
+                    /* the header names the failing frame, as when a Python handler raises */
+                    repoint_after_error(header, frame_offset);
+                    failed = 1;
+                    break;
+                }
+                continue;
+            }
+        }
+        if (set_header_offset(header, frame_offset) < 0) {
+            failed = 1;
+            break;
+        }
+        PyObject *call[2];
+        call[0] = sub_view(term, fast, frame_offset + HEADER_LENGTH, frame_length - HEADER_LENGTH);
+        if (call[0] == NULL) {
+            failed = 1;
+            break;
+        }
+        call[1] = header;
+        PyObject *r = PyObject_Vectorcall(handler, call, 2, NULL);
+        Py_DECREF(call[0]);
+        if (r == NULL) {
+            failed = 1;
+            break;
+        }
+        Py_DECREF(r);
+    }
+    *offset_io = offset;
+    *fragments_out = fragments;
+    *intact_out = intact;
+    return failed ? -1 : 0;
+}
+
+/* read_term(term, term_i32, offset, handler, fragment_limit, header) -> (fragments, next_offset, intact) */
 static PyObject *fp_read_term(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 6) {
@@ -837,78 +922,175 @@ static PyObject *fp_read_term(PyObject *module, PyObject *const *args, Py_ssize_
         PyBuffer_Release(&tb);
         return NULL;
     }
-    const char *base = (const char *)tb.buf;
-    Py_ssize_t capacity = tb.len;
-    int fast = plain_byte_view(term);
-    AssemblerCore *assembler = inline_assembler(handler);
-    if (assembler != NULL) {
-        handler = assembler->handler;
-    }
-    long long fragments = 0;
-    int intact = 1;
-    while (fragments < fragment_limit && offset < capacity) {
-        Py_ssize_t word = offset & ~(Py_ssize_t)3;
-        if (word + 4 > capacity) {
-            intact = 0;
-            break;
-        }
-        int32_t frame_length = load_i32(base + word);
-        if (frame_length <= 0) {
-            break;
-        }
-        Py_ssize_t frame_offset = offset;
-        if (frame_length < HEADER_LENGTH || frame_length > capacity - frame_offset) {
-            intact = 0;
-            break;
-        }
-        offset += ALIGN32((Py_ssize_t)frame_length);
-        uint8_t frame_type = (uint8_t)base[frame_offset + TYPE_OFFSET];
-        if (frame_type != HDR_TYPE_DATA) {
-            if (frame_type == HDR_TYPE_PAD && base[frame_offset + TYPE_OFFSET + 1] == 0) {
-                continue;
-            }
-            offset = frame_offset;
-            intact = 0;
-            break;
-        }
-        fragments++;
-        if (assembler != NULL) {
-            uint8_t flags = (uint8_t)base[frame_offset + FLAGS_OFFSET];
-            if ((flags & UNFRAGMENTED) != UNFRAGMENTED) {
-                int32_t session_id;
-                memcpy(&session_id, base + frame_offset + SESSION_ID_OFFSET, 4);
-                if (assemble(assembler, base + frame_offset + HEADER_LENGTH, frame_length - HEADER_LENGTH, flags,
-                             session_id, frame_offset, frame_length, header, frame_offset) < 0) {
-                    /* the header names the failing frame, as when a Python handler raises */
-                    repoint_after_error(header, frame_offset);
-                    PyBuffer_Release(&tb);
-                    return NULL;
-                }
-                continue;
-            }
-        }
-        if (set_header_offset(header, frame_offset) < 0) {
-            PyBuffer_Release(&tb);
-            return NULL;
-        }
-        PyObject *call[2];
-        call[0] = sub_view(term, fast, frame_offset + HEADER_LENGTH, frame_length - HEADER_LENGTH);
-        if (call[0] == NULL) {
-            PyBuffer_Release(&tb);
-            return NULL;
-        }
-        call[1] = header;
-        PyObject *r = PyObject_Vectorcall(handler, call, 2, NULL);
-        Py_DECREF(call[0]);
-        if (r == NULL) {
-            PyBuffer_Release(&tb);
-            return NULL;
-        }
-        Py_DECREF(r);
-    }
+    long long fragments;
+    int intact;
+    Py_ssize_t failed_end = 0;
+    int r = read_frames(term, (const char *)tb.buf, tb.len, &offset, handler, fragment_limit, header, &fragments,
+                        &intact, &failed_end);
     PyBuffer_Release(&tb);
+    if (r < 0) {
+        return NULL;
+    }
     return read_result(fragments, offset, intact);
 }
+
+/* ---- ImageCore --------------------------------------------------------------------------------- */
+
+/* The subscriber side of an image: its position and terms, and ``poll`` in C (image.py's ``PyImage`` is
+ * the reference). The Python subclass keeps everything else (mapping, parking, block_poll, release). */
+typedef struct {
+    PyObject_HEAD
+    long long position;
+    long long mask;
+    long long bits;
+    long long index;
+    PyObject *terms;  /* tuple of the three term views */
+    PyObject *values; /* the counters' int64 view; ``index`` is this subscriber's position in it */
+    PyObject *header;
+    char closed;
+    char corrupt;
+} ImageCore;
+
+static int image_traverse(ImageCore *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->terms);
+    Py_VISIT(self->values);
+    Py_VISIT(self->header);
+    return 0;
+}
+
+static int image_clear(ImageCore *self) {
+    Py_CLEAR(self->terms);
+    Py_CLEAR(self->values);
+    Py_CLEAR(self->header);
+    return 0;
+}
+
+static void image_dealloc(ImageCore *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    image_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* Publish this subscriber's position (what lets the publisher move on). */
+static int image_advance(ImageCore *self, long long position) {
+    self->position = position;
+    Py_buffer vb;
+    if (PyObject_GetBuffer(self->values, &vb, PyBUF_WRITABLE) < 0) {
+        return -1;
+    }
+    if (self->index < 0 || (self->index + 1) * 8 > (long long)vb.len) {
+        PyBuffer_Release(&vb);
+        PyErr_SetString(PyExc_IndexError, "position counter outside its buffer");
+        return -1;
+    }
+    store_i64_release((char *)vb.buf + self->index * 8, position);
+    PyBuffer_Release(&vb);
+    return 0;
+}
+
+/* poll(handler, fragment_limit) -> fragments: Image.poll. */
+static PyObject *image_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "poll(handler, fragment_limit)");
+        return NULL;
+    }
+    long long fragment_limit = PyLong_AsLongLong(args[1]);
+    if (fragment_limit == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (self->closed) {
+        return PyLong_FromLong(0);
+    }
+    if (self->terms == NULL || !PyTuple_Check(self->terms) || PyTuple_GET_SIZE(self->terms) != 3 ||
+        self->values == NULL || self->header == NULL || self->position < 0 || self->bits < 0 || self->bits > 40) {
+        PyErr_SetString(PyExc_RuntimeError, "image not initialised");
+        return NULL;
+    }
+    long long position = self->position;
+    Py_ssize_t offset = (Py_ssize_t)(position & self->mask);
+    PyObject *term = PyTuple_GET_ITEM(self->terms, (Py_ssize_t)((position >> self->bits) % 3));
+    Py_buffer tb;
+    if (PyObject_GetBuffer(term, &tb, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const char *base = (const char *)tb.buf;
+    if (offset + 4 <= tb.len && (offset & 3) == 0 && load_i32(base + offset) <= 0) {
+        PyBuffer_Release(&tb);
+        return PyLong_FromLong(0); /* nothing new: the common case of a busy poll */
+    }
+    if (PyObject_SetAttr(self->header, str_buffer, term) < 0) {
+        PyBuffer_Release(&tb);
+        return NULL;
+    }
+    long long fragments;
+    int intact;
+    Py_ssize_t next_offset = offset, failed_end = offset;
+    int r = read_frames(term, base, tb.len, &next_offset, args[0], fragment_limit, self->header, &fragments, &intact,
+                        &failed_end);
+    PyBuffer_Release(&tb);
+    if (r < 0) {
+        /* the fragments before and the failing one count as consumed (not delivered again) */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (image_advance(self, position + failed_end - offset) < 0) {
+            PyErr_Clear();
+        }
+        PyErr_Restore(type, value, traceback);
+        return NULL;
+    }
+    if (next_offset != offset && image_advance(self, position + next_offset - offset) < 0) {
+        return NULL;
+    }
+    if (!intact) {
+        self->corrupt = 1;
+        self->closed = 1;
+    }
+    return PyLong_FromLongLong(fragments);
+}
+
+static PyMethodDef image_methods[] = {
+    {"poll", (PyCFunction)(void (*)(void))image_poll, METH_FASTCALL,
+     "poll(handler, fragment_limit) -> fragments delivered (see Image.poll)."},
+    {NULL, NULL, 0, NULL},
+};
+
+#define ILL(name, field) {name, T_LONGLONG, offsetof(ImageCore, field), 0, NULL}
+#define IOBJ(name, field) {name, T_OBJECT, offsetof(ImageCore, field), 0, NULL}
+static PyMemberDef image_members[] = {
+    ILL("_position", position),
+    ILL("_mask", mask),
+    ILL("_bits", bits),
+    ILL("_index", index),
+    IOBJ("_terms", terms),
+    IOBJ("_values", values),
+    IOBJ("_header", header),
+    {"_closed", T_BOOL, offsetof(ImageCore, closed), 0, NULL},
+    {"is_corrupt", T_BOOL, offsetof(ImageCore, corrupt), 0,
+     "Set when the log held a frame that cannot be valid; the image then delivers nothing more."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot image_slots[] = {
+    {Py_tp_doc, "An image's position, terms and poll in C; a Python subclass does the rest."},
+    {Py_tp_methods, image_methods},
+    {Py_tp_members, image_members},
+    {Py_tp_traverse, image_traverse},
+    {Py_tp_clear, image_clear},
+    {Py_tp_dealloc, image_dealloc},
+    {Py_tp_new, PyType_GenericNew},
+    {0, NULL},
+};
+
+static PyType_Spec image_spec = {
+    "slipstream.logbuffer._fastpath.ImageCore",
+    sizeof(ImageCore),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    image_slots,
+};
 
 /* scan_block(term, term_i32, offset, max_length) -> (data_end, next_offset, intact); see reader.py. */
 static PyObject *fp_scan_block(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -1618,6 +1800,14 @@ static int module_exec(PyObject *m) {
         return -1;
     }
     Py_XSETREF(assembler_type, (PyTypeObject *)assembler);
+    PyObject *image = PyType_FromModuleAndSpec(m, &image_spec, NULL);
+    if (image == NULL) {
+        return -1;
+    }
+    if (PyModule_AddObject(m, "ImageCore", image) < 0) {
+        Py_DECREF(image);
+        return -1;
+    }
     return 0;
 }
 
