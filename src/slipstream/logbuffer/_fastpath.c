@@ -35,7 +35,7 @@
 #define END_FLAG 0x40
 #define ALIGN32(x) (((x) + 31) & ~(int64_t)31)
 
-static PyObject *str_py_offer, *str_py_claim, *str_wrap, *str_offset, *str_buffer;
+static PyObject *str_py_offer, *str_py_claim, *str_wrap, *str_offset, *str_buffer, *str_clean_ahead;
 
 /* ---- small helpers ----------------------------------------------------------------------------- */
 
@@ -259,8 +259,25 @@ static PyObject *core_offer(AppenderCore *self, PyObject *const *args, Py_ssize_
     }
     int64_t resulting = term_offset + required;
     if (resulting > self->check_offset) {
-        PyBuffer_Release(&pb);
-        return fallback((PyObject *)self, str_py_offer, args, nargs);
+        /* Zero more of the next partition first, as _py_offer does (_clean_ahead), and append here: a
+         * stream of large messages crosses the check offset on nearly every offer. A term's end is
+         * Python's. */
+        if (resulting > self->term_length) {
+            PyBuffer_Release(&pb);
+            return fallback((PyObject *)self, str_py_offer, args, nargs);
+        }
+        PyObject *at = PyLong_FromLongLong(resulting);
+        PyObject *cleaned = at ? PyObject_CallMethodOneArg((PyObject *)self, str_clean_ahead, at) : NULL;
+        Py_XDECREF(at);
+        if (cleaned == NULL) {
+            PyBuffer_Release(&pb);
+            return NULL;
+        }
+        Py_DECREF(cleaned);
+        if (resulting > self->check_offset || self->term_offset != term_offset) {
+            PyBuffer_Release(&pb);
+            return fallback((PyObject *)self, str_py_offer, args, nargs);
+        }
     }
     Py_buffer tb, mb;
     if (PyObject_GetBuffer(self->term, &tb, PyBUF_WRITABLE) < 0) {
@@ -1778,6 +1795,7 @@ static int module_exec(PyObject *m) {
     INTERN(str_wrap, "_wrap");
     INTERN(str_offset, "offset");
     INTERN(str_buffer, "buffer");
+    INTERN(str_clean_ahead, "_clean_ahead");
     INTERN(str_release, "release");
     INTERN(str_flags, "flags");
     INTERN(str_session_id, "session_id");
