@@ -371,6 +371,30 @@ def test_assembler_reassembles_a_fragmented_log_and_a_kept_view_keeps_its_bytes(
     assert got == messages[1:]
 
 
+@pytest.mark.parametrize("make, reader", [(PyFragmentAssembler, py_read_term), (FragmentAssembler, FAST.read_term)])
+def test_assembler_handler_may_use_its_assembler(make: Any, reader: Any) -> None:
+    """A handler that frees its session and feeds the assembler other sessions (so its partial messages
+    move in memory) while its message is delivered: later messages still come out whole (under
+    ``make asan`` this also checks no freed state is touched)."""
+    log = make_log(mtu=1408)
+    app = PyExclusiveAppender(log)
+    messages = [payload_of(3000 + i, i) for i in range(4)]
+    for message in messages:
+        app.append(message, BIG)
+    term, header = log.terms[0], Header(7, TERM.bit_length() - 1)
+    got: list[bytes] = []
+    other = fragment_term([(100 + i, 0x80, 10, False) for i in range(40)])  # 40 begun messages
+
+    def handler(view: memoryview, h: Header) -> None:
+        got.append(bytes(view))
+        assembler.free_session_buffer(42)
+        reader(other, other.cast("i"), 0, assembler, 100, Header(7, TERM.bit_length() - 1))
+
+    assembler = make(handler)
+    reader(term, term.cast("i"), 0, assembler, 1000, header)
+    assert got == messages
+
+
 def offset_after(term: memoryview, frames: int) -> int:
     offset = 0
     for _ in range(frames):

@@ -633,7 +633,9 @@ static int reserve(Partial *p, Py_ssize_t needed) {
 
 /* Hand the whole message to the handler as a view of exactly its bytes, released after the call. */
 static int deliver(AssemblerCore *self, Partial *p, PyObject *header) {
-    PyObject *view = PyMemoryView_FromObject(p->buffer);
+    PyObject *buffer = p->buffer;
+    int32_t session_id = p->session_id;
+    PyObject *view = PyMemoryView_FromObject(buffer);
     if (view == NULL) {
         p->length = 0;
         return -1;
@@ -642,8 +644,12 @@ static int deliver(AssemblerCore *self, Partial *p, PyObject *header) {
     v->len = p->length;
     v->shape[0] = p->length;
     p->length = 0;
+    /* The handler may use this assembler again (free a session, poll with it): ``p`` is not valid after
+     * the call, the handler is held for it, and the session is found again by its id. */
+    PyObject *handler = Py_NewRef(self->handler);
     PyObject *call[2] = {view, header};
-    PyObject *r = PyObject_Vectorcall(self->handler, call, 2, NULL);
+    PyObject *r = PyObject_Vectorcall(handler, call, 2, NULL);
+    Py_DECREF(handler);
     if (r == NULL) {
         /* the handler's error wins over the release's (as a with block's body over its exit) */
         PyObject *type, *value, *traceback;
@@ -662,8 +668,10 @@ static int deliver(AssemblerCore *self, Partial *p, PyObject *header) {
         return -1;
     }
     Py_DECREF(released);
-    if (PyByteArray_GET_SIZE(p->buffer) > ASSEMBLER_KEEP_LIMIT) {
-        Py_CLEAR(p->buffer);
+    Partial *again = find_partial(self, session_id);
+    if (again != NULL && again->buffer == buffer && again->length == 0 &&
+        PyByteArray_GET_SIZE(buffer) > ASSEMBLER_KEEP_LIMIT) {
+        Py_CLEAR(again->buffer);
     }
     return 0;
 }
@@ -841,6 +849,7 @@ static int read_frames(PyObject *term, const char *base, Py_ssize_t capacity, Py
     if (assembler != NULL) {
         handler = assembler->handler;
     }
+    Py_INCREF(handler); /* held: an assembler's handler may be replaced while it runs */
     long long fragments = 0;
     int intact = 1;
     int failed = 0;
@@ -905,6 +914,7 @@ static int read_frames(PyObject *term, const char *base, Py_ssize_t capacity, Py
         }
         Py_DECREF(r);
     }
+    Py_DECREF(handler);
     *offset_io = offset;
     *fragments_out = fragments;
     *intact_out = intact;
@@ -1038,16 +1048,26 @@ static PyObject *image_poll(ImageCore *self, PyObject *const *args, Py_ssize_t n
         PyBuffer_Release(&tb);
         return PyLong_FromLong(0); /* nothing new: the common case of a busy poll */
     }
-    if (PyObject_SetAttr(self->header, str_buffer, term) < 0) {
-        PyBuffer_Release(&tb);
+    /* held while handlers run: they may replace the image's attributes */
+    Py_INCREF(term);
+    PyObject *header = Py_NewRef(self->header);
+    long long fragments = 0;
+    int intact = 1;
+    Py_ssize_t next_offset = offset, failed_end = offset;
+    int r = PyObject_SetAttr(header, str_buffer, term);
+    if (r == 0) {
+        r = read_frames(term, base, tb.len, &next_offset, args[0], fragment_limit, header, &fragments, &intact,
+                        &failed_end);
+        if (r < 0 && failed_end == offset) {
+            r = -2; /* failed before a frame was taken: nothing consumed */
+        }
+    }
+    PyBuffer_Release(&tb);
+    Py_DECREF(header);
+    Py_DECREF(term);
+    if (r == -2) {
         return NULL;
     }
-    long long fragments;
-    int intact;
-    Py_ssize_t next_offset = offset, failed_end = offset;
-    int r = read_frames(term, base, tb.len, &next_offset, args[0], fragment_limit, self->header, &fragments, &intact,
-                        &failed_end);
-    PyBuffer_Release(&tb);
     if (r < 0) {
         /* the fragments before and the failing one count as consumed (not delivered again) */
         PyObject *type, *value, *traceback;
