@@ -25,7 +25,9 @@ SEND_BATCHES_PER_CYCLE = 4
 """Full GSO batches (64 datagrams) a publication may send per duty cycle. One batch per cycle left a
 bulk stream's driver spending half its time on the cycle itself: four took 1 GiB in 64 KiB messages
 at MTU 1408 over loopback from 526-644 MB/s to 827-874 (driver CPU 1.6 s to 1.15 s); eight or sixteen
-did no better. A cycle then sends at most 350 KB per publication, far below a socket's 2 MiB buffer."""
+did no better. A cycle then sends at most 350 KB per publication, below a socket's 2 MiB buffer; six or
+more publications bursting at once towards one receiving socket can overflow it (as 24 could before),
+which a reliable stream repairs by NAK and an unreliable one reports as loss."""
 
 __all__ = [
     "CommandRefused",
