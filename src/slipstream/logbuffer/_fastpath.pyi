@@ -1,4 +1,5 @@
-"""Type stubs for the C fast path; the pure-Python reference is in appender.py and reader.py."""
+"""Type stubs for the C fast path; the pure-Python reference is in appender.py, reader.py and, for the two
+client classes built on it, client/image.py (``PyImage``) and client/assembler.py (``PyFragmentAssembler``)."""
 
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,6 +32,27 @@ class AppenderCore:
     _wake: Callable[[], None]
     def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int: ...
     def claim(self, length: int, limit: int, claim: object) -> int: ...
+
+class AssemblerCore:
+    """FragmentAssembler's state and reassembly; read_term assembles inline for it."""
+
+    def __init__(self, handler: Callable[[memoryview, Header], object]) -> None: ...
+    def __call__(self, fragment: memoryview, header: Header) -> None: ...
+    def free_session_buffer(self, session_id: int) -> None: ...
+
+class ImageCore:
+    """An image's position, terms and poll; client.image.Image subclasses it."""
+
+    _position: int
+    _mask: int
+    _bits: int
+    _index: int
+    _terms: tuple[memoryview, ...]
+    _values: memoryview
+    _header: Header
+    _closed: bool
+    is_corrupt: bool
+    def poll(self, handler: Callable[[memoryview, Header], object], fragment_limit: int) -> int: ...
 
 def read_term(
     term: memoryview,
