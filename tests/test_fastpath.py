@@ -459,6 +459,18 @@ def test_image_poll_matches_reference(
     assert poll_image(Image, raw, begin, limits, raise_at) == poll_image(PyImage, raw, begin, limits, raise_at)
 
 
+def test_type_stubs_cover_the_module() -> None:
+    """Every name the extension exports is in ``_fastpath.pyi``, and the stub names nothing it lacks."""
+    import ast
+    from pathlib import Path
+
+    assert FAST is not None
+    stub = ast.parse((Path(__file__).parents[1] / "src/slipstream/logbuffer/_fastpath.pyi").read_text())
+    declared = {n.name for n in stub.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    exported = {name for name in dir(FAST) if not name.startswith("_")}
+    assert declared == exported
+
+
 def test_fast_path_reported_and_disabled_by_environment() -> None:
     assert fast_path_active()
     code = "import slipstream; print(slipstream.fast_path_active())"
