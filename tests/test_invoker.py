@@ -105,19 +105,24 @@ def test_invoke_is_a_no_op_without_an_invoker_driver(driver_dir: Path) -> None:
         assert driver_threads()
 
 
+def invoke_until_received(ctx: Context, sub: Subscription) -> list[bytes]:
+    """Invoke the context's driver and poll ``sub`` until something arrives (within ``TIMEOUT_S``)."""
+    seen: list[bytes] = []
+    deadline = time.monotonic() + TIMEOUT_S
+    while not seen:
+        assert time.monotonic() < deadline
+        ctx.invoke()
+        sub.poll(lambda payload, header: seen.append(bytes(payload)), 10)
+    return seen
+
+
 def test_invoker_driver_answers_commands_and_closes_cleanly(driver_dir: Path) -> None:
     """Registration waits invoke the driver; close drains and releases the directory."""
     with invoker_context(driver_dir) as ctx:
         sub = ctx.add_subscription("aeron:ipc", 3)
         pub = ctx.add_exclusive_publication("aeron:ipc", 3)
         assert pub.offer(b"hello") > 0
-        seen: list[bytes] = []
-        deadline = time.monotonic() + TIMEOUT_S
-        while not seen:
-            assert time.monotonic() < deadline
-            ctx.invoke()
-            sub.poll(lambda payload, header: seen.append(bytes(payload)), 10)
-        assert seen == [b"hello"]
+        assert invoke_until_received(ctx, sub) == [b"hello"]
     # The directory is free again: another driver can take it.
     MediaDriver(DriverConfig(directory=driver_dir)).start().close()
 

@@ -15,7 +15,7 @@ from slipstream import Context
 from slipstream.client import DriverError, Registration, RegistrationError, registered
 from slipstream.driver.conductor import COMMAND_DRAIN_LIMIT
 
-from .test_invoker import invoker_context
+from .test_invoker import invoke_until_received, invoker_context
 
 TIMEOUT_S = 20.0
 
@@ -55,13 +55,7 @@ def test_an_async_add_answers_only_once_the_driver_ran(driver_dir: Path) -> None
         assert publication.registration_id == pub_registration.registration_id
         assert pub_registration.poll() is publication  # the same object every time
         assert publication.offer(b"ping") > 0
-        seen: list[bytes] = []
-        deadline = time.monotonic() + TIMEOUT_S
-        while not seen:
-            assert time.monotonic() < deadline
-            ctx.invoke()
-            subscription.poll(lambda payload, header: seen.append(bytes(payload)), 10)
-        assert seen == [b"ping"]
+        assert invoke_until_received(ctx, subscription) == [b"ping"]
 
 
 def test_a_refused_registration_raises_from_poll_each_time_and_leaves_nothing(driver_dir: Path) -> None:

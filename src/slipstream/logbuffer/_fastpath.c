@@ -1048,26 +1048,21 @@ static PyObject *image_poll(ImageCore *self, PyObject *const *args, Py_ssize_t n
         PyBuffer_Release(&tb);
         return PyLong_FromLong(0); /* nothing new: the common case of a busy poll */
     }
+    if (PyObject_SetAttr(self->header, str_buffer, term) < 0) {
+        PyBuffer_Release(&tb);
+        return NULL;
+    }
     /* held while handlers run: they may replace the image's attributes */
     Py_INCREF(term);
     PyObject *header = Py_NewRef(self->header);
     long long fragments = 0;
     int intact = 1;
     Py_ssize_t next_offset = offset, failed_end = offset;
-    int r = PyObject_SetAttr(header, str_buffer, term);
-    if (r == 0) {
-        r = read_frames(term, base, tb.len, &next_offset, args[0], fragment_limit, header, &fragments, &intact,
+    int r = read_frames(term, base, tb.len, &next_offset, args[0], fragment_limit, header, &fragments, &intact,
                         &failed_end);
-        if (r < 0 && failed_end == offset) {
-            r = -2; /* failed before a frame was taken: nothing consumed */
-        }
-    }
     PyBuffer_Release(&tb);
     Py_DECREF(header);
     Py_DECREF(term);
-    if (r == -2) {
-        return NULL;
-    }
     if (r < 0) {
         /* the fragments before and the failing one count as consumed (not delivered again) */
         PyObject *type, *value, *traceback;
