@@ -33,6 +33,7 @@ from slipstream.testing import (
     LinkConditions,
     ManualClock,
     TransportPair,
+    checked_poll,
 )
 from slipstream.wire.constants import TERM_MIN_LENGTH
 from slipstream.wire.frames import DataFrame, Nak, SetupFrame, StatusMessage
@@ -101,6 +102,36 @@ def test_nak_retransmit_delivers_every_byte_once_in_order_under_loss_reordering_
     assert sim.sender.invalid_packets == 0 and sim.endpoint.invalid_packets == 0
 
 
+@pytest.mark.parametrize(("loss", "seed"), [(0.0, 61), (0.2, 62)])
+def test_fresh_sends_deliver_every_byte_once_in_order_and_keep_poll_due_honest(loss: float, seed: int) -> None:
+    """An invoker-mode driver's ``send_now``: ``poll_fresh`` right after each append, then the duty
+    cycle's ``poll``. The stream arrives whole, and every poll that ``poll_due`` called unnecessary
+    still sends and changes nothing (``checked_poll``)."""
+    link = lossy(loss) if loss else None
+    sim = Sim(seed=seed, data_link=link, control_link=link)
+    sim.publication.send_fresh = True
+    messages = make_messages(250, seed=seed)
+    sim.offer(messages)
+    sim.run_until(lambda: len(sim.received()) == len(messages), 30 * S)
+    assert sim.received() == messages
+    assert sim.sender.datagrams_sent > 0 and (sim.sender.retransmits_sent > 0) == (loss > 0)
+
+
+def test_poll_fresh_declines_until_the_receiver_answered_setup() -> None:
+    """Before the receiver answered SETUP only ``poll`` knows what goes first: ``poll_fresh`` returns
+    None. Once connected it returns the new data alone, and ``poll_due`` stays honest after it."""
+    sim = Sim()
+    sim.offer([b"x" * 100])
+    sim.publication.publish()
+    assert sim.sender.poll_fresh(sim.now) is None  # no receiver yet: SETUP first
+    sim.run_until(lambda: len(sim.received()) == 1, 1 * S)
+    sim.offer([b"y" * 100])
+    sim.publication.publish()
+    fresh = sim.sender.poll_fresh(sim.now)
+    assert fresh is not None and len(fresh) == 1 and b"y" * 100 in bytes(fresh[0])
+    checked_poll(sim.sender, sim.now)  # not due: sends and changes nothing
+
+
 def test_term_ids_wrap_through_the_i32_range_under_loss() -> None:
     sim = Sim(seed=41, data_link=lossy(0.1), control_link=lossy(0.1), initial_term_id=2**31 - 3)
     messages = make_messages(250, seed=41)  # about 8 terms: term ids go 2**31 - 3 ... -2**31 + 4
@@ -110,8 +141,10 @@ def test_term_ids_wrap_through_the_i32_range_under_loss() -> None:
     assert sim.sender.sender_position > 5 * TERM and sim.sender.retransmits_sent > 0
 
 
-def test_tail_loss_is_recovered_after_the_next_heartbeat() -> None:
+@pytest.mark.parametrize("fresh", [False, True])
+def test_tail_loss_is_recovered_after_the_next_heartbeat(fresh: bool) -> None:
     sim = Sim()
+    sim.publication.send_fresh = fresh  # poll_fresh must leave the heartbeat timer as poll would
     dropped: list[Datagram] = []
 
     def drop_last_message_once(datagram: Datagram) -> bool:
@@ -229,8 +262,10 @@ def test_late_joining_receiver_elicits_setup_and_joins_at_the_sender_position() 
     assert received and received == later[len(later) - len(received) :]  # the tail, whole and in order
 
 
-def test_flow_control_window_bounds_the_sender_when_the_subscriber_stalls() -> None:
+@pytest.mark.parametrize("fresh", [False, True])
+def test_flow_control_window_bounds_the_sender_when_the_subscriber_stalls(fresh: bool) -> None:
     sim = Sim()
+    sim.publication.send_fresh = fresh
     sim.consume = False
     sim.offer(make_messages(200, seed=6))
     sim.run_for(300 * MS)

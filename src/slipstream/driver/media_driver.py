@@ -183,7 +183,7 @@ class MediaDriver:
         if network is None:
             return 0
         try:
-            return network.do_work(time.monotonic_ns(), False, conductor.counters)
+            return network.send_fresh(time.monotonic_ns(), conductor.counters)
         except Exception as exc:  # as a duty cycle's: counted and logged, never the application's problem
             log.exception("sending publication %d failed", registration_id)
             conductor.record_error(f"send failed: {exc!r}")

@@ -58,6 +58,17 @@ class NetworkPublication(DriverPublication):
             self.sock.send(datagrams, cast(SocketAddress | None, destination))
         return work + sender.datagrams_sent - sent
 
+    def send_fresh(self, now_ns: int, counters: CountersManager) -> int:
+        """Send what the application just appended (the sender's ``poll_fresh``), or run ``do_work``
+        without input when the sender owes something else first; the datagrams sent. The limit and the
+        timers follow with the next duty cycle."""
+        datagrams = self.sender.poll_fresh(now_ns)
+        if datagrams is None:
+            return self.do_work(now_ns, False, counters)
+        if datagrams:
+            self.sock.send(datagrams, None)
+        return len(datagrams)
+
     @property
     def destinations(self) -> dict[Hashable, int]:
         """MDC destinations (kept by the sender) -> time of their last status message."""

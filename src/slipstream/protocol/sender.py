@@ -441,6 +441,38 @@ class NetworkPublicationSender:
         self._wake_ns = self._next_wake_ns(now_ns)
         return out
 
+    def poll_fresh(self, now_ns: int) -> list[BytesLike] | None:
+        """New data only, for an application that just appended and wants it on the wire now (an
+        invoker-mode driver's ``send_now``): ``poll``'s data datagrams, without its other checks. None
+        when anything else may be owed first or instead (replies, resends, a SETUP, retransmissions, a
+        stream that is not simply active, MDC destinations): then call ``poll``.
+
+        When data went and none is left, the wake-up time is set as ``poll`` would set it; otherwise
+        the next ``poll`` is due at once and decides (a blocked heartbeat, what is left)."""
+        if (
+            self.state is not SenderState.ACTIVE
+            or self._replies
+            or self._resends
+            or self._setup_elicited
+            or not self._has_initial_connection
+            or self._retransmit.active
+            or self.config.control_mode is not None
+        ):
+            return None
+        out: list[BytesLike] = []
+        consumed = self._send_data(now_ns, out)
+        self.datagrams_sent += len(out)
+        if consumed and not self._unsent():
+            # What ``_next_wake_ns`` finds in this state (no SETUP, linger or retransmission timer runs):
+            # the heartbeat this data put off, or a receiver's expiry before it.
+            wake = now_ns + self._heartbeat_timeout_ns() + 1
+            if self._receivers and self._flow.expiry_ns < wake:
+                wake = self._flow.expiry_ns
+            self._wake_ns = wake
+        else:
+            self._wake_ns = 0
+        return out
+
     def poll_batches(self, now_ns: int) -> list[tuple[list[BytesLike], Address | None]]:
         """``poll``'s datagrams with where they go: one batch for the connected peer (destination None)
         on unicast, the same batch for every destination on MDC (expired dynamic ones dropped first)."""

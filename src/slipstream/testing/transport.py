@@ -207,6 +207,9 @@ class SimulatedPublication:
         self.close_when_published = False
         self.running = True
         """False: the publishing driver died (nothing is polled or sent)."""
+        self.send_fresh = False
+        """True: what ``publish`` appends goes out at once through ``poll_fresh`` (an invoker-mode
+        driver's ``send_now``) before the duty cycle's ``poll``."""
         network.bind(address, lambda data, source, now: self.sender.on_datagram(data, now, source))
 
     def offer(self, messages: Sequence[bytes]) -> None:
@@ -231,6 +234,11 @@ class SimulatedPublication:
         if not self.running:
             return 0
         sent = 0
+        if self.send_fresh and self.peer is not None:
+            fresh = self.sender.poll_fresh(now_ns)
+            for datagram in fresh or ():
+                self.network.send(self.address, self.peer, datagram)
+                sent += 1
         for datagrams, destination in checked_poll(self.sender, now_ns):
             target = self.peer if destination is None else destination
             for datagram in datagrams:
