@@ -87,23 +87,31 @@ class _ListSink:
         return True
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "o_direct_refused"])
+@pytest.mark.parametrize(
+    ("direct_io", "refused"),
+    [(False, False), (True, False), (True, True)],
+    ids=["page_cache", "o_direct", "o_direct_refused"],
+)
 def test_capture_matches_a_plain_subscriber_on_mixed_sizes_fragments_and_term_padding(
-    driver_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+    driver_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct_io: bool, refused: bool
 ) -> None:
-    if not direct:  # as on a file system that takes O_DIRECT at open and refuses the writes: pwrite instead
+    direct_writes: list[int] = []
+    write_direct = rawcapture._Mirror.write_direct
 
-        def refuse(self: object, sectors: memoryview, offset: int) -> None:
+    def counted(self: rawcapture._Mirror, sectors: memoryview, offset: int) -> None:
+        direct_writes.append(len(sectors))
+        if refused:  # as on a file system that takes O_DIRECT at open and refuses the writes: pwrite instead
             raise OSError(errno.EINVAL, "refused")
+        write_direct(self, sectors, offset)
 
-        monkeypatch.setattr(rawcapture._Mirror, "write_direct", refuse)
+    monkeypatch.setattr(rawcapture._Mirror, "write_direct", counted)
     rng = random.Random(5)
     sizes = [0, 1, 31, 32, 33] + [rng.choice([8, 8, 8, 100, 1000, 1376, 1377, 3000, 8000]) for _ in range(1500)]
     config = DriverConfig(directory=driver_dir, ipc_term_length=64 << 10)
     recorder = Recorder(tmp_path, writer_id="w", config=RecorderConfig(flush_interval_s=0.05))
     expected: list[tuple[int, int, bytes]] = []
     with Context(driver_dir, driver="embedded", driver_config=config) as context:
-        capture = StreamCapture(context, "aeron:ipc", 9, recorder)
+        capture = StreamCapture(context, "aeron:ipc", 9, recorder, direct_io=direct_io)
         plain = context.add_subscription("aeron:ipc", 9)
         assembler = FragmentAssembler(lambda b, h: expected.append((h.session_id, h.position, bytes(b))))
         publications = [context.add_exclusive_publication("aeron:ipc", 9) for _ in range(2)]
@@ -131,6 +139,7 @@ def test_capture_matches_a_plain_subscriber_on_mixed_sizes_fragments_and_term_pa
     assert got == sorted(expected)
     assert all(r["size"] == len(r["payload"]) and r["channel"] == "aeron:ipc" for r in rows)
     assert not raw_files(capture.raw.raw_dir), "raw files are deleted once their rows are durable"
+    assert bool(direct_writes) == direct_io  # O_DIRECT only when asked for (and tried again per file when refused)
 
 
 def test_a_uniform_run_converted_with_numpy_equals_the_frame_walk() -> None:

@@ -57,6 +57,11 @@ def register(commands: Any) -> None:
     parser.add_argument("--flush-interval", type=float, default=1.0, metavar="S", help="seconds (default 1)")
     parser.add_argument("--segment-age", type=float, default=60.0, metavar="S", help="roll segments this often")
     parser.add_argument("--counters", action="store_true", help="also sample the driver's files every second")
+    parser.add_argument(
+        "--direct-io",
+        action="store_true",
+        help="write the raw capture with O_DIRECT (no page cache; each write waits for the disk)",
+    )
     parser.add_argument("--writer-id", default=None, help="writer directory name (default capture-<host>-<pid>)")
     parser.add_argument(
         "--decoder",
@@ -123,7 +128,8 @@ def _run_capture(args: argparse.Namespace) -> int:
 
             capture = RawCapture(
                 context, args.channel, args.stream, raw_dir, max_pending_bytes=_MAX_PENDING_BYTES,
-                flush_interval_s=args.flush_interval, decoder_spec=args.decoder, on_rotate=on_rotate,
+                flush_interval_s=args.flush_interval, direct_io=args.direct_io, decoder_spec=args.decoder,
+                on_rotate=on_rotate,
             )  # fmt: skip
             print(
                 f"recording {args.channel} stream {args.stream} into {args.output / writer_id} (Ctrl-C to stop)",

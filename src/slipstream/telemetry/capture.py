@@ -62,8 +62,9 @@ class StreamCapture:
     :meth:`poll` (or :meth:`run`) from your thread. Nothing read is lost: a kill leaves raw files that
     the next recorder on the same root converts. When ``max_pending_bytes`` of raw files wait for
     conversion the capture stops reading, so a recorder that cannot keep up slows the publisher
-    through flow control (like any slow subscriber). ``slipstream record`` runs the same two halves in
-    two processes, the converter at idle priority.
+    through flow control (like any slow subscriber). ``direct_io`` writes the raw files with
+    ``O_DIRECT`` (see :mod:`~slipstream.telemetry.rawcapture`). ``slipstream record`` runs the same two
+    halves in two processes, the converter at idle priority.
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class StreamCapture:
         decoder: Decoder | None = None,
         block_length_limit: int = 8 << 20,
         max_pending_bytes: int = 1 << 30,
+        direct_io: bool = False,
     ) -> None:
         self.channel = channel
         self.stream_id = stream_id
@@ -84,7 +86,7 @@ class StreamCapture:
         self.raw = RawCapture(
             context, channel, stream_id, new_capture_dir(recorder.writer_dir),
             block_length_limit=block_length_limit, max_pending_bytes=max_pending_bytes,
-            flush_interval_s=recorder.config.flush_interval_s, fsync=recorder.config.fsync,
+            flush_interval_s=recorder.config.flush_interval_s, fsync=recorder.config.fsync, direct_io=direct_io,
             on_rotate=lambda seq: recorder.request_flush(),
         )  # fmt: skip
         self.converter = RawConverter(self.raw.raw_dir, recorder, decoder=decoder)

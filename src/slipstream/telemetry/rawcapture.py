@@ -1,10 +1,16 @@
 """The hot side of a stream capture: term bytes straight to disk, nothing else (Aeron Archive's way).
 
 ``RawCapture`` is one more subscriber on the stream. Each poll block-polls every image and writes each
-block from the term's shared memory to a data file with ``O_DIRECT`` (the disk reads the term by DMA:
-no copy by the CPU, no page cache; where ``O_DIRECT`` is refused, an ordinary ``pwrite`` of the same
-bytes), plus one 40-byte index entry per block. No per-message work, no pyarrow: turning frames into
-rows is someone else's job, on another CPU or later (:class:`~slipstream.telemetry.convert.RawConverter`).
+block from the term's shared memory to a data file with one ``pwrite``, plus one 40-byte index entry
+per block. The write lands in the page cache and returns; the disk gets it in the background (and by
+the fsync of each rotation), and the converter reads it back from memory. With ``direct_io`` the block
+goes with ``O_DIRECT`` instead (the disk reads the term by DMA: no copy by the CPU, no page cache), but
+each write then waits for the disk: on a virtual machine, where the host emulates the disk with the
+guest's CPUs stalled, that cost a 32-byte-message stream being recorded about a quarter of its rate,
+against about a tenth with the page cache (``python -m bench.pipeline --part recording``, 2 cores).
+Where ``O_DIRECT`` is refused, an ordinary ``pwrite`` of the same bytes. No per-message work, no
+pyarrow: turning frames into rows is someone else's job, on another CPU or later
+(:class:`~slipstream.telemetry.convert.RawConverter`).
 
 Polls are large and rare: between polls the capture sleeps for half the time a fast publisher needs
 to fill the window it has over this subscriber (a stream far from its limit needs no spinning).
@@ -183,16 +189,18 @@ def read_raw(path: Path) -> RawContent | None:
 class _Mirror:
     """One session's data file of one rotation: the stream from ``base`` (a sector boundary) on."""
 
-    def __init__(self, path: Path, position: int) -> None:
+    def __init__(self, path: Path, position: int, direct: bool) -> None:
         self.base = position & -_SECTOR
         self.end = position
         self.allocated = 0
-        self.direct = True
-        try:
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
-        except OSError:  # tmpfs and others: no O_DIRECT
-            self.direct = False
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.direct = direct
+        if direct:
+            try:
+                self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+                return
+            except OSError:  # tmpfs and others: no O_DIRECT
+                self.direct = False
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
     def write_direct(self, sectors: memoryview, offset: int) -> None:
         written = os.pwrite(self.fd, sectors, offset)
@@ -258,6 +266,7 @@ class RawCapture:
         file_bytes: int = 64 << 20,
         flush_interval_s: float = 1.0,
         fsync: bool = True,
+        direct_io: bool = False,
         decoder_spec: str | None = None,
         on_rotate: Callable[[int], object] | None = None,
     ) -> None:
@@ -268,6 +277,8 @@ class RawCapture:
         self.max_pending_bytes = max_pending_bytes
         self.file_bytes = file_bytes
         self.flush_interval_ns = int(flush_interval_s * 1e9)
+        self.direct_io = direct_io
+        """Write blocks with ``O_DIRECT`` (see the module): no page cache, but each write waits for the disk."""
         self.on_rotate = on_rotate
         self.bytes_written = 0
         """Raw bytes (block headers and frames) written so far."""
@@ -306,7 +317,9 @@ class RawCapture:
         mirror = self._mirrors.get(session_id)
         position = self._position
         if mirror is None:
-            mirror = self._mirrors[session_id] = _Mirror(_data_path(self.raw_dir, self._seq, session_id), position)
+            mirror = self._mirrors[session_id] = _Mirror(
+                _data_path(self.raw_dir, self._seq, session_id), position, self.direct_io
+            )
         end = position + len(block)
         if end - mirror.base > mirror.allocated:
             mirror.allocate(end - mirror.base + _ALLOCATE_STEP)
