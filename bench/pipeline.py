@@ -175,8 +175,10 @@ def pyarrow_tables(root: Path, threshold: int) -> dict[str, Any]:
     totals = totals.drop_columns(["rtt_ns_tdigest"])
     for i, name in enumerate(("rtt_p50_ns", "rtt_p95_ns", "rtt_p99_ns")):
         totals = totals.append_column(name, pc.list_element(digest, i))
-    opened = events.filter(pc.is_valid(events.column("connection_id"))).group_by("connection_id").aggregate(
-        [("timestamp_ns", "min"), ("timestamp_ns", "max")]
+    opened = (
+        events.filter(pc.is_valid(events.column("connection_id")))
+        .group_by("connection_id")
+        .aggregate([("timestamp_ns", "min"), ("timestamp_ns", "max")])
     )
     sessions = opened.join(totals, "connection_id", join_type="full outer")
     return {
@@ -288,13 +290,15 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def _one_round(directory: Path, stream: int, count: int, record: bool, out: Path) -> dict[str, Any]:
+def _one_round(
+    directory: Path, stream: int, count: int, record: bool, out: Path, direct_io: bool = False
+) -> dict[str, Any]:
     env = _env()
     recorder = None
     if record:
         recorder = subprocess.Popen(
             [sys.executable, "-m", "slipstream", "record", "--dir", str(directory), "--channel", "aeron:ipc",
-             "--stream", str(stream), "--output", str(out)],
+             "--stream", str(stream), "--output", str(out), *(["--direct-io"] if direct_io else [])],
             stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         assert recorder.stdout is not None
@@ -322,7 +326,7 @@ def _one_round(directory: Path, stream: int, count: int, record: bool, out: Path
     return result
 
 
-def run_recording_part(scratch: Path, count: int, rounds: int) -> dict[str, Any]:
+def run_recording_part(scratch: Path, count: int, rounds: int, direct_io: bool = False) -> dict[str, Any]:
     directory = Path("/dev/shm") / f"slipstream-bench-rec-{os.getpid()}"
     driver = subprocess.Popen(
         [sys.executable, "-m", "slipstream", "driver", "--dir", str(directory)],
@@ -337,7 +341,7 @@ def run_recording_part(scratch: Path, count: int, rounds: int) -> dict[str, Any]
         for r in range(rounds):
             for record in (False, True):
                 out = scratch / f"capture-{r}"
-                result = _one_round(directory, 3000 + r * 2 + record, count, record, out)
+                result = _one_round(directory, 3000 + r * 2 + record, count, record, out, direct_io)
                 (recorded if record else plain).append(result["subscriber_rate"])
                 log(f"round {r + 1} {'with' if record else 'without'} recording: "
                     f"{result['subscriber_rate'] / 1e6:.2f} M msg/s {result.get('recorder', '')}")  # fmt: skip
@@ -351,6 +355,7 @@ def run_recording_part(scratch: Path, count: int, rounds: int) -> dict[str, Any]
         return {
             "messages": count,
             "size": 32,
+            "direct_io": direct_io,
             "without_recording_msgs_per_s": plain,
             "with_recording_msgs_per_s": recorded,
             "median_without": base,
@@ -409,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="report sizes in rows (default 100000 1000000 10000000)")  # fmt: skip
     parser.add_argument("--messages", type=int, default=2_000_000, help="messages per recording round (default 2M)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved recording rounds (default 3)")
+    parser.add_argument(
+        "--direct-io", action="store_true", help="the capture writes with O_DIRECT (slipstream record --direct-io)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the benchmark works")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -421,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.part in ("report", "all"):
             result["report"] = run_report_part(args.rows, scratch, threshold=5)
         if args.part in ("recording", "all"):
-            result["recording"] = run_recording_part(scratch, args.messages, args.rounds)
+            result["recording"] = run_recording_part(scratch, args.messages, args.rounds, args.direct_io)
         if args.part in ("api", "all"):
             result["api"] = run_api_part(scratch, 20_000 if args.quick else 200_000)
     finally:
