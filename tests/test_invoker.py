@@ -188,8 +188,10 @@ def test_send_now_sends_one_udp_publication_without_a_duty_cycle(two_dirs: tuple
         assert sender.send_now(pub) == 0  # nothing offered: nothing sent
         seen: list[bytes] = []
         for payload in (b"first", b"second"):
+            limit = pub.position_limit
             assert pub.offer(payload) > 0
             assert sender.send_now(pub) == 1  # the datagram left without sender.invoke()
+            assert pub.position_limit > limit  # and the publisher's window moved with it, as a duty cycle does
             while len(seen) < 1 + (payload == b"second"):
                 assert time.monotonic() < deadline, f"{payload!r} did not arrive"
                 receiver.invoke()

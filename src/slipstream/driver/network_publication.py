@@ -59,12 +59,12 @@ class NetworkPublication(DriverPublication):
         return work + sender.datagrams_sent - sent
 
     def send_fresh(self, now_ns: int, counters: CountersManager) -> int:
-        """Send what the application just appended (the sender's ``poll_fresh``), or run ``do_work``
-        without input when the sender owes something else first; the datagrams sent. The limit and the
-        timers follow with the next duty cycle."""
+        """Send what the application just appended (the sender's ``poll_fresh``) and move its limit on,
+        or run ``do_work`` without input when the sender owes something else first; the datagrams sent."""
         datagrams = self.sender.poll_fresh(now_ns)
         if datagrams is None:
             return self.do_work(now_ns, False, counters)
+        self.update_limit(counters)
         if datagrams:
             self.sock.send(datagrams, None)
         return len(datagrams)
