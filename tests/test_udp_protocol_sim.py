@@ -114,7 +114,7 @@ def test_fresh_sends_deliver_every_byte_once_in_order_and_keep_poll_due_honest(l
     sim.offer(messages)
     sim.run_until(lambda: len(sim.received()) == len(messages), 30 * S)
     assert sim.received() == messages
-    assert sim.sender.datagrams_sent > 0 and (sim.sender.retransmits_sent > 0) == (loss > 0)
+    assert sim.publication.fresh_sent > 0 and (sim.sender.retransmits_sent > 0) == (loss > 0)
 
 
 def test_poll_fresh_declines_until_the_receiver_answered_setup() -> None:

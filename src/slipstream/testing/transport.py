@@ -210,6 +210,8 @@ class SimulatedPublication:
         self.send_fresh = False
         """True: what ``publish`` appends goes out at once through ``poll_fresh`` (an invoker-mode
         driver's ``send_now``) before the duty cycle's ``poll``."""
+        self.fresh_sent = 0
+        """Datagrams ``poll_fresh`` gave (with ``send_fresh``)."""
         network.bind(address, lambda data, source, now: self.sender.on_datagram(data, now, source))
 
     def offer(self, messages: Sequence[bytes]) -> None:
@@ -239,6 +241,7 @@ class SimulatedPublication:
             for datagram in fresh or ():
                 self.network.send(self.address, self.peer, datagram)
                 sent += 1
+                self.fresh_sent += 1
         for datagrams, destination in checked_poll(self.sender, now_ns):
             target = self.peer if destination is None else destination
             for datagram in datagrams:
