@@ -447,8 +447,8 @@ class NetworkPublicationSender:
         when anything else may be owed first or instead (replies, resends, a SETUP, retransmissions, a
         stream that is not simply active, MDC destinations): then call ``poll``.
 
-        When data went and none is left, the wake-up time is set as ``poll`` would set it; otherwise
-        the next ``poll`` is due at once and decides (a blocked heartbeat, what is left)."""
+        When data went, the wake-up time is set as ``poll`` sets it; otherwise the next ``poll`` is due
+        at once and decides (a blocked heartbeat)."""
         if (
             self.state is not SenderState.ACTIVE
             or self._replies
@@ -462,15 +462,8 @@ class NetworkPublicationSender:
         out: list[BytesLike] = []
         consumed = self._send_data(now_ns, out)
         self.datagrams_sent += len(out)
-        if consumed and not self._unsent():
-            # What ``_next_wake_ns`` finds in this state (no SETUP, linger or retransmission timer runs):
-            # the heartbeat this data put off, or a receiver's expiry before it.
-            wake = now_ns + self._heartbeat_timeout_ns() + 1
-            if self._receivers and self._flow.expiry_ns < wake:
-                wake = self._flow.expiry_ns
-            self._wake_ns = wake
-        else:
-            self._wake_ns = 0
+        # Nothing sent: the window may be shut, and only ``poll`` beats a blocked heartbeat.
+        self._wake_ns = self._next_wake_ns(now_ns) if consumed else 0
         return out
 
     def poll_batches(self, now_ns: int) -> list[tuple[list[BytesLike], Address | None]]:
