@@ -368,9 +368,20 @@ class Client(Endpoint):
         if self.connection is None and not self._polling:
             self._release_context()
 
-    def remove_server_key(self, host: str) -> None:
-        """Forget the pinned key of the server at ``host`` (after a legitimate key change)."""
-        self.store.remove_pin(host)
+    def remove_server_key(self, host: str) -> bool:
+        """Forget the pinned key of the server at ``host`` (after a legitimate key change), given as to
+        ``connect``: pins are kept by address, so a name is resolved (a localhost alias covers both
+        loopback addresses). False if no key was pinned for it."""
+        addresses = {host}
+        if host in LOCALHOST_ALIASES:
+            addresses |= {"127.0.0.1", "::1"}
+        else:
+            with contextlib.suppress(ClientError):
+                addresses.add(self._resolve(host))
+        removed = False
+        for address in addresses:
+            removed = self.store.remove_pin(address) or removed
+        return removed
 
     async def close(self) -> None:
         """Close the connection (the server hears CLOSE at once) and release the driver."""
