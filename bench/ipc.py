@@ -531,6 +531,7 @@ def pinger_worker(conn: Connection, p: LatencyParams) -> None:
         sub = ctx.add_subscription(p.pong_channel, p.pong_stream)
         pub = ctx.add_exclusive_publication(p.ping_channel, p.ping_stream)
         invoke = ctx.invoke if p.invoker else None
+        send_now = ctx.send_now if p.invoker else None
         _wait_connected(time.monotonic() + CONNECT_TIMEOUT_S, pub, sub, invoke)
         conn.send(("ready", None))
         _await_parent(conn, "go", "pinger", invoke)
@@ -547,8 +548,8 @@ def pinger_worker(conn: Connection, p: LatencyParams) -> None:
             t0 = clock()
             if offer(message) < 0:
                 _offer_until(offer, message, deadline, invoke)
-            if invoke is not None:
-                invoke()  # the driver sends the ping now
+            if send_now is not None:
+                send_now(pub)  # the driver sends the ping now
             while not poll(_noop, 1):
                 if clock() > deadline_ns:
                     break
@@ -578,6 +579,8 @@ def ponger_worker(conn: Connection, p: LatencyParams) -> None:
         def echo(payload: memoryview, header: Header) -> None:
             if offer(payload) < 0:
                 _offer_until(offer, payload, deadline, invoke)
+            if invoke is not None:
+                ctx.send_now(pub)  # the pong leaves now, not at the next duty cycle
 
         conn.send(("ready", None))
         wall, cpu = time.perf_counter(), time.process_time()
