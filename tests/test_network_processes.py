@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from slipstream.network import Connection, Server, ServerConfig
 from slipstream.testing import NatTopology, remove_stale_namespaces, require_netns
@@ -78,11 +79,28 @@ def test_client_in_another_process(driver_dir: Path) -> None:
     run(main(), 90)
 
 
-def test_sigkilled_client_is_seen_within_the_expiry(driver_dir: Path) -> None:
+@pytest.mark.parametrize("mode", ["unbuffered", "rule_refuses", "buffered_by_default"])
+def test_sigkilled_client_is_seen_within_the_expiry(driver_dir: Path, mode: str) -> None:
+    """The connection of a SIGKILLed client leaves ``server.connections`` within the expiry. Its
+    ``on_disconnect`` fires then too when no buffered session waits for it (buffering off, or the
+    server's rule refusing it); with the default buffered session, when the session ends (here: the
+    server closes)."""
+
     async def main() -> None:
         port = free_ports(50)
         expiry = 2.0
         gone: list[tuple[Connection, float]] = []
+        asked: list[tuple[str | None, str]] = []
+
+        def rule(address: str | None, tag: str) -> bool:
+            asked.append((address, tag))
+            return False
+
+        buffering: dict[str, object] = {
+            "unbuffered": {"buffered_sessions": False},
+            "rule_refuses": {"buffered_rule": rule},
+            "buffered_by_default": {},
+        }[mode]  # type: ignore[assignment]
         directory = peer_dir()
         config = ServerConfig(
             app_id="test",
@@ -92,7 +110,9 @@ def test_sigkilled_client_is_seen_within_the_expiry(driver_dir: Path) -> None:
             enable_ipc=False,
             connection_expiry=expiry,
             max_clients=4,
+            **buffering,  # type: ignore[arg-type]
         )
+        assert ServerConfig(app_id="test").buffered_sessions  # on by default, as the seed's
         async with Server(config) as server:
             server.on_disconnect(lambda c: gone.append((c, time.monotonic())))
             await server.bind(port)
@@ -102,16 +122,26 @@ def test_sigkilled_client_is_seen_within_the_expiry(driver_dir: Path) -> None:
                 assert await read_line(proc) == "sent"
                 await asyncio.sleep(expiry)  # a connected, quiet pair stays up past the expiry (keepalives)
                 assert not gone and len(server.connections) == 1
+                (connection,) = server.connections
                 os.kill(proc.pid, signal.SIGKILL)
                 killed = time.monotonic()
                 proc.wait(10)
                 deadline = killed + expiry + 2.0
-                while not gone and time.monotonic() < deadline:
+                while server.connections and time.monotonic() < deadline:
                     await asyncio.sleep(0.02)
-                assert len(gone) == 1, "the server did not notice the dead client"
-                waited = gone[0][1] - killed
-                assert expiry * 0.7 <= waited <= expiry + 1.0, waited
-                assert not server.connections
+                assert not server.connections, "the server did not notice the dead client"
+                seen = time.monotonic() - killed
+                assert expiry * 0.7 <= seen <= expiry + 1.0, seen
+                assert connection.is_closed
+                if mode == "buffered_by_default":
+                    await asyncio.sleep(0.2)
+                    assert not gone, "a buffered session's on_disconnect waits for the session to end"
+                else:
+                    while not gone and time.monotonic() < deadline:
+                        await asyncio.sleep(0.02)
+                    assert [c for c, _ in gone] == [connection]
+                    assert expiry * 0.7 <= gone[0][1] - killed <= expiry + 1.0
+                assert asked == ([("127.0.0.1", "")] if mode == "rule_refuses" else [])
             finally:
                 proc.kill()
                 shutil.rmtree(directory, ignore_errors=True)
@@ -119,6 +149,7 @@ def test_sigkilled_client_is_seen_within_the_expiry(driver_dir: Path) -> None:
             while server.allocated and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert server.allocated == 0
+        assert [c for c, _ in gone] == [connection]  # exactly once, whatever the mode
 
     run(main(), 90)
 

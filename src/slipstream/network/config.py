@@ -207,12 +207,14 @@ class ServerConfig(_EndpointConfig):
     """Half-open handshakes kept at once; beyond it the oldest is dropped (memory stays bounded)."""
     handshakes_per_second: float = 2000.0
     """Budget of Diffie-Hellman work for new handshakes; HELLOs beyond it are dropped (clients retry)."""
-    buffered_sessions: bool = False
+    buffered_sessions: bool = True
     """Keep a session for a client whose connection is *lost* (it went silent past the expiry; a
     deliberate close ends the session at once): what the application sends to it meanwhile is queued
     and delivered in order, first thing, when the same client (its public key) connects again within
-    ``buffered_timeout``; only then, or when the session expires, does ``on_disconnect`` fire. Off by
-    default, so a lost client is reported within the connection expiry."""
+    ``buffered_timeout``; only then, or when the session expires, does ``on_disconnect`` fire. The lost
+    connection itself leaves ``server.connections`` (and ``is_closed`` turns True) within the expiry.
+    On by default, as the seed's; ``False`` (or a ``buffered_rule`` refusing the connection) reports a
+    lost client's ``on_disconnect`` within the connection expiry instead."""
     buffered_rule: FilterCallback | None = None
     """With buffered sessions on, which connections get one: ``(address, tag) -> bool`` (None: all)."""
     buffered_timeout: float = 120.0
