@@ -99,11 +99,13 @@ def test_server_rejection_reaches_the_client_with_its_reason() -> None:
         return (1, "server is full")
 
     pair = HandshakePair(admission=full)
-    client = pair.add_client(1)
+    client = pair.add_client(1, tag="bob")
     pair.pump()
     (event,) = client.take_events()
     assert event == Rejected(1, "server is full") and client.state is ClientState.REJECTED
     assert not allocator_in_use(pair.server.sessions) and pair.server.pending_count == 0
+    (refused,) = pair.server.take_events()  # the server's event names whom it refused: address and tag
+    assert refused == Rejected(1, "server is full", "10.0.0.2", "bob")
 
 
 def test_registration_mismatch_names_the_first_differing_type() -> None:

@@ -61,7 +61,7 @@ def test_server_and_client_record_their_side_of_each_connection(driver_dir: Path
     assert seen[3:] == [
         ("client", "disconnected", "alice", "closed"),
         ("server", "disconnected", "alice", "peer_closed"),
-        ("server", "handshake_rejected", "", "not_permitted"),
+        ("server", "handshake_rejected", "intruder", "not_permitted"),
         ("client", "handshake_rejected", "intruder", "not_permitted"),
     ]
     accepted = events[0]

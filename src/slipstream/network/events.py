@@ -75,6 +75,8 @@ class Rejected:
     reason: int
     message: str
     address: str | None = None
+    tag: str = ""
+    """The tag the client gave (server side; empty when refused before it was read, or on a client)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -567,10 +567,10 @@ class ServerHandshake:
         packet = _header(PacketType.REJECT, nonce) + _U8.pack(_reason("HANDSHAKE_EXPIRED", 8)) + done_digest(body)
         self._out.append(packet)
 
-    def _reject(self, nonce: int, reason: int, message: str, address: str | None) -> None:
+    def _reject(self, nonce: int, reason: int, message: str, address: str | None, tag: str) -> None:
         self.stats.rejected += 1
         self._out.append(reject_packet(nonce, reason, message))
-        self._events.append(Rejected(reason, message, address))
+        self._events.append(Rejected(reason, message, address, tag))
 
     def _on_hello(
         self, key: tuple[int, int], nonce: int, body: memoryview, address: str | None, port: int | None, now_ns: int
@@ -607,12 +607,12 @@ class ServerHandshake:
         first = bytes(body[offset:])
         if app != self._app:
             self._reject(
-                nonce, BAD_APP_ID, f"application id {app.decode('utf-8', 'replace')!r} is not served here", address
+                nonce, BAD_APP_ID, f"application id {app.decode('utf-8', 'replace')!r} is not served here", address, tag
             )
             return
         verdict = self._admission(address, tag, None, len(self.connections), self._count_for(address))
         if verdict is not None:
-            self._reject(nonce, verdict[0], verdict[1], address)
+            self._reject(nonce, verdict[0], verdict[1], address, tag)
             return
         if not self._take_token(key[0], now_ns):
             self.stats.rate_limited += 1
@@ -694,15 +694,15 @@ class ServerHandshake:
         address = pending.address
         difference = self._describe_difference(client_description)
         if difference is not None:
-            self._reject(nonce, _reason("REGISTRATION_MISMATCH", 4), difference, address)
+            self._reject(nonce, _reason("REGISTRATION_MISMATCH", 4), difference, address, pending.tag)
             return
         verdict = self._admission(address, pending.tag, client_key, len(self.connections), self._count_for(address))
         if verdict is not None:
-            self._reject(nonce, verdict[0], verdict[1], address)
+            self._reject(nonce, verdict[0], verdict[1], address, pending.tag)
             return
         allocation = self._allocate(address)
         if allocation is None:
-            self._reject(nonce, _reason("SERVER_FULL", 1), "no ids or ports left on the server", address)
+            self._reject(nonce, _reason("SERVER_FULL", 1), "no ids or ports left on the server", address, pending.tag)
             return
         send, receive = pending.noise.split()
         self.stats.accepted += 1

@@ -332,7 +332,7 @@ class Server(Endpoint):
                 self.rejected.append(event)
                 del self.rejected[:-100]
                 if self._recording is not None:
-                    self._recording.rejected(event.address, event.reason)
+                    self._recording.rejected(event.address, event.reason, event.tag)
                 log.info("rejected %s: %s", event.address or "IPC", event.message)
         return work
 
