@@ -453,3 +453,67 @@ def test_driver_command_rejects_a_bad_file(tmp_path: Path) -> None:
     assert (
         "udp_term_length: term length must be a power of 2" in done.stderr and "aeron.term.buffer.length" in done.stderr
     )
+
+
+# -- clients' own counters ------------------------------------------------------------------------------
+
+
+def test_a_clients_counter_shows_in_stat_and_is_freed_with_it(ctx: Context, driver_dir: Path) -> None:
+    counter = ctx.add_counter(5000, "requests served: worker 1", b"k1")
+    assert counter.increment() == 1 and counter.increment(41) == 42
+    assert ctx.counters().get(counter.counter_id) == counter.value == 42
+    done = cli("stat", "--dir", str(driver_dir), "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    (mine,) = [c for c in json.loads(done.stdout)["counters"] if c["label"] == "requests served: worker 1"]
+    assert mine["value"] == 42 and mine["type_id"] == 5000 and mine["registration_id"] == counter.registration_id
+    assert mine["key"] == b"k1".hex() and mine["owner_id"] == ctx.client_id
+    text = cli("stat", "--dir", str(driver_dir), "--once", "--filter", "requests served")
+    assert text.stdout.splitlines()[2:] == [f"{counter.counter_id:3}: {42:20,} - requests served: worker 1"]
+    counter.close()
+    counter.close()  # idempotent
+    with pytest.raises(ValueError, match="closed"):
+        counter.increment()
+    wait_for(lambda: all(c.label != "requests served: worker 1" for c in observe.counters(driver_dir)), what="freed")
+
+    # Another client's counters go with it, whether it closes or just goes away (SIGKILL).
+    with Context(driver_dir, driver="external") as other:
+        kept = other.add_counter(5001, "other client")
+        kept.set(7)
+        assert any(c.label == "other client" and c.value == 7 for c in observe.counters(driver_dir))
+    wait_for(lambda: all(c.label != "other client" for c in observe.counters(driver_dir)), what="freed with its client")
+    script = (
+        "import sys, time; from slipstream import Context\n"
+        f"ctx = Context({str(driver_dir)!r}, driver='external')\n"
+        "ctx.add_counter(5002, 'killed client').set(9); print('ready', flush=True); time.sleep(60)\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            assert any(c.label == "killed client" and c.value == 9 for c in observe.counters(driver_dir))
+            proc.kill()
+            proc.wait(10)
+            wait_for(lambda: all(c.label != "killed client" for c in observe.counters(driver_dir)), what="freed")
+        finally:
+            proc.kill()
+
+
+def test_add_counter_refuses_bad_arguments(ctx: Context) -> None:
+    from slipstream.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+    with pytest.raises(InvalidArgumentError, match="type_id"):
+        ctx.add_counter(12, "a driver type id")  # the driver's own range
+    with pytest.raises(InvalidArgumentTypeError, match="label"):
+        ctx.add_counter(5000, b"bytes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="key"):
+        ctx.add_counter(5000, "long key", bytes(113))
+
+
+def test_the_driver_refuses_a_counter_outside_the_application_range(ctx: Context) -> None:
+    """A client that skips the checks (an older or foreign one) is refused by the driver itself."""
+    from slipstream.client import Registration
+    from slipstream.files.commands import AddCounter
+
+    correlation_id = ctx._next_correlation_id()
+    registration = Registration(ctx, correlation_id, AddCounter(correlation_id, 4, "sneaky"), lambda r: r)
+    with pytest.raises(RegistrationError, match="INVALID_COMMAND.*type id 4"):
+        registration.wait()

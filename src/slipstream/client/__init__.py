@@ -28,6 +28,7 @@ from ..logbuffer import (
 from .aio import AsyncBackoff, offer_async, poll_async, registered
 from .assembler import FragmentAssembler
 from .context import Context, Registration
+from .counter import Counter
 from .errors import DriverAlreadyRunningError, DriverError, DriverLostError, DriverUnavailableError, RegistrationError
 from .image import Image
 from .publication import ExclusivePublication, Publication
@@ -45,6 +46,7 @@ __all__ = [
     "BufferClaim",
     "BusySpinIdleStrategy",
     "Context",
+    "Counter",
     "DriverAlreadyRunningError",
     "DriverError",
     "DriverLostError",

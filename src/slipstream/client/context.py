@@ -31,11 +31,12 @@ from ..errors import (
 )
 from ..files import commands as cmd
 from ..files.cnc import PARKED_INDEX, CncError, CncFile
-from ..files.counters import CountersReader
+from ..files.counters import APPLICATION_TYPE_ID_MIN, MAX_KEY_LENGTH, CountersReader
 from ..files.directory import LOCK_FILE, default_directory, map_file
 from ..files.doorbell import Doorbell, ring
 from ..wire.uri import ChannelUri, check_supported
 from ._args import check_callable, check_channel, check_stream_id
+from .counter import Counter
 from .errors import DriverLostError, DriverUnavailableError, RegistrationError, renewed
 from .image import Image
 from .publication import ExclusivePublication, Publication
@@ -95,7 +96,7 @@ class Registration(Generic[T]):
         message: cmd.ClientMessage,
         build: Callable[[cmd.DriverMessage], T],
         *,
-        remove: type[cmd.RemovePublication] | type[cmd.RemoveSubscription] | None = None,
+        remove: type[cmd.RemovePublication] | type[cmd.RemoveSubscription] | type[cmd.RemoveCounter] | None = None,
         undo: Callable[[], None] | None = None,
     ) -> None:
         self.context = context
@@ -259,6 +260,7 @@ class Context:
         self._ignored: set[int] = set()  # correlation ids of commands whose answers nobody waits for
         self._publications: dict[int, ExclusivePublication] = {}
         self._subscriptions: dict[int, Subscription] = {}
+        self._own_counters: dict[int, Counter] = {}
         self._closed = False
         self._undrained = False  # a publication closed since the embedded driver last drained
         self._driver_error: DriverError | None = None
@@ -435,7 +437,13 @@ class Context:
                 if subscription is not None:
                     subscription._remove_image(message.correlation_id)
                     self._ring_doorbell()
-            case cmd.PublicationReady() | cmd.SubscriptionReady() | cmd.OperationSuccess() | cmd.ErrorResponse():
+            case (
+                cmd.PublicationReady()
+                | cmd.SubscriptionReady()
+                | cmd.CounterReady()
+                | cmd.OperationSuccess()
+                | cmd.ErrorResponse()
+            ):
                 pending = self._pending.get(message.correlation_id)
                 if pending is not None:
                     pending.settle(message, None)
@@ -690,6 +698,49 @@ class Context:
             self, correlation_id, message, lambda _: subscription, remove=cmd.RemoveSubscription, undo=undo
         )
 
+    def add_counter(self, type_id: int, label: str, key: bytes = b"") -> Counter:
+        """A counter of this client's own in the driver's counters file (Aeron's ``addCounter``):
+        ``slipstream stat`` and every reader of the file see it under ``label``; this process writes its
+        value. ``type_id`` from ``APPLICATION_TYPE_ID_MIN`` (1000) on: lower ones are the driver's. It is
+        freed by ``Counter.close``, with this context, or when this process goes away."""
+        return self.async_add_counter(type_id, label, key).wait()
+
+    def async_add_counter(self, type_id: int, label: str, key: bytes = b"") -> Registration[Counter]:
+        """``add_counter`` without waiting for the driver: poll the registration for the counter."""
+        if isinstance(type_id, bool) or not isinstance(type_id, int):
+            raise InvalidArgumentTypeError(f"type_id must be an int: {type_id!r}")
+        if not APPLICATION_TYPE_ID_MIN <= type_id < 1 << 31:
+            raise InvalidArgumentError(f"type_id must be in [{APPLICATION_TYPE_ID_MIN}, 2**31): {type_id}")
+        if not isinstance(label, str):
+            raise InvalidArgumentTypeError(f"label must be a str: {label!r}")
+        if not isinstance(key, bytes):
+            raise InvalidArgumentTypeError(f"key must be bytes: {key!r}")
+        if len(key) > MAX_KEY_LENGTH:
+            raise InvalidArgumentError(f"key must be at most {MAX_KEY_LENGTH} bytes, not {len(key)}")
+        self._check_usable()
+        correlation_id = self._next_correlation_id()
+
+        def build(response: cmd.DriverMessage) -> Counter:
+            assert isinstance(response, cmd.CounterReady)
+            counter = Counter(
+                counter_id=response.counter_id,
+                registration_id=correlation_id,
+                type_id=type_id,
+                label=label,
+                values=self._values,
+                index=self._counters.value_index(response.counter_id),
+                on_close=self._close_counter,
+            )
+            self._own_counters[correlation_id] = counter
+            return counter
+
+        message = cmd.AddCounter(correlation_id, type_id, label, key)
+        return Registration(self, correlation_id, message, build, remove=cmd.RemoveCounter)
+
+    def _close_counter(self, counter: Counter) -> None:
+        self._own_counters.pop(counter.registration_id, None)
+        self._remove(cmd.RemoveCounter, counter.registration_id)
+
     @property
     def doorbell(self) -> Doorbell:
         """This context's doorbell (made on first use, closed with the context): asyncio readers park on
@@ -738,7 +789,11 @@ class Context:
         subscription._release_all()
         self._ring_doorbell()
 
-    def _remove(self, kind: type[cmd.RemovePublication] | type[cmd.RemoveSubscription], registration_id: int) -> None:
+    def _remove(
+        self,
+        kind: type[cmd.RemovePublication] | type[cmd.RemoveSubscription] | type[cmd.RemoveCounter],
+        registration_id: int,
+    ) -> None:
         """Tell the driver, without waiting for its answer (as Aeron's clients close): commands are
         handled in order, so whatever this context asks next sees the removal done. A refusal is logged."""
         if self._driver_error is not None or self._closed:
@@ -785,6 +840,9 @@ class Context:
             self._embedded.drain()
         for subscription in list(self._subscriptions.values()):
             subscription.close()
+        for counter in self._own_counters.values():
+            counter._release()  # the driver frees them with this client
+        self._own_counters.clear()
         self._closed = True
         with contextlib.suppress(OSError):
             self._send(cmd.CloseClient())

@@ -39,6 +39,8 @@ class ClientSession:
     outbox: bytearray = field(default_factory=bytearray)
     publications: set[int] = field(default_factory=set)
     subscriptions: set[int] = field(default_factory=set)
+    counters: dict[int, int] = field(default_factory=dict)
+    """The client's own counters (``AddCounter``): registration id -> counter id."""
     closed: bool = False
 
 

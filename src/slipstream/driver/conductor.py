@@ -22,6 +22,8 @@ from typing import cast
 from ..files import commands as cmd
 from ..files.cnc import PARKED_INDEX, CncFile
 from ..files.counters import (
+    APPLICATION_TYPE_ID_MIN,
+    MAX_KEY_LENGTH,
     PUBLISHER_LIMIT_TYPE_ID,
     PUBLISHER_POSITION_TYPE_ID,
     RECEIVER_HWM_TYPE_ID,
@@ -301,6 +303,10 @@ class DriverConductor:
                     self._remove_subscription(client, message.correlation_id, message.registration_id, now_ns)
                 case cmd.AddDestination() | cmd.RemoveDestination():
                     self._destination(client, message)
+                case cmd.AddCounter():
+                    self._add_counter(client, message, now_ns)
+                case cmd.RemoveCounter():
+                    self._remove_counter(client, message, now_ns)
                 case cmd.CloseClient():
                     self._close_client(client, now_ns, "client closed")
                 case cmd.Hello():
@@ -752,6 +758,9 @@ class DriverConductor:
                 if publication is not None:
                     publication.start_draining(now_ns)
             client.publications.clear()
+            for counter_id in client.counters.values():
+                self.counters.free(counter_id, now_ns // 1_000_000)
+            client.counters.clear()
 
     # -- observability --------------------------------------------------------------------------
 
@@ -774,6 +783,39 @@ class DriverConductor:
             owner_id=owner_id,
             now_ms=now_ns // 1_000_000,
         )
+
+    def _add_counter(self, client: ClientSession, message: cmd.AddCounter, now_ns: int) -> None:
+        """A counter of the client's own: allocated with its label, type and key, owned by the client."""
+        correlation_id = message.correlation_id
+        self._check_correlation(client, correlation_id)
+        if not APPLICATION_TYPE_ID_MIN <= message.type_id < 1 << 31:
+            raise CommandRefused(
+                "INVALID_COMMAND",
+                f"counter type id {message.type_id} outside [{APPLICATION_TYPE_ID_MIN}, 2**31): "
+                "lower ids are the driver's",
+            )
+        if len(message.key) > MAX_KEY_LENGTH:
+            raise CommandRefused("INVALID_COMMAND", f"counter key longer than {MAX_KEY_LENGTH} bytes")
+        try:
+            counter_id = self.counters.allocate(
+                message.label,
+                message.type_id,
+                registration_id=correlation_id,
+                owner_id=client.client_id,
+                key=message.key,
+                now_ms=now_ns // 1_000_000,
+            )
+        except MemoryError as exc:
+            raise CommandRefused("COUNTERS_FULL", str(exc)) from None
+        client.counters[correlation_id] = counter_id
+        self._send(client, cmd.CounterReady(correlation_id, counter_id))
+
+    def _remove_counter(self, client: ClientSession, message: cmd.RemoveCounter, now_ns: int) -> None:
+        counter_id = client.counters.pop(message.registration_id, None)
+        if counter_id is None:
+            raise CommandRefused("UNKNOWN_COUNTER", f"no counter {message.registration_id} of this client")
+        self.counters.free(counter_id, now_ns // 1_000_000)
+        self._send(client, cmd.OperationSuccess(message.correlation_id))
 
     def _free_stream_counters(self, position_counters: dict[int, int], now_ns: int) -> None:
         for counter_id in position_counters.values():

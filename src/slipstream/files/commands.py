@@ -67,6 +67,21 @@ class RemoveDestination(msgspec.Struct, tag=True, frozen=True):
     channel: str
 
 
+class AddCounter(msgspec.Struct, tag=True, frozen=True):
+    """A counter of the client's own in the driver's counters file (Aeron's ``addCounter``): readers
+    such as ``slipstream stat`` see it; the client writes its value; the driver frees it with the client."""
+
+    correlation_id: int
+    type_id: int
+    label: str
+    key: bytes = b""
+
+
+class RemoveCounter(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    registration_id: int
+
+
 class Wake(msgspec.Struct, tag=True, frozen=True):
     """Doorbell: a parked driver has UDP work (a client appended to a network publication)."""
 
@@ -96,6 +111,8 @@ ClientMessage = (
     | RemoveSubscription
     | AddDestination
     | RemoveDestination
+    | AddCounter
+    | RemoveCounter
     | Wake
     | Keepalive
     | CloseClient
@@ -125,6 +142,11 @@ class PublicationReady(msgspec.Struct, tag=True, frozen=True):
 class SubscriptionReady(msgspec.Struct, tag=True, frozen=True):
     correlation_id: int
     registration_id: int
+
+
+class CounterReady(msgspec.Struct, tag=True, frozen=True):
+    correlation_id: int
+    counter_id: int
 
 
 class OperationSuccess(msgspec.Struct, tag=True, frozen=True):
@@ -159,6 +181,7 @@ DriverMessage = (
     Welcome
     | PublicationReady
     | SubscriptionReady
+    | CounterReady
     | OperationSuccess
     | ErrorResponse
     | ImageAvailable

@@ -34,6 +34,10 @@ SUBSCRIBER_POSITION_TYPE_ID: Final = 4
 RECEIVER_POSITION_TYPE_ID: Final = 5
 SENDER_LIMIT_TYPE_ID: Final = 9
 PUBLISHER_POSITION_TYPE_ID: Final = 12
+APPLICATION_TYPE_ID_MIN: Final = 1000
+"""Type ids from here on are for clients' own counters (``Context.add_counter``); below, the driver's."""
+NETWORK_RECORDS_DROPPED_TYPE_ID: Final = 1001
+"""``slipstream.network``: records an endpoint dropped (tampered, replayed, forged or malformed)."""
 
 _META_HEAD = struct.Struct("<iiq")
 _LABEL_LEN = struct.Struct("<i")

@@ -26,6 +26,7 @@ from ..errors import DriverError
 from ..wire.uri import ChannelUri, ChannelUriError, udp_channel
 from .cnc import STATE_CLOSED, STATE_RUNNING, STATE_STARTING, CncError, CncFile
 from .counters import (
+    NETWORK_RECORDS_DROPPED_TYPE_ID,
     PUBLISHER_LIMIT_TYPE_ID,
     PUBLISHER_POSITION_TYPE_ID,
     RECEIVER_HWM_TYPE_ID,
@@ -68,6 +69,7 @@ TYPE_NAMES: Final[dict[int, str]] = {
     RECEIVER_POSITION_TYPE_ID: "rcv-pos",
     SENDER_LIMIT_TYPE_ID: "snd-lmt",
     PUBLISHER_POSITION_TYPE_ID: "pub-pos",
+    NETWORK_RECORDS_DROPPED_TYPE_ID: "net-drop",
 }
 """Short names of the counter type ids, as the labels spell them."""
 

@@ -377,26 +377,27 @@ class ConnectionMachine:
 
     # -- receiving --------------------------------------------------------------------------------
 
-    def receive(self, record: bytes | memoryview, now_ns: int) -> None:
-        """One transport message from the peer: opened, decoded, turned into events."""
+    def receive(self, record: bytes | memoryview, now_ns: int) -> bool:
+        """One transport message from the peer: opened, decoded, turned into events. False when the
+        record layer dropped it (tampered, replayed, forged, malformed: ``stats.records_dropped``)."""
         if self.closed:
-            return
+            return True
         try:
             plaintext = self.records.open(record)
         except RecordRejected:
             self.stats.records_dropped += 1
-            return
+            return False
         try:
             frames = self.serialization.decode_record(plaintext)
         except FrameError:
             self.stats.frame_errors += 1
-            return
+            return True
         self.stats.records_received += 1
         self.stats.bytes_received += len(record)
         self._last_received_ns = now_ns
         if len(frames) == 1 and frames[0][0] == FrameKind.KEEPALIVE:
             self.liveness_records += 1  # a keepalive is sent alone
-            return
+            return True
         events = self._events
         stats = self.stats
         for kind, request_id, value in frames:
@@ -439,8 +440,9 @@ class ConnectionMachine:
             elif kind == FrameKind.CLOSE:
                 reason = bytes(value).decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else ""
                 self._close(by_peer=True, expired=False, reason=reason)
-                return
+                return True
             # KEEPALIVE only proves liveness.
+        return True
 
     def _take_stream_events(self) -> None:
         """Move the streams' events into ours; a completed stream becomes the frame it carried."""

@@ -5,7 +5,8 @@ deadlines on the :class:`ManualClock` (h11's ``ConnectionPair``, aioquic's ``cli
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from ..client.allocation import IdAllocator, PortAllocator
@@ -30,6 +31,11 @@ def admit_all(
 ) -> tuple[int, str] | None:
     """An admission check that admits everyone."""
     return None
+
+
+def _deliver(machine: ConnectionMachine, data: bytes, source: Hashable, now_ns: int) -> None:
+    """What the in-memory network hands a machine (whether its record layer kept it is in its stats)."""
+    machine.receive(data, now_ns)
 
 
 class HandshakePair:
@@ -198,8 +204,8 @@ class ConnectionPair:
         self.events_b: list[Event | StreamEvent] = []
         self.wire: list[tuple[str, bytes]] = []
         """Every record put on the network, as (``"a"`` or ``"b"``, bytes): for tamper/replay tests."""
-        self.network.bind(CLIENT, lambda data, src, now: self.a.receive(data, now))
-        self.network.bind(SERVER, lambda data, src, now: self.b.receive(data, now))
+        self.network.bind(CLIENT, functools.partial(_deliver, self.a))
+        self.network.bind(SERVER, functools.partial(_deliver, self.b))
 
     def _flush(self) -> int:
         now = self.clock.now_ns()

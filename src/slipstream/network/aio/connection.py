@@ -90,6 +90,8 @@ class EndpointHooks(Protocol):
 
     def _connection_closed(self, connection: Connection, event: Closed) -> None: ...
 
+    def _record_dropped(self, connection: Connection) -> None: ...
+
     def _round_trip(self, connection: Connection, round_trip_ns: int) -> None: ...
 
     def _buffer(self, connection: Connection, message: object) -> str | None: ...
@@ -446,7 +448,8 @@ class Connection:
         if self._track_position:
             self._session_id = header.session_id
             self._position = header.position
-        self._machine.receive(payload, self._now_ns)
+        if not self._machine.receive(payload, self._now_ns):
+            self._endpoint._record_dropped(self)
         self._process_events()
 
     def _deadline_ns(self, now_ns: int) -> int | None:

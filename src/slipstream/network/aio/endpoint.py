@@ -10,8 +10,9 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from ...client import Context, DriverError, ExclusivePublication
+from ...client import Context, Counter, DriverError, ExclusivePublication
 from ...client.aio import Parking
+from ...files.counters import NETWORK_RECORDS_DROPPED_TYPE_ID
 from ...files.doorbell import Doorbell
 from ..config import ClientConfig, ServerConfig
 from ..connection import RECORD_OVERHEAD, ConnectionMachine, Records
@@ -74,6 +75,11 @@ class Endpoint:
         """Set once ``close`` began (a server then answers no more handshakes)."""
         self._recording: EndpointRecording | None = None
         """Set while recording (``config.recording``): from the first bind or connect until ``close``."""
+        self.records_dropped = 0
+        """Records this endpoint's connections dropped, unopened: tampered, replayed, forged or malformed
+        (each connection's ``stats`` splits its own by reason). Also a counter in the driver's counters
+        file while the endpoint holds a driver, which ``slipstream stat`` shows as ``net records dropped``."""
+        self._dropped_counter: Counter | None = None
 
     # -- listener decorators ----------------------------------------------------------------------
 
@@ -319,6 +325,7 @@ class Endpoint:
     def _acquire_context(self) -> Context:
         if self._context is None:
             self._context = acquire_context(self.config.driver_directory, self.config.driver)
+            self._add_dropped_counter(self._context)
         recording = self.config.recording
         if self._recording is None and recording is not None and recording.enabled:
             self._recording = EndpointRecording(
@@ -329,6 +336,7 @@ class Endpoint:
     def _release_context(self) -> None:
         if self._context is not None:
             context, self._context = self._context, None
+            self._close_dropped_counter()
             release_context(context)
 
     async def _release_context_drained(self) -> None:
@@ -336,7 +344,31 @@ class Endpoint:
         finish without stopping the event loop (see ``release_context_drained``)."""
         if self._context is not None:
             context, self._context = self._context, None
+            self._close_dropped_counter()
             await release_context_drained(context)
+
+    def _add_dropped_counter(self, context: Context) -> None:
+        """The ``records_dropped`` counter in the driver's counters file (a context may be shared: each
+        endpoint has its own, keyed by its public key). Not having one never stops the endpoint."""
+        label = f"net records dropped: {self._role} {self.config.app_id} pid {os.getpid()} {self.public_key[:4].hex()}"
+        try:
+            counter = context.add_counter(NETWORK_RECORDS_DROPPED_TYPE_ID, label, self.public_key)
+        except DriverError as exc:
+            log.warning("no records-dropped counter in %s: %s", context.directory, exc)
+            return
+        counter.set(self.records_dropped)
+        self._dropped_counter = counter
+
+    def _close_dropped_counter(self) -> None:
+        counter, self._dropped_counter = self._dropped_counter, None
+        if counter is not None:
+            counter.close()
+
+    def _record_dropped(self, connection: Connection) -> None:
+        """A connection dropped a record it could not open (counted in its stats too)."""
+        self.records_dropped += 1
+        if self._dropped_counter is not None:
+            self._dropped_counter.set(self.records_dropped)
 
     def _start_poller(self) -> None:
         if not self._polling:
