@@ -1,13 +1,14 @@
 """Network-layer peers in their own processes (each with its own driver), for the process tests.
 
     python network_peer.py client <driver_dir> <host> <port> <expiry_s> <count> <close|hang>
-    python network_peer.py server <driver_dir> <listen_address> <port>
+    python network_peer.py server <driver_dir> <listen_address> <port> [<expiry_s>]
     python network_peer.py receiver <driver_dir> <host> <port> <expiry_s> <settings_store> <expect>
     python network_peer.py streamer <driver_dir> <host> <port> <file>
 
 The client prints ``connected <id>`` once connected, ``sent`` after ``count`` send_syncs, then either
 closes (``closed``) or hangs until killed (at most 60 s). The server prints ``listening``, then
-``connect <address>`` per client and ``message <n>`` per message, and runs until killed (60 s).
+``connect <address>`` per client and ``message <n>`` per message, takes ``bytes`` messages silently (a
+client's bulk load), and runs until killed (60 s).
 The receiver (its identity key kept in ``settings_store``, so a second receiver is the same client)
 prints ``connected <id>``, then ``received <n> <first>..<last> ordered`` (or ``unordered``) once ``expect``
 messages arrived, and hangs until killed (60 s). The streamer sends ``file`` (a large file as a
@@ -89,7 +90,7 @@ async def streamer(directory: str, host: str, port: int, path: str) -> None:
         await asyncio.sleep(60)
 
 
-async def server(directory: str, address: str, port: int) -> None:
+async def server(directory: str, address: str, port: int, expiry: float = 4.0) -> None:
     config = ServerConfig(
         app_id="test",
         messages=[Base],
@@ -98,6 +99,7 @@ async def server(directory: str, address: str, port: int) -> None:
         enable_ipc=False,
         listen_address=address,
         max_clients=8,
+        connection_expiry=expiry,
     )
     async with Server(config) as endpoint:
 
@@ -108,6 +110,10 @@ async def server(directory: str, address: str, port: int) -> None:
         @endpoint.on_message(Base)
         def message(connection: Connection, message: Base) -> None:
             print(f"message {message.n}", flush=True)
+
+        @endpoint.on_message(bytes)
+        def load(connection: Connection, message: bytes) -> None:
+            pass
 
         await endpoint.bind(port)
         print("listening", flush=True)
@@ -126,6 +132,6 @@ if __name__ == "__main__":
         directory, host, port, expiry, store, expect = args
         coro = receiver(directory, host, int(port), float(expiry), store, int(expect))
     else:
-        directory, address, port = args
-        coro = server(directory, address, int(port))
+        directory, address, port, *expiry = args
+        coro = server(directory, address, int(port), *map(float, expiry))
     asyncio.run(asyncio.wait_for(coro, 90))

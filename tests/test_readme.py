@@ -17,6 +17,15 @@ def blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
 
 
+def is_network_tour(block: str) -> bool:
+    return "Server(server_config)" in block and "class Hello" in block
+
+
+def test_the_network_tour_is_found() -> None:
+    """Its printed lines are checked only if the test finds it: exactly one snippet."""
+    assert sum(map(is_network_tour, blocks("python"))) == 1
+
+
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_snippet_runs(index: int, driver_dir: Path) -> None:
     env = {**os.environ, "SLIPSTREAM_DIR": str(driver_dir)}
@@ -28,6 +37,10 @@ def test_python_snippet_runs(index: int, driver_dir: Path) -> None:
         assert "[5, 5, 5000]" in done.stdout and "joined Image(" in done.stdout
     if index == 1:
         assert "[b'ping']" in done.stdout
+    if is_network_tour(blocks("python")[index]):
+        lines = done.stdout.splitlines()
+        assert len(lines) == 2 and lines[0] == "hello, world", done.stdout
+        assert re.fullmatch(r"round trip \d+ us, server key [0-9a-f]{8}\.\.\.", lines[1]), done.stdout
     if "IAccount" in blocks("python")[index]:  # the remote-objects tour
         assert done.stdout.splitlines() == ["100 70", "refused: balance 70, asked 1000", "True"], done.stdout
 
