@@ -1,6 +1,7 @@
 """Remote objects and large messages over real connections (UDP loopback and IPC), as the seed's suite
 has them: the RmiSimpleTest battery, scoped ids, nested objects, counted calls, fire-and-forget,
-32 MiB payloads and files (also as RMI arguments), messages bigger than the MTU echoed back."""
+32 MiB payloads and files (also as RMI arguments and results, ``pathlib.Path``), messages bigger than
+the MTU echoed back; deleted objects, and proxies and implementations sent as messages."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ import msgspec
 import pytest
 
 from slipstream.network import Client, Connection, RegistrationMismatch, Server
-from slipstream.network.rmi import RemoteError, RemoteObjectMissing, RmiCallTimeout, RmiConnectionClosed
+from slipstream.network.aio.rmi import Proxy
+from slipstream.network.rmi import (
+    InterfaceError,
+    RemoteError,
+    RemoteObjectMissing,
+    RmiCallTimeout,
+    RmiConnectionClosed,
+)
 from slipstream.network.streaming import StreamingError
 from tests.test_network_aio import client_config, free_ports, run, server_config, wait_for
 from tests.test_network_rmi import (
@@ -46,8 +54,19 @@ class IStore(Protocol):
 
     def fetch(self, size: int) -> bytes: ...
 
+    def checksum(self, file: Path) -> str: ...
+
+    async def export(self, size: int) -> Path: ...
+
+    def maybe(self, file: Path | None) -> Path | None: ...
+
 
 class Store:
+    def __init__(self, export_dir: Path | None = None) -> None:
+        self.export_dir = export_dir
+        self.seen: list[tuple[Path, bool, str]] = []
+        """(path, existed, SHA-256) of each file argument, as the method saw it."""
+
     def put(self, blob: Blob) -> str:
         return hashlib.sha256(blob.data).hexdigest()
 
@@ -56,6 +75,21 @@ class Store:
 
     def fetch(self, size: int) -> bytes:
         return random.Random(size).randbytes(size)
+
+    def checksum(self, file: Path) -> str:
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()
+        self.seen.append((file, file.exists(), digest))
+        return digest
+
+    async def export(self, size: int) -> Path:
+        assert self.export_dir is not None
+        await asyncio.sleep(0)
+        path = self.export_dir / f"export-{size}.bin"
+        path.write_bytes(random.Random(size).randbytes(size))
+        return path
+
+    def maybe(self, file: Path | None) -> Path | None:
+        return file  # a file argument sent straight back: the caller gets its own copy
 
 
 MESSAGES = [Point, Blob]
@@ -339,5 +373,135 @@ def test_progress_of_a_large_transfer_is_observable(driver_dir: Path, tmp_path: 
             assert seen and all(0 <= done <= total for done, total in seen)
             assert any(0 < done < total for done, total in seen)  # bytes so far of the total, mid-way
             assert connection.transfers == {} and server_side.transfers == {}
+
+    run(main(), 60)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_files_as_rmi_arguments_and_results_arrive_intact(driver_dir: Path, transport: str, tmp_path: Path) -> None:
+    """A ``Path`` argument streams the file (the host's method gets a temporary copy, removed once the
+    call completed); a ``Path`` result streams back (the caller owns the copy it gets)."""
+    spill = tmp_path / "spill"  # both sides' temporary directory
+    exports = tmp_path / "exports"
+    spill.mkdir()
+    exports.mkdir()
+    source = tmp_path / "argument.bin"
+    source.write_bytes(random.Random(11).randbytes(9 * 1024 * 1024 + 5))  # spilled, many chunks
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"one chunk")
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+
+    def sha(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    async def main() -> None:
+        errors: list[BaseException] = []
+        messages: list[object] = []
+        async with connected(driver_dir, transport, spill) as (server, client, connection):
+            client.on_error(lambda conn, error: errors.append(error))
+            server.on_error(lambda conn, error: errors.append(error))
+            server.on_message(Path)(lambda conn, path: messages.append(path))  # RMI files never land here
+            host = Store(exports)
+            store = connection.rmi.get_global(IStore, server.rmi.save(host))
+            store.rmi_timeout = 60
+            for file in (source, small, empty):
+                assert await store.checksum(file) == sha(file)
+            assert [digest for _, _, digest in host.seen] == [sha(source), sha(small), sha(empty)]
+            for copy, existed, _ in host.seen:
+                assert existed and copy.parent == spill and copy != source  # the host's temporary copy...
+                await wait_for(lambda copy=copy: not copy.exists(), 10)  # ...removed once the call completed
+            # fire-and-forget with a file: the host still gets it whole
+            store.rmi_async().checksum(source)
+            await wait_for(lambda: len(host.seen) == 4, 30)
+            assert host.seen[3][2] == sha(source)
+            # a Path result (from a coroutine method): the caller's own copy, in its temporary directory
+            exported = await store.export(3 * 1024 * 1024 + 1)
+            assert isinstance(exported, Path) and exported.parent == spill
+            assert sha(exported) == sha(exports / f"export-{3 * 1024 * 1024 + 1}.bin")
+            assert await store.maybe(None) is None
+            back = await store.maybe(small)  # an argument going straight back as the result
+            assert back is not None and back.read_bytes() == b"one chunk" and back.parent == spill
+            # failures: an awaited call raises, a fire-and-forget call reports to on_error
+            with pytest.raises(InterfaceError, match=r"os\.PathLike"):
+                await store.checksum(str(source))  # type: ignore[arg-type]
+            with pytest.raises(StreamingError, match="cannot send file"):
+                await store.checksum(tmp_path / "missing.bin")
+            store.rmi_async().checksum(tmp_path / "missing.bin")
+            await wait_for(lambda: any(isinstance(e, StreamingError) for e in errors), 10)
+            assert await store.digest_of(b"still serving") == hashlib.sha256(b"still serving").hexdigest()
+            assert messages == [] and len(errors) == 1, errors
+            assert connection.transfers == {}
+        assert exported.exists() and back.exists()  # the caller owns a result's copy, even after close
+        exported.unlink()
+        back.unlink()
+        assert os.listdir(spill) == []  # nothing else left behind
+
+    run(main(), 120)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_deleted_objects_and_objects_sent_as_messages(driver_dir: Path, transport: str) -> None:
+    """``delete(id)`` on both sides (a call afterwards names the id); ``id=`` keywords; a proxy and an
+    implementation sent with ``connection.send``; a fire-and-forget call that cannot be sent reports to
+    ``on_error`` instead of raising."""
+
+    async def main() -> None:
+        async with connected(driver_dir, transport) as (server, client, connection):
+            client_errors: list[BaseException] = []
+            client.on_error(lambda conn, error: client_errors.append(error))
+            await wait_for(lambda: server.connections)
+            (server_side,) = server.connections
+            # a global object deleted with server.rmi.delete(id)
+            assert server.rmi.save(Calc(), id=77) == 77
+            calc = connection.rmi.get_global(ICalc, id=77)
+            assert await calc.add(1, 1) == 2
+            assert server.rmi.delete(id=77) and not server.rmi.delete(77)
+            with pytest.raises(RemoteObjectMissing, match=r"remote object 77 \(global\)") as missing:
+                await calc.add(1, 1)
+            assert missing.value.object_id == 77 and missing.value.is_global
+            # connection-scoped objects deleted with connection.rmi.delete(id), on each side
+            server_side.rmi.save(Counter(3), id=9)
+            counter = connection.rmi.get(ICounter, id=9)
+            assert await counter.value() == 3
+            assert server_side.rmi.delete(id=9)
+            with pytest.raises(RemoteObjectMissing, match=r"remote object 9 \(connection-scoped\)"):
+                await counter.value()
+            assert connection.rmi.save(Counter(5), 4) == 4
+            assert await server_side.rmi.get(ICounter, 4).value() == 5
+            assert connection.rmi.delete(4)
+            with pytest.raises(RemoteObjectMissing, match="remote object 4 "):
+                await server_side.rmi.get(ICounter, object_id=4).value()  # the older keyword still works
+            # objects as messages: an implementation arrives as a proxy, a proxy at home as the object
+            got_proxy: asyncio.Queue[Any] = asyncio.Queue()
+            got_home: asyncio.Queue[Any] = asyncio.Queue()
+            server.on_message(Proxy)(lambda conn, value: got_proxy.put_nowait(value))
+            server.on_message(Calc)(lambda conn, value: got_home.put_nowait(value))
+            client.on_message(Counter)(lambda conn, value: got_home.put_nowait(value))
+            mine = Counter(10)
+            await connection.send(mine)
+            proxy = await asyncio.wait_for(got_proxy.get(), 10)
+            assert isinstance(proxy, Proxy) and await proxy.increment(1) == 11  # the server calls the client's
+            assert mine.current == 11
+            await server_side.send(proxy)  # the proxy goes home: the client gets its own object
+            assert await asyncio.wait_for(got_home.get(), 10) is mine
+            host_calc = Calc()
+            remote_calc = connection.rmi.get_global(ICalc, server.rmi.save(host_calc))
+            await connection.send(remote_calc)  # a proxy of a global object comes home as it
+            assert await asyncio.wait_for(got_home.get(), 10) is host_calc
+            # fire-and-forget calls that cannot be sent never raise: on_error hears of them
+            oneway = remote_calc.rmi_async()
+            oneway.add(1)  # one argument short
+            oneway.add(1, object())  # not encodable
+            assert await remote_calc.add(2, 2) == 4  # awaited calls still raise for the same mistakes
+            with pytest.raises(InterfaceError):
+                await remote_calc.add(1)
+            await wait_for(lambda: len(client_errors) == 2)
+            assert all(isinstance(e, InterfaceError) for e in client_errors), client_errors
+            assert "add" in str(client_errors[0]) and "serialized" in str(client_errors[1])
+            await connection.close()
+            oneway.add(1, 2)  # closed: reported, not raised
+            await wait_for(lambda: len(client_errors) == 3)
+            assert isinstance(client_errors[2], RmiConnectionClosed)
 
     run(main(), 60)

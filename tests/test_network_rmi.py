@@ -7,6 +7,7 @@ import functools
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -18,6 +19,7 @@ from slipstream.client.allocation import IdAllocator
 from slipstream.network.aio.rmi import Proxy, RmiSession
 from slipstream.network.frames import FrameKind
 from slipstream.network.rmi import (
+    FileRef,
     InterfaceError,
     ObjectIdInUse,
     ObjectTable,
@@ -904,3 +906,135 @@ async def test_proxies_sent_as_messages_over_the_loop() -> None:
     pair.server.send_object(proxy)
     await asyncio.sleep(0.01)
     assert received[1] is counter
+
+
+# -- ids by keyword, fire-and-forget failures, files ------------------------------------------------------
+
+
+def test_ids_are_the_id_keyword_with_the_older_names_as_aliases() -> None:
+    _, server = registries()
+    table = ObjectTable(server, is_global=True)
+    calc = Calc()
+    assert table.save(calc, id=5) == 5 and table.get(id=5) is calc and table.get(5) is calc
+    assert table.save(Counter(), object_id=6) == 6 and table.get(object_id=6) is not None
+    with pytest.raises(TypeError, match="twice"):
+        table.save(Calc(), id=7, object_id=7)
+    with pytest.raises(TypeError, match="needs an id"):
+        table.delete()
+    assert table.delete(id=5) and table.delete(obj_or_id=6) and len(table) == 0
+
+
+@aio
+async def test_session_ids_by_keyword_and_fire_and_forget_failures_go_to_on_error() -> None:
+    pair = AioPair()
+    client_errors: list[BaseException] = []
+    pair.client.on_error = client_errors.append
+    assert pair.server.save(Calc(), id=3) == 3
+    assert await pair.client.get(ICalc, id=3).add(1, 2) == 3
+    assert await pair.client.get(ICalc, object_id=3).add(2, 2) == 4
+    global_id = pair.globals.save(Calc(), id=8)
+    calc = pair.client.get_global(ICalc, id=global_id)
+    assert await calc.add(3, 3) == 6
+    oneway = calc.rmi_async()  # type: ignore[attr-defined]
+    oneway.add(1)  # one argument short
+    oneway.add(1, 2, 3)  # one too many
+    oneway.add(1, b=2, c=3)  # an unknown keyword
+    oneway.move(object())  # not encodable
+    with pytest.raises(InterfaceError):  # an awaited call still raises for the same mistake
+        calc.add(1)
+    assert len(client_errors) == 4 and all(isinstance(e, InterfaceError) for e in client_errors)
+    assert "serialized" in str(client_errors[3])
+    assert pair.server.delete(id=3) and not pair.server.delete(3)
+    with pytest.raises(RemoteObjectMissing, match="remote object 3 "):
+        await pair.client.get(ICalc, 3).add(1, 2)
+    pair.client.close()
+    oneway.bump()  # closed: reported, never raised
+    assert isinstance(client_errors[-1], RmiConnectionClosed) and len(client_errors) == 5
+
+
+class IFiles(Protocol):
+    def size_of(self, name: str, file: Path) -> int: ...
+
+    def export(self, name: str) -> Path: ...
+
+    def maybe(self, file: Path | None) -> Path | None: ...
+
+
+class Files:
+    def size_of(self, connection: object, name: str, file: Path) -> int:
+        return file.stat().st_size
+
+    def export(self, name: str) -> Path:
+        return Path(name)
+
+    def maybe(self, file: Path | None) -> Path | None:
+        return file
+
+
+class FakeChannel:
+    """Records the files an endpoint streams (a connection's MachineFiles streams them)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.aborted: list[int] = []
+
+    def send(self, path: Any) -> FileRef:
+        if "missing" in str(path):
+            raise FileNotFoundError(str(path))
+        self.sent.append(str(path))
+        return FileRef(len(self.sent), 123, Path(path).name)
+
+    def abort(self, stream_id: int) -> None:
+        self.aborted.append(stream_id)
+
+
+def test_path_parameters_and_results_are_streamed_files_on_the_wire() -> None:
+    class Nested(Protocol):
+        def f(self, files: list[Path]) -> int: ...
+
+    with pytest.raises(InterfaceError, match=r"Path .* may only be a parameter or result itself"):
+        RmiRegistry([Nested])
+    client_registry = RmiRegistry([IFiles])
+    server_registry = RmiRegistry([(IFiles, Files)])
+    assert client_registry.description() == server_registry.description()
+    spec = client_registry.interface(IFiles).by_name["size_of"]
+    assert spec.file_params == ((1, False),) and not spec.file_result
+    client, server = RmiEndpoint(client_registry), RmiEndpoint(server_registry)
+    ref = RemoteRef(0, server.objects.save(Files()))
+    with pytest.raises(InterfaceError, match="cannot stream a Path"):
+        client.call(ref, "size_of", ["a", Path("/x")], 0)  # no file channel: refused, nothing sent
+    channel = FakeChannel()
+    client.files = server.files = channel
+    with pytest.raises(InterfaceError, match=r"os\.PathLike"):
+        client.call(ref, "size_of", ["a", "/not/a/path/object"], 0)
+    with pytest.raises(InterfaceError, match="serialized"):
+        client.call(ref, "size_of", [object(), Path("/x")], 0)
+    assert channel.sent == [] and client.take_frames() == []  # no file streamed for a call not sent
+    with pytest.raises(FileNotFoundError):
+        client.call(ref, "size_of", ["a", Path("/missing")], 0)
+    call_id = client.call(ref, "size_of", ["a", Path("/data/report.bin")], 0)
+    assert channel.sent == ["/data/report.bin"]
+    ((_kind, request_id, payload),) = client.take_frames()
+    invocation = server.receive_request(request_id, payload, caller="conn")
+    assert invocation is not None
+    assert invocation.files == ((3, FileRef(1, 123, "report.bin")),)  # (self, connection, name, file)
+    assert invocation.args[3] == FileRef(1, 123, "report.bin")
+    # a Path result is streamed by the host and the response names it
+    call_id = client.call(ref, "export", ["/srv/out.bin"], 0)
+    ((_kind, request_id, payload),) = client.take_frames()
+    invocation = server.receive_request(request_id, payload)
+    assert invocation is not None and invocation.files == ()
+    assert server.execute(invocation) is None
+    assert channel.sent[-1] == "/srv/out.bin"
+    ((_kind, request_id, payload),) = server.take_frames()
+    client.receive_response(request_id, payload)
+    (done,) = client.take_events()
+    assert isinstance(done, RmiCallCompleted) and done.call_id == call_id and done.value == FileRef(2, 123, "out.bin")
+    call_id = client.call(ref, "maybe", [None], 0)  # an optional file: None travels as None
+    ((_kind, request_id, payload),) = client.take_frames()
+    invocation = server.receive_request(request_id, payload)
+    assert invocation is not None and invocation.files == ()
+    server.execute(invocation)
+    ((_kind, request_id, payload),) = server.take_frames()
+    client.receive_response(request_id, payload)
+    assert client.take_events() == [RmiCallCompleted(call_id, None)]

@@ -148,6 +148,32 @@ def test_a_file_arrives_as_a_checked_temporary_copy(tmp_path: Path) -> None:
     assert link.files() == []
 
 
+def test_a_stream_names_the_frame_it_carries_and_a_copy_can_be_handed_over(tmp_path: Path) -> None:
+    """What RMI needs for a ``Path`` argument or result: the start says which frame the stream carries
+    (a MESSAGE marked for RMI), and ``detach`` gives the completed copy away (no longer removed)."""
+    original = tmp_path / "argument.bin"
+    original.write_bytes(os.urandom(200_000))
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    link = Link(spill_dir)
+    stream_id = link.sender.send_file(original, kind=FrameKind.MESSAGE, request_id=0x524D4946)
+    link.pump()
+    started = next(e for e in link.received_events if isinstance(e, StreamStarted))
+    assert (started.stream_id, started.kind, started.request_id, started.is_file) == (
+        stream_id,
+        FrameKind.MESSAGE,
+        0x524D4946,
+        True,
+    )
+    done = link.outcome()
+    assert isinstance(done, StreamCompleted) and done.path is not None
+    assert link.receiver.detach(stream_id) == done.path and link.receiver.detach(stream_id) is None
+    assert not link.receiver.release(stream_id)
+    link.receiver.close()
+    assert Path(done.path).read_bytes() == original.read_bytes()  # the application's now, kept
+    Path(done.path).unlink()
+
+
 def test_an_empty_payload_and_an_empty_file(tmp_path: Path) -> None:
     link = Link(tmp_path)
     link.sender.send(FrameKind.MESSAGE, 0, b"")

@@ -36,6 +36,8 @@ import collections.abc
 import hashlib
 import heapq
 import inspect
+import os
+import pathlib
 import random
 import struct
 import traceback
@@ -51,10 +53,14 @@ import msgspec
 from ..client.allocation import AllocationError, IdAllocator
 from .errors import ConnectionClosedError, NetworkError
 from .frames import FrameKind
+from .streaming import StreamingError
 
 __all__ = [
     "DEFAULT_TIMEOUT_NS",
+    "FILE_STREAM_MARK",
     "ONEWAY_REQUEST_ID",
+    "FileChannel",
+    "FileRef",
     "InterfaceError",
     "InterfaceSpec",
     "Invocation",
@@ -90,6 +96,9 @@ MIN_OBJECT_ID: Final = 1
 MAX_OBJECT_ID: Final = 65535
 MIN_RESPONSE_ID: Final = 2
 MAX_RESPONSE_ID: Final = 65535
+FILE_STREAM_MARK: Final = 0x524D4946
+"""Request id of the MESSAGE-kind file stream that carries a ``pathlib.Path`` argument or result
+("RMIF"): the connection hands such a file to RMI, never to message listeners."""
 
 _REQUEST: Final = struct.Struct(">BHHH")
 """flags, object id, interface index, method index."""
@@ -164,6 +173,27 @@ class _Ref(msgspec.Struct, array_like=True, frozen=True):
     owner: int  # _OWNER_SENDER: the side that sent this message hosts the object
 
 
+class FileRef(msgspec.Struct, array_like=True, frozen=True):
+    """A file on the wire, in place of a ``Path`` argument or result: the sender streams the file
+    (its stream id, as the receiver numbers the incoming stream) and sends this in the call."""
+
+    stream_id: int
+    size: int
+    name: str
+
+
+class FileChannel(Protocol):
+    """How an endpoint sends a ``Path`` argument or result: the connection streams the file."""
+
+    def send(self, path: os.PathLike[str]) -> FileRef:
+        """Start streaming the file (OSError/StreamingError when it cannot be read)."""
+        ...
+
+    def abort(self, stream_id: int) -> None:
+        """Give up a file stream started for a call that could not be sent after all."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteRef:
     """Pure-data handle of an object the peer hosts: what a proxy refers to."""
@@ -211,6 +241,11 @@ class MethodSpec:
     """(interface id, optional) when the result is an interface."""
     arg_decoder: msgspec.msgpack.Decoder[Any] = field(repr=False)
     result_decoder: msgspec.msgpack.Decoder[Any] = field(repr=False)
+    file_params: tuple[tuple[int, bool], ...] = ()
+    """(position, optional) of ``pathlib.Path`` parameters: each travels as a streamed file."""
+    file_result: bool = False
+    """The result is a ``pathlib.Path`` (a streamed file)."""
+    file_result_optional: bool = False
 
     def bind(self, args: Sequence[object], kwargs: dict[str, object] | None = None) -> tuple[object, ...]:
         """The call's arguments as one positional tuple (defaults applied); InterfaceError if they do not fit."""
@@ -279,6 +314,17 @@ def _interface_methods(cls: type) -> list[tuple[str, Callable[..., Any]]]:
             if inspect.isfunction(value):
                 found[name] = value
     return sorted(found.items())
+
+
+def _file_of(annotation: object) -> bool | None:
+    """None unless ``annotation`` is ``pathlib.Path`` (False) or ``Path | None`` (True: optional)."""
+    if annotation is pathlib.Path:
+        return False
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if len(args) == 2 and type(None) in args and pathlib.Path in args:
+            return True
+    return None
 
 
 def _describe(annotation: object) -> str:
@@ -377,14 +423,19 @@ class RmiRegistry:
         wire: list[Any] = []
         texts: list[str] = []
         refs: list[tuple[int, int, bool]] = []
+        files: list[tuple[int, bool]] = []
         for position, param in enumerate(params[1:]):
             if param.name not in hints:
                 raise InterfaceError(f"{where}: parameter {param.name} needs a type annotation")
             annotation = hints[param.name]
             ref = self._ref_of(annotation)
+            file_optional = _file_of(annotation)
             if ref is not None:
                 refs.append((position, ref[0], ref[1]))
                 wire.append(_Ref | None if ref[1] else _Ref)
+            elif file_optional is not None:
+                files.append((position, file_optional))
+                wire.append(FileRef | None if file_optional else FileRef)
             else:
                 self._check_annotation(annotation, f"{where} parameter {param.name}")
                 wire.append(annotation)
@@ -393,8 +444,11 @@ class RmiRegistry:
             raise InterfaceError(f"{where} needs a return annotation (None if it returns nothing)")
         result = hints["return"]
         ref_result = self._ref_of(result)
+        file_result = _file_of(result)
         if ref_result is not None:
             result_wire: Any = _Ref | None if ref_result[1] else _Ref
+        elif file_result is not None:
+            result_wire = FileRef | None if file_result else FileRef
         else:
             self._check_annotation(result, f"{where} result")
             result_wire = result
@@ -417,6 +471,9 @@ class RmiRegistry:
             ref_result=ref_result,
             arg_decoder=arg_decoder,
             result_decoder=result_decoder,
+            file_params=tuple(files),
+            file_result=file_result is not None,
+            file_result_optional=bool(file_result),
         )
 
     def _ref_of(self, annotation: object) -> tuple[int, bool] | None:
@@ -449,6 +506,8 @@ class RmiRegistry:
         if isinstance(annotation, type):
             if annotation in self._interface_ids:
                 raise InterfaceError(f"{where}: an interface may only be a parameter or result itself, not nested")
+            if issubclass(annotation, pathlib.PurePath):
+                raise InterfaceError(f"{where}: a Path (a streamed file) may only be a parameter or result itself")
             if annotation in self._message_types:
                 return
             raise InterfaceError(
@@ -553,6 +612,10 @@ class RmiRegistry:
         return "the RMI registrations differ"
 
 
+_identity: Final = id
+"""The builtin ``id`` (the object tables' methods name their parameter ``id``, as the issue does)."""
+
+
 # -- object tables ----------------------------------------------------------------------------------
 
 
@@ -571,11 +634,13 @@ class ObjectTable:
         self._ids: dict[int, int] = {}
         self._next = MIN_OBJECT_ID
 
-    def save(self, obj: object, object_id: int | None = None) -> int:
-        """Host ``obj``; returns its id (the existing one when it is already saved)."""
+    def save(self, obj: object, id: int | None = None, *, object_id: int | None = None) -> int:
+        """Host ``obj`` under ``id`` (1-65535; by default the next free one); returns its id (the
+        existing one when it is already saved). ``object_id=`` is the older name of ``id``."""
+        object_id = _either(id, object_id, "save", optional=True)
         if not self.registry.served(obj):
             raise InterfaceError(f"{type(obj).__qualname__} is not a registered implementation of any RMI interface")
-        existing = self._ids.get(id(obj))
+        existing = self._ids.get(_identity(obj))
         if existing is not None:
             if object_id is not None and object_id != existing:
                 raise ObjectIdInUse(f"this object is already saved under id {existing}, not {object_id}")
@@ -594,31 +659,34 @@ class ObjectTable:
                 f"object id {object_id} holds another object ({type(self._by_id[object_id]).__qualname__})"
             )
         self._by_id[object_id] = obj
-        self._ids[id(obj)] = object_id
+        self._ids[_identity(obj)] = object_id
         return object_id
 
-    def get(self, object_id: int) -> object | None:
-        """The object saved under ``object_id``, or None."""
-        return self._by_id.get(object_id)
+    def get(self, id: int | None = None, *, object_id: int | None = None) -> object | None:
+        """The object saved under ``id``, or None (``object_id=`` is the older name of ``id``)."""
+        return self._by_id.get(_either(id, object_id, "get"))
 
     def id_of(self, obj: object) -> int | None:
         """The id ``obj`` is saved under, or None."""
-        object_id = self._ids.get(id(obj))
+        object_id = self._ids.get(_identity(obj))
         return object_id if object_id is not None and self._by_id.get(object_id) is obj else None
 
-    def delete(self, obj_or_id: object) -> bool:
-        """Forget an object (by id or by the object itself); False if it was not saved."""
+    def delete(self, id: object = None, *, obj_or_id: object = None) -> bool:
+        """Forget an object, by ``id`` or by the object itself; False if it was not saved. A call the
+        peer makes on it afterwards fails with RemoteObjectMissing naming the id. (``obj_or_id=`` is
+        the older name of ``id``.)"""
+        obj_or_id = _either(id, obj_or_id, "delete")
         if isinstance(obj_or_id, int) and not isinstance(obj_or_id, bool):
             obj = self._by_id.pop(obj_or_id, None)
             if obj is None:
                 return False
-            self._ids.pop(id(obj), None)
+            self._ids.pop(_identity(obj), None)
             return True
         object_id = self.id_of(obj_or_id)
         if object_id is None:
             return False
         del self._by_id[object_id]
-        del self._ids[id(obj_or_id)]
+        del self._ids[_identity(obj_or_id)]
         return True
 
     def clear(self) -> None:
@@ -631,6 +699,17 @@ class ObjectTable:
 
     def __contains__(self, object_id: object) -> bool:
         return object_id in self._by_id
+
+
+def _either(id: object, alias: object, method: str, *, optional: bool = False) -> Any:
+    """The id given as ``id`` or under its older keyword name (not both); TypeError when neither is
+    given unless ``optional``."""
+    if id is not None and alias is not None:
+        raise TypeError(f"{method}() got the id twice (id= and its older name)")
+    value = id if id is not None else alias
+    if value is None and not optional:
+        raise TypeError(f"{method}() needs an id")
+    return value
 
 
 # -- events -----------------------------------------------------------------------------------------
@@ -773,6 +852,10 @@ class Invocation:
     function: Callable[..., Any]
     args: tuple[object, ...]
     create_interface: int = -1
+    files: tuple[tuple[int, FileRef], ...] = ()
+    """(position in ``args``, reference) of ``Path`` arguments: the adapter waits for each file's
+    stream, puts the temporary copy's ``pathlib.Path`` in ``args`` before running, and removes the
+    copy when the call completed or failed."""
 
     def call(self) -> object:
         """Run it (the result may be awaitable: the adapter awaits it, then calls ``complete``)."""
@@ -848,6 +931,8 @@ class RmiEndpoint:
         self._frames: list[OutFrame] = []
         self._events: list[RmiEvent] = []
         self._encoder = msgspec.msgpack.Encoder()
+        self.files: FileChannel | None = None
+        """How ``Path`` arguments and results are streamed (the adapter sets it); None: refused."""
 
     # -- outputs ----------------------------------------------------------------------------------
 
@@ -966,10 +1051,13 @@ class RmiEndpoint:
                 values[position] = self._ref_out(
                     values[position], interface_id, optional, f"{m.name}() argument {position}"
                 )
-        try:
-            body = self._encoder.encode(values)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InterfaceError(f"{spec.name}.{m.name}: arguments cannot be serialized ({exc})") from exc
+        if m.file_params:
+            body = self._encode_with_files(m, list(values))
+        else:
+            try:
+                body = self._encoder.encode(values)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InterfaceError(f"{spec.name}.{m.name}: arguments cannot be serialized ({exc})") from exc
         payload = _REQUEST.pack(_FLAG_GLOBAL if ref.is_global else 0, ref.object_id, ref.interface_id, m.index) + body
         if oneway:
             self._frames.append((FrameKind.RMI_REQUEST, ONEWAY_REQUEST_ID, payload))
@@ -980,6 +1068,38 @@ class RmiEndpoint:
         self._frames.append((FrameKind.RMI_REQUEST, token, payload))
         self.stats.calls_sent += 1
         return token
+
+    def _encode_with_files(self, m: MethodSpec, values: list[object]) -> bytes:
+        """The arguments' msgpack with each ``Path`` argument streamed and sent as a :class:`FileRef`.
+        The other arguments are checked first, so a file starts streaming only for a call that goes out."""
+        paths: list[tuple[int, os.PathLike[str]]] = []
+        for position, optional in m.file_params:
+            value = values[position]
+            if value is None and optional:
+                continue
+            if not isinstance(value, os.PathLike):
+                raise InterfaceError(f"{m.qualname}() argument {position}: a file (os.PathLike), not {value!r}")
+            paths.append((position, value))
+            values[position] = FileRef(0, 0, "")
+        try:
+            self._encoder.encode(values)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InterfaceError(f"{m.qualname}: arguments cannot be serialized ({exc})") from exc
+        if paths and self.files is None:
+            raise InterfaceError(f"{m.qualname}: this connection cannot stream a Path argument")
+        started: list[int] = []
+        try:
+            for position, path in paths:
+                assert self.files is not None
+                ref = self.files.send(path)
+                started.append(ref.stream_id)
+                values[position] = ref
+        except BaseException:
+            for stream_id in started:
+                assert self.files is not None
+                self.files.abort(stream_id)
+            raise
+        return self._encoder.encode(values)
 
     def create(
         self, interface: type, args: Sequence[object], now_ns: int, *, timeout_ns: int = DEFAULT_TIMEOUT_NS
@@ -1138,7 +1258,18 @@ class RmiEndpoint:
             except Exception as exc:  # e.g. a subclass of the implementation with another signature
                 raise _Refused(f"{method_name} cannot be dispatched on this side: {str(exc)[:200]}") from None
             call_args = (target, caller, *args) if takes_connection else (target, *args)
-            return Invocation(request_id, oneway, object_id, method_name, m, function, call_args)
+            files: tuple[tuple[int, FileRef], ...] = ()
+            if m.file_params:
+                skip = 2 if takes_connection else 1
+                files = tuple(
+                    (skip + position, ref)
+                    for position, _ in m.file_params
+                    if isinstance(ref := args[position], FileRef)
+                )
+                for _, ref in files:
+                    if not (0 < ref.stream_id <= 0xFFFF_FFFF and ref.size >= 0):
+                        raise _Refused(f"bad file reference for {method_name}")
+            return Invocation(request_id, oneway, object_id, method_name, m, function, call_args, files=files)
         except _Missing as missing:
             self.stats.objects_missing += 1
             if not oneway:
@@ -1201,11 +1332,23 @@ class RmiEndpoint:
         try:
             if spec.ref_result is not None:
                 result = self._ref_out(result, spec.ref_result[0], spec.ref_result[1], f"{spec.name}() result")
+            elif spec.file_result:
+                result = self._file_out(result, spec)
             body = self._encoder.encode(result)
         except Exception as exc:
             self.fail(invocation, exc)
             return
         self._respond(invocation.request_id, _Status.OK, body)
+
+    def _file_out(self, result: object, spec: MethodSpec) -> FileRef | None:
+        """A ``Path`` result: the file starts streaming to the caller; the response carries its reference."""
+        if result is None and spec.file_result_optional:
+            return None
+        if not isinstance(result, os.PathLike):
+            raise InterfaceError(f"{spec.qualname}() returned {type(result).__qualname__}, not a file (os.PathLike)")
+        if self.files is None:
+            raise StreamingError(f"{spec.qualname}(): this connection cannot stream a Path result")
+        return self.files.send(result)
 
     def fail(self, invocation: Invocation, exc: BaseException) -> None:
         """Respond with the exception the method raised (type name, message, traceback text)."""

@@ -108,12 +108,14 @@ class StreamFailure(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class StreamStarted:
-    """An incoming stream was announced and accepted."""
+    """An incoming stream was announced and accepted (``kind``/``request_id``: the frame it carries)."""
 
     stream_id: int
     total: int
     is_file: bool
     name: str
+    kind: int = FrameKind.MESSAGE
+    request_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,7 +539,7 @@ class Streams:
         else:
             stream.buffer = bytearray()
         self._incoming[stream_id] = stream
-        self._events.append(StreamStarted(stream_id, total, is_file, name))
+        self._events.append(StreamStarted(stream_id, total, is_file, name, inner_kind, inner_request_id))
 
     def _spill(self, stream: _Incoming) -> bool:
         """Move the stream to a temporary file (writing what memory held); False if that failed."""
@@ -690,6 +692,11 @@ class Streams:
         with contextlib.suppress(OSError):
             os.unlink(path)
         return True
+
+    def detach(self, stream_id: int) -> str | None:
+        """Hand the temporary file of a completed stream over to the application: it is no longer
+        removed on :meth:`release` or close (the caller owns it now). Its path, or None if none."""
+        return self._handed.pop(stream_id, None)
 
     def handle_timer(self, now_ns: int) -> None:
         """Fail incoming streams idle for ``idle_timeout_ns`` (the sender is told)."""

@@ -50,7 +50,8 @@ from ..events import (
     SyncCompleted,
     SyncTimedOut,
 )
-from ..rmi import RmiEndpoint
+from ..frames import FrameKind
+from ..rmi import FILE_STREAM_MARK, RmiEndpoint
 from ..streaming import (
     StreamFailed,
     StreamingError,
@@ -58,7 +59,7 @@ from ..streaming import (
     StreamSent,
     StreamStarted,
 )
-from .rmi import RmiSession
+from .rmi import MachineFiles, RmiSession
 from .transport import BUSY_CADENCE_NS
 
 __all__ = ["Connection", "ConnectionListener", "ErrorListener", "Listeners", "MessageListener", "Ping", "Transfer"]
@@ -221,6 +222,7 @@ class Connection:
             on_error=lambda error: endpoint._report_error(self, error),
             on_object=lambda value: endpoint._dispatch_message(self, value, 0),
             default_timeout=rmi_timeout,
+            files=MachineFiles(machine, self._after_append),  # Path arguments and results
         )
         """Remote objects over this connection: ``get(Interface, id)``, ``get_global(Interface, id)``,
         ``await create(Interface, *args)``, ``save(obj[, id])``, ``delete(id)``."""
@@ -488,7 +490,8 @@ class Connection:
         endpoint = self._endpoint
         for event in self._machine.take_events():
             if isinstance(event, MessageReceived):
-                endpoint._dispatch_message(self, event.message, event.sync_id, event.stream_id)
+                if not (event.stream_id and self.rmi.file_arrived(event.stream_id, event.message)):
+                    endpoint._dispatch_message(self, event.message, event.sync_id, event.stream_id)
             elif isinstance(event, RmiFrameReceived):
                 self.rmi.receive(event.kind, event.request_id, event.payload)
             elif isinstance(event, (StreamStarted, StreamProgressed, StreamSent, StreamFailed)):
@@ -521,6 +524,8 @@ class Connection:
         transfers = self.transfers
         if isinstance(event, StreamStarted):
             transfers[(True, event.stream_id)] = Transfer(event.stream_id, True, 0, event.total, event.name)
+            if event.is_file and event.kind == FrameKind.MESSAGE and event.request_id == FILE_STREAM_MARK:
+                self.rmi.file_started(event.stream_id)  # a Path argument or result: RMI's, not a message
         elif isinstance(event, StreamProgressed):
             key = (event.incoming, event.stream_id)
             name = transfers[key].name if key in transfers else ""
@@ -534,6 +539,8 @@ class Connection:
             transfers.pop((event.incoming, event.stream_id), None)
             side = "incoming" if event.incoming else "outgoing"
             why = f"({event.failure.name.lower()}): {event.detail}"
+            if event.incoming:
+                self.rmi.file_failed(event.stream_id, why)
             error = StreamingError(f"connection {self.id}: {side} stream {event.stream_id} failed {why}")
             self._endpoint._report_error(self, error)
 
