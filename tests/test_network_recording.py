@@ -142,3 +142,63 @@ def test_captured_messages_come_out_with_their_fields_as_typed_columns(driver_di
     (derived,) = rows(root, "typed.Derived")
     assert (derived["n"], derived["label"]) == (7, "seven")
     assert [b["n"] for b in rows(root, "typed.Base")] == [3]
+
+
+LOSSY_PORT = 40611
+LOSSY_SCRIPT = """
+import asyncio, sys
+from pathlib import Path
+import msgspec
+from slipstream.network import Client, ClientConfig, Server, ServerConfig
+from slipstream.telemetry import RecorderConfig, RecordingConfig
+
+class Blob(msgspec.Struct):
+    n: int
+    data: bytes
+
+async def main(root: str, port: int, count: int) -> None:
+    recording = RecordingConfig(directory=root, recorder=RecorderConfig(flush_interval_s=0.1), stats_interval_s=0.1)
+    common = dict(app_id="lossy", messages=[Blob], settings_store=":memory:", enable_ipc=False, enable_ipv6=False,
+                  recording=recording)
+    received = []
+    async with Server(ServerConfig(listen_address="127.0.0.1", driver_directory=Path(root) / "server-driver",
+                                   **common)) as server:
+        server.on_message(Blob)(lambda connection, blob: received.append(blob.n))
+        await server.bind(port)
+        async with Client(ClientConfig(driver_directory=Path(root) / "client-driver", **common)) as client:
+            connection = await client.connect("127.0.0.1", port, timeout=60)
+            for n in range(count):
+                await connection.send(Blob(n, bytes(1000)))
+            await connection.send_sync(Blob(-1, b""), timeout=60)
+            await asyncio.sleep(0.3)  # a few samples after the last repair
+    assert received == [*range(count), -1], "every message, once, in order"
+    print("done", flush=True)
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+"""
+
+
+def test_a_connection_over_a_lossy_link_records_its_naks_retransmissions_and_losses(tmp_path: Path) -> None:
+    """Loss on the server's port (client to server data) inside a namespace: the server's side records
+    the NAKs it sent and the bytes it found lost, the client's the NAKs it heard and what it resent,
+    per connection and per stream (the report's loss rate is built on these)."""
+    from slipstream.testing import Namespace, drop_random_udp, python_command, require_netns
+
+    require_netns()
+    root = tmp_path / "rec"
+    with Namespace("netloss") as ns:
+        rule = drop_random_udp(ns, LOSSY_PORT, 5)
+        done = ns.run(python_command(LOSSY_SCRIPT, str(root), str(LOSSY_PORT), "3000"), timeout=120, check=False)
+        assert done.returncode == 0 and "done" in done.stdout, done.stderr[-3000:]
+        assert rule.dropped() > 0
+    stats = rows(root, "connection_stats")
+    server_side = [s for s in stats if s["side"] == "server"][-1]
+    client_side = [s for s in stats if s["side"] == "client"][-1]
+    assert server_side["naks_sent"] > 0 and server_side["bytes_lost"] > 0
+    assert client_side["naks_received"] > 0 and client_side["retransmits"] > 0
+    assert client_side["bytes_lost"] == 0  # nothing is dropped on the way back
+    streams = rows(root, "stream_stats")
+    received = [s for s in streams if s["direction"] == "sub" and s["naks"] > 0]
+    sent = [s for s in streams if s["direction"] == "pub" and s["retransmits"] > 0]
+    assert received and received[-1]["bytes_lost"] > 0 and received[-1]["messages"] > 0
+    assert sent and sent[-1]["naks"] > 0 and sent[-1]["position"] > 3000 * 1000

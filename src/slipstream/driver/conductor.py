@@ -26,10 +26,14 @@ from ..files.counters import (
     MAX_KEY_LENGTH,
     PUBLISHER_LIMIT_TYPE_ID,
     PUBLISHER_POSITION_TYPE_ID,
+    RECEIVER_BYTES_LOST_TYPE_ID,
     RECEIVER_HWM_TYPE_ID,
+    RECEIVER_NAKS_SENT_TYPE_ID,
     RECEIVER_POSITION_TYPE_ID,
     SENDER_LIMIT_TYPE_ID,
+    SENDER_NAKS_RECEIVED_TYPE_ID,
     SENDER_POSITION_TYPE_ID,
+    SENDER_RETRANSMITS_TYPE_ID,
     SUBSCRIBER_POSITION_TYPE_ID,
     CountersManager,
 )
@@ -383,6 +387,8 @@ class DriverConductor:
                 ("pub-pos", PUBLISHER_POSITION_TYPE_ID),
                 ("snd-pos", SENDER_POSITION_TYPE_ID),
                 ("snd-lmt", SENDER_LIMIT_TYPE_ID),
+                ("snd-naks", SENDER_NAKS_RECEIVED_TYPE_ID),
+                ("snd-rtx", SENDER_RETRANSMITS_TYPE_ID),
             ):
                 network.position_counters[type_id] = self._stream_counter(
                     name, type_id, correlation_id, session_id, stream_id, channel, client.client_id, now_ns
@@ -596,7 +602,12 @@ class DriverConductor:
                     )
                     channel.images[event.image_id] = image
                     name = channel.endpoint.channel
-                    for label, type_id in (("rcv-hwm", RECEIVER_HWM_TYPE_ID), ("rcv-pos", RECEIVER_POSITION_TYPE_ID)):
+                    for label, type_id in (
+                        ("rcv-hwm", RECEIVER_HWM_TYPE_ID),
+                        ("rcv-pos", RECEIVER_POSITION_TYPE_ID),
+                        ("rcv-naks", RECEIVER_NAKS_SENT_TYPE_ID),
+                        ("rcv-lost", RECEIVER_BYTES_LOST_TYPE_ID),
+                    ):
                         image.position_counters[type_id] = self._stream_counter(
                             label, type_id, image.correlation_id, event.session_id, event.stream_id, name, 0, now_ns
                         )
@@ -832,11 +843,16 @@ class DriverConductor:
             counters.set(ids[PUBLISHER_POSITION_TYPE_ID], network.log.producer_position())
             counters.set(ids[SENDER_POSITION_TYPE_ID], network.sender.sender_position)
             counters.set(ids[SENDER_LIMIT_TYPE_ID], network.sender.sender_limit)
+            counters.set(ids[SENDER_NAKS_RECEIVED_TYPE_ID], network.sender.naks_received)
+            counters.set(ids[SENDER_RETRANSMITS_TYPE_ID], network.sender.retransmits_sent)
         for channel in self.receive_channels.values():
             for image in channel.images.values():
                 ids = image.position_counters
-                counters.set(ids[RECEIVER_HWM_TYPE_ID], image.receiver.high_water_mark)
-                counters.set(ids[RECEIVER_POSITION_TYPE_ID], image.receiver.rebuild_position)
+                receiver = image.receiver
+                counters.set(ids[RECEIVER_HWM_TYPE_ID], receiver.high_water_mark)
+                counters.set(ids[RECEIVER_POSITION_TYPE_ID], receiver.rebuild_position)
+                counters.set(ids[RECEIVER_NAKS_SENT_TYPE_ID], receiver.naks_sent)
+                counters.set(ids[RECEIVER_BYTES_LOST_TYPE_ID], receiver.bytes_lost)
 
     def record_error(self, text: str, observations: int = 1) -> None:
         """One more observation of a distinct error; also counted by the Errors system counter."""

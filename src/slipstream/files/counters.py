@@ -34,6 +34,12 @@ SUBSCRIBER_POSITION_TYPE_ID: Final = 4
 RECEIVER_POSITION_TYPE_ID: Final = 5
 SENDER_LIMIT_TYPE_ID: Final = 9
 PUBLISHER_POSITION_TYPE_ID: Final = 12
+# Per-stream loss and repair (Aeron counts these per driver only; slipstream also per stream, so a
+# connection's NAKs, retransmissions and losses can be told apart from the others').
+SENDER_NAKS_RECEIVED_TYPE_ID: Final = 900
+SENDER_RETRANSMITS_TYPE_ID: Final = 901
+RECEIVER_NAKS_SENT_TYPE_ID: Final = 902
+RECEIVER_BYTES_LOST_TYPE_ID: Final = 903
 APPLICATION_TYPE_ID_MIN: Final = 1000
 """Type ids from here on are for clients' own counters (``Context.add_counter``); below, the driver's."""
 NETWORK_RECORDS_DROPPED_TYPE_ID: Final = 1001
@@ -103,6 +109,13 @@ class CountersReader:
     def state(self, counter_id: int) -> int:
         self._check(counter_id)
         return int(_META_HEAD.unpack_from(self.metadata, counter_id * METADATA_LENGTH)[0])
+
+    def registration_id(self, counter_id: int) -> int | None:
+        """The registration id of an allocated counter (None if the id is not allocated): a reader that
+        keeps counter ids checks with it that the id still holds the counter it found."""
+        if self.state(counter_id) != RECORD_ALLOCATED:
+            return None
+        return int(_VALUE_IDS.unpack_from(self.values, counter_id * VALUE_LENGTH + 8)[0])
 
     def info(self, counter_id: int) -> CounterInfo | None:
         """The counter, or None if that id is not allocated. Tolerates a corrupt label length."""

@@ -27,6 +27,10 @@ from ..wire.uri import ChannelUri, ChannelUriError, udp_channel
 from .cnc import STATE_CLOSED, STATE_RUNNING, STATE_STARTING, CncError, CncFile
 from .counters import (
     NETWORK_RECORDS_DROPPED_TYPE_ID,
+    RECEIVER_BYTES_LOST_TYPE_ID,
+    RECEIVER_NAKS_SENT_TYPE_ID,
+    SENDER_NAKS_RECEIVED_TYPE_ID,
+    SENDER_RETRANSMITS_TYPE_ID,
     PUBLISHER_LIMIT_TYPE_ID,
     PUBLISHER_POSITION_TYPE_ID,
     RECEIVER_HWM_TYPE_ID,
@@ -69,6 +73,10 @@ TYPE_NAMES: Final[dict[int, str]] = {
     RECEIVER_POSITION_TYPE_ID: "rcv-pos",
     SENDER_LIMIT_TYPE_ID: "snd-lmt",
     PUBLISHER_POSITION_TYPE_ID: "pub-pos",
+    SENDER_NAKS_RECEIVED_TYPE_ID: "snd-naks",
+    SENDER_RETRANSMITS_TYPE_ID: "snd-rtx",
+    RECEIVER_NAKS_SENT_TYPE_ID: "rcv-naks",
+    RECEIVER_BYTES_LOST_TYPE_ID: "rcv-lost",
     NETWORK_RECORDS_DROPPED_TYPE_ID: "net-drop",
 }
 """Short names of the counter type ids, as the labels spell them."""

@@ -329,7 +329,12 @@ class Endpoint:
         recording = self.config.recording
         if self._recording is None and recording is not None and recording.enabled:
             self._recording = EndpointRecording(
-                recording, self._role, self._context.directory, self._live_connections, self.serialization.encode
+                recording,
+                self._role,
+                self._context.directory,
+                self._live_connections,
+                self.serialization.encode,
+                self._context.counters(),
             )
         return self._context
 

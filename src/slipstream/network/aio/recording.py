@@ -19,6 +19,13 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ...files.counters import (
+    RECEIVER_BYTES_LOST_TYPE_ID,
+    RECEIVER_NAKS_SENT_TYPE_ID,
+    SENDER_NAKS_RECEIVED_TYPE_ID,
+    SENDER_RETRANSMITS_TYPE_ID,
+    CountersReader,
+)
 from ...telemetry import (
     CapturedMessage,
     ConnectionStats,
@@ -26,6 +33,7 @@ from ...telemetry import (
     Record,
     RecordError,
     StatsSampler,
+    StreamStats,
     connected,
     disconnected,
     handshake_accepted,
@@ -65,6 +73,45 @@ def cause_of(event: Closed) -> str:
     return "peer_closed" if event.by_peer else "closed"
 
 
+_SENDER_TYPES = (SENDER_NAKS_RECEIVED_TYPE_ID, SENDER_RETRANSMITS_TYPE_ID)
+_RECEIVER_TYPES = (RECEIVER_NAKS_SENT_TYPE_ID, RECEIVER_BYTES_LOST_TYPE_ID)
+
+
+class _RepairCounters:
+    """The driver's per-stream loss and repair counters of each connection's two UDP streams (NAKs
+    and retransmissions of what it sends, NAKs and bytes lost of what it receives), found once by
+    registration id and read at each sample. IPC streams have none: they read as zero."""
+
+    def __init__(self, counters: CountersReader) -> None:
+        self._counters = counters
+        self._found: dict[int, dict[int, tuple[int, int]]] = {}
+        """connection id -> type id -> (counter id, registration id)."""
+
+    def read(self, connection: Connection) -> dict[int, int]:
+        """type id -> value, for the counters found so far (an image may come up after a first sample)."""
+        if connection.is_ipc:
+            return {}
+        found = self._found.setdefault(connection.id, {})
+        if len(found) < len(_SENDER_TYPES) + len(_RECEIVER_TYPES):
+            self._find(connection, found)
+        counters = self._counters
+        values: dict[int, int] = {}
+        for type_id, (counter_id, registration_id) in found.items():
+            if counters.registration_id(counter_id) == registration_id:  # not freed (and reused) since
+                values[type_id] = counters.get(counter_id)
+        return values
+
+    def _find(self, connection: Connection, found: dict[int, tuple[int, int]]) -> None:
+        wanted = {(connection._publication.registration_id, t) for t in _SENDER_TYPES}
+        wanted |= {(image.correlation_id, t) for image in connection._subscription.images for t in _RECEIVER_TYPES}
+        for info in self._counters:
+            if (info.registration_id, info.type_id) in wanted:
+                found[info.type_id] = (info.counter_id, info.registration_id)
+
+    def forget(self, connection: Connection) -> None:
+        self._found.pop(connection.id, None)
+
+
 class EndpointRecording:
     """One endpoint's side of recording: ``side`` is ``server`` or ``client``."""
 
@@ -75,6 +122,7 @@ class EndpointRecording:
         driver_directory: str | Path | None,
         connections: Callable[[], Iterable[Connection]],
         encode: Callable[[object], bytes],
+        counters: CountersReader,
     ) -> None:
         recorder = config.acquire(driver_directory)
         assert recorder is not None, "EndpointRecording needs an enabled RecordingConfig"
@@ -85,6 +133,7 @@ class EndpointRecording:
         """Capture every received message (``captured`` and ``typed.<Type>`` rows)."""
         self._encode = encode
         self._typed: dict[type, tuple[KindSchema | None, tuple[str, ...]]] = {}
+        self._repair = _RepairCounters(counters)
         self._sampler = StatsSampler(recorder, self._collect, interval_s=config.stats_interval_s).start()
 
     def _record(self, record: Record) -> None:
@@ -122,6 +171,7 @@ class EndpointRecording:
         """The connection ended: its final counters, then the event."""
         now = time.time_ns()
         self._record(self._stats(connection, now))
+        self._repair.forget(connection)
         self._record(
             disconnected(
                 now, connection_id=connection.id, cause=cause_of(event), tag=connection.tag, side=self.side,
@@ -155,8 +205,12 @@ class EndpointRecording:
         if typed[0] is not None:
             self.recorder.append(typed[0], (*base, *(getattr(message, name) for name in typed[1])))
 
-    def _stats(self, connection: Connection, now_ns: int, rtt_ns: int | None = None) -> ConnectionStats:
+    def _stats(
+        self, connection: Connection, now_ns: int, rtt_ns: int | None = None, repair: dict[int, int] | None = None
+    ) -> ConnectionStats:
         stats = connection._machine.stats
+        if repair is None:
+            repair = self._repair.read(connection)
         return ConnectionStats(
             now_ns,
             connection.id,
@@ -167,12 +221,44 @@ class EndpointRecording:
             stats.bytes_sent,
             stats.bytes_received,
             rtt_ns=rtt_ns,
+            naks_sent=repair.get(RECEIVER_NAKS_SENT_TYPE_ID, 0),
+            naks_received=repair.get(SENDER_NAKS_RECEIVED_TYPE_ID, 0),
+            retransmits=repair.get(SENDER_RETRANSMITS_TYPE_ID, 0),
+            bytes_lost=repair.get(RECEIVER_BYTES_LOST_TYPE_ID, 0),
             back_pressure_events=connection.back_pressure_events,
             side=self.side,
         )
 
+    def _streams(self, connection: Connection, now_ns: int, repair: dict[int, int]) -> list[StreamStats]:
+        """The connection's two streams as this side sees them: what it sends, what it receives."""
+        stats = connection._machine.stats
+        publication, subscription = connection._publication, connection._subscription
+        images = subscription.images
+        return [
+            StreamStats(
+                now_ns, publication.channel, publication.stream_id, publication.session_id, "pub",
+                publication.position, stats.messages_sent, stats.bytes_sent,
+                naks=repair.get(SENDER_NAKS_RECEIVED_TYPE_ID, 0),
+                retransmits=repair.get(SENDER_RETRANSMITS_TYPE_ID, 0),
+                back_pressure_events=connection.back_pressure_events,
+            ),
+            StreamStats(
+                now_ns, subscription.channel, subscription.stream_id, images[0].session_id if images else 0, "sub",
+                images[0].position if images else 0, stats.messages_received, stats.bytes_received,
+                naks=repair.get(RECEIVER_NAKS_SENT_TYPE_ID, 0),
+                bytes_lost=repair.get(RECEIVER_BYTES_LOST_TYPE_ID, 0),
+            ),
+        ]  # fmt: skip
+
     def _collect(self, now_ns: int) -> list[Record]:
-        return [self._stats(c, now_ns) for c in list(self._connections()) if not c.is_closed]
+        records: list[Record] = []
+        for connection in list(self._connections()):
+            if connection.is_closed:
+                continue
+            repair = self._repair.read(connection)
+            records.append(self._stats(connection, now_ns, repair=repair))
+            records.extend(self._streams(connection, now_ns, repair))
+        return records
 
     def close(self) -> None:
         """A last sample, then give the recorder back (the last user closes it)."""
