@@ -279,6 +279,7 @@ class Client(Endpoint):
         plaintext: bool,
     ) -> Connection:
         config = self.config
+        started = time.monotonic()
         context = self._acquire_context()
         if host is not None:
             reliable = None if config.reliable else False
@@ -321,7 +322,10 @@ class Client(Endpoint):
             if time.monotonic() >= deadline:
                 publication.close()
                 subscription.close()
-                raise ConnectTimeout(f"the server at {where} accepted but its connection streams did not come up")
+                raise ConnectTimeout(
+                    f"the server at {where} accepted, but its connection streams did not come up within "
+                    f"{time.monotonic() - started:.1f} s (the rest of the connect timeout)"
+                )
             await backoff.idle(time.monotonic())
         records: Any = PlainRecords() if plaintext else RecordLayer(done.send_key, done.receive_key)
         expiry_ns = done.connection_expiry_ns or int(config.connection_expiry * 1e9)
