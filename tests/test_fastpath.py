@@ -8,6 +8,7 @@ test``, ``make asan`` and the wheel tests set it, so a silently missing build fa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import mmap
 import os
@@ -146,6 +147,148 @@ def test_offer_through_a_driver_limit_and_doorbell() -> None:
     assert outcomes[0][2] == 0 and outcomes[0][4] == 1
 
 
+def outcome(call: Any) -> object:
+    """What a call gives: its result, or the type and message of what it raised."""
+    try:
+        return call()
+    except Exception as exc:  # the comparison is the point
+        return (type(exc).__name__, str(exc))
+
+
+WRONG_OFFERS: list[tuple[tuple[object, ...], dict[str, object]]] = [
+    ((), {}),
+    ((b"x", 0, 1), {}),
+    ((b"x", 0, 1, 2), {}),
+    ((b"x", 0, 1, 2, 3, 4, 5, 6, 7, 8, 9), {}),
+    ((b"x",), {"bogus": 1}),
+    ((b"x", 0), {"reserved_value": 1}),
+    ((), {"payload": b"kw", "reserved_value": 5}),
+]
+WRONG_CLAIMS: list[tuple[tuple[object, ...], dict[str, object]]] = [
+    ((), {}),
+    ((0,), {}),
+    ((0, 1), {}),
+    ((0, 1, 2, 3), {}),
+    ((0, 1, 2, 3, 4, 5, 6, 7, 8, 9), {}),
+    ((0, 1), {"claim": None, "bogus": 2}),
+]
+
+
+@pytest.mark.parametrize("args, kwargs", WRONG_OFFERS)
+def test_offer_with_wrong_arguments_behaves_as_the_reference(args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
+    """Too many or too few arguments, or keywords: the C method hands them to the Python one as given, so
+    the same TypeError (or, for valid keywords, the same append). Before, more than three arguments were
+    read past a four-slot array (a crash)."""
+    outcomes = []
+    for cls in (FastExclusiveAppender, PyExclusiveAppender):
+        log = make_log()
+        app = cls(log)
+        app.append(b"first", BIG)
+        outcomes.append((outcome(functools.partial(app.offer, *args, **kwargs)), app.position, bytes(log._buffer)))
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("args, kwargs", WRONG_CLAIMS)
+def test_claim_with_wrong_arguments_behaves_as_the_reference(args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
+    outcomes = []
+    for cls in (FastExclusiveAppender, PyExclusiveAppender):
+        log = make_log()
+        app = cls(log)
+        outcomes.append((outcome(functools.partial(app.claim, *args, **kwargs)), app.position, bytes(log._buffer)))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0][0] == "TypeError"  # type: ignore[index]
+
+
+def test_publication_offer_with_too_many_arguments_raises() -> None:
+    """``Publication.offer`` is the C method itself: a wrong call raises the reference's TypeError."""
+    from slipstream.client.publication import ExclusivePublication
+
+    mapping = mmap.mmap(-1, compute_log_length(TERM))
+    LogBuffers(memoryview(mapping), TERM).initialize(
+        initial_term_id=7, term_id=7, term_offset=0, session_id=42, stream_id=1001, mtu=1408
+    )
+    limit = memoryview(bytearray(8)).cast("q")
+    limit[0] = BIG
+    pub = ExclusivePublication(
+        channel="aeron:udp?endpoint=127.0.0.1:9",
+        stream_id=1001,
+        session_id=42,
+        registration_id=1,
+        mapping=mapping,
+        limit_values=limit,
+        limit_index=0,
+        on_close=lambda _: None,
+    )
+    with pytest.raises(TypeError, match="takes from 2 to 3 positional arguments but 5 were given"):
+        pub.offer(b"message", 0, 0, 0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="takes from 2 to 3 positional arguments but 12 were given"):
+        pub.offer(b"message", *range(10))  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        pub.offer()  # type: ignore[call-arg]
+    assert pub.offer(b"message") > 0
+
+
+class MovingClaim(BufferClaim):
+    """A claim whose ``_wrap`` (Python, called from the C claim) changes the appender under it."""
+
+    __slots__ = ("app", "change")
+
+    def __init__(self, app: Any, change: str) -> None:
+        super().__init__()
+        self.app = app
+        self.change = change
+
+    def _wrap(self, term: memoryview, term_i32: memoryview, offset: int, frame_length: int) -> None:
+        super()._wrap(term, term_i32, offset, frame_length)
+        if self.change == "index":
+            self.app._active_index = 1 << 60  # far past the tail counters
+        elif self.change == "negative":
+            self.app._active_index = -(1 << 60)
+        elif self.change == "tail":
+            self.app._tail_i64 = memoryview(bytearray(24)).cast("q")  # another view: the store goes there
+        elif self.change == "append":
+            self.app.append(b"inside the claim", BIG)
+
+
+@pytest.mark.parametrize("change", ["index", "negative", "tail", "append"])
+def test_claim_reads_the_appender_again_after_wrap(change: str) -> None:
+    """``_wrap`` runs Python between the C claim's checks and its tail store: the store uses the tail view
+    and index as they are after it, as ``_py_claim`` does (an index moved out of range raises the
+    reference's IndexError instead of writing outside the tail counters)."""
+    outcomes = []
+    for cls in (FastExclusiveAppender, PyExclusiveAppender):
+        log = make_log()
+        app = cls(log)
+        app.append(b"before", BIG)
+        claim = MovingClaim(app, change)
+        result = outcome(functools.partial(app.claim, 40, BIG, claim))
+        tail = bytes(app._tail_i64)
+        outcomes.append((result, app._term_offset, tail, bytes(log._buffer)))
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("change", ["term", "tail"])
+def test_offer_reads_the_appender_again_after_clean_ahead(change: str) -> None:
+    """An offer that crosses the check offset calls ``_clean_ahead`` (Python) first; what it changes is
+    read again, and an attribute it removed sends the offer to the Python path (its AttributeError),
+    not to a NULL buffer."""
+
+    outcomes = []
+    for base in (FastExclusiveAppender, PyExclusiveAppender):
+
+        class Meddling(base):  # type: ignore[valid-type,misc]
+            def _clean_ahead(self, resulting: int) -> None:
+                super()._clean_ahead(resulting)
+                delattr(self, "_term" if change == "term" else "_tail_i64")
+
+        log = make_log(term_offset=TERM - 4096)
+        app = Meddling(log)
+        app._check_offset = app._term_offset  # the next offer crosses it
+        outcomes.append((outcome(functools.partial(app.append, b"y" * 100, BIG)), bytes(log._buffer)))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0][0] == "AttributeError"  # type: ignore[index]
+
+
 # ---- reader ---------------------------------------------------------------------------------------
 
 corruptions = st.lists(
@@ -263,15 +406,47 @@ def test_scan_term_matches_reference(
     assert FAST.scan_term(term, ints, TERM, max_length) == py_scan_term(term, ints, TERM, max_length)
 
 
+# Values whose products and sums overflow int64, near and past its ends, and past the term.
+HOSTILE = [2**31 - 1, 2**31, 2**32, 2**40, 2**62, 2**63 - 32, 2**63 - 1, 2**63, 2**64 + 5, 2**70]
+hostile_st = st.sampled_from(HOSTILE) | st.integers(0, 2**72)
+
+
 @SETTINGS
-@given(sizes_st, st.booleans(), corruptions, st.integers(0, 45), st.integers(-40, 1500), st.integers(-1, 50))
+@given(
+    sizes_st,
+    st.booleans(),
+    corruptions,
+    st.integers(0, 45),
+    st.integers(-40, 1500) | hostile_st,
+    st.integers(-1, 50) | hostile_st,
+    st.none() | st.integers(TERM - 4096, TERM + 64) | hostile_st,
+)
 def test_is_equal_run_matches_reference(
-    sizes: list[int], equal: bool, damage: list[tuple[str, int, int]], start: int, frame_length: int, count: int
+    sizes: list[int],
+    equal: bool,
+    damage: list[tuple[str, int, int]],
+    start: int,
+    frame_length: int,
+    count: int,
+    hostile_offset: int | None,
 ) -> None:
+    """Hostile offsets, frame lengths and counts included (``offset + count * aligned`` beyond int64):
+    never a read outside the term, and the reference's answer (non-negative offsets: the reference
+    would count a negative one from the end, and the sender never passes one)."""
     term, offsets = messy_term(sizes, equal, damage)
-    offset = offsets[start % len(offsets)]
+    offset = offsets[start % len(offsets)] if hostile_offset is None else hostile_offset
     length = frame_length if frame_length > 0 else sizes[0] + 32
     assert FAST.is_equal_run(term, offset, length, count) == py_is_equal_run(term, offset, length, count)
+
+
+@pytest.mark.parametrize("offset", [2**63 - 1, 2**63 - 32, 2**62, 4096, 4064, 2**64])
+@pytest.mark.parametrize("count", [1, 2, 2**58, 2**62, 2**63 - 1])
+def test_is_equal_run_with_overflowing_offsets_and_counts(offset: int, count: int) -> None:
+    """``offset + count * aligned`` wrapped around int64 to a small number: it passed the bounds check
+    and the frames were read far outside the buffer (a crash)."""
+    term = memoryview(bytearray(4096))
+    assert FAST.is_equal_run(term, offset, 32, count) is False
+    assert py_is_equal_run(term, offset, 32, count) is False
 
 
 def test_scan_block_takes_whole_frames_and_skips_a_leading_pad() -> None:
@@ -457,6 +632,105 @@ def test_image_poll_matches_reference(
     raw = bytes(term.obj)  # type: ignore[arg-type]  # the whole log the term is a slice of
     begin = offsets[start % len(offsets)]
     assert poll_image(Image, raw, begin, limits, raise_at) == poll_image(PyImage, raw, begin, limits, raise_at)
+
+
+PollOp = tuple[str, int, int]
+poll_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("offer"), st.integers(0, 3000), st.integers(1, 12)),  # size, how many
+        st.tuples(st.just("claim_abort"), st.integers(0, 1376), st.integers(1, 3)),  # a PAD in the term
+        st.tuples(st.just("poll"), st.integers(1, 40), st.integers(0, 0)),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+class TermRecorder(Recorder):
+    """Records the term too: a fragment's (term_id, offset) is its place in the stream."""
+
+    def __call__(self, view: memoryview, header: Header) -> None:
+        self.seen.append((bytes(view), header.offset, view.readonly, view.format, header.frame_length))
+        self.terms.append(header.term_id)
+        if self.raise_at is not None and len(self.seen) == self.raise_at:
+            raise KeyError("handler failed")
+
+    def __init__(self, raise_at: int | None) -> None:
+        super().__init__(raise_at)
+        self.terms: list[int] = []
+
+
+def poll_across_terms(cls: Any, script: list[PollOp], start_offset: int, raise_at: int | None) -> list[object]:
+    """An appender writes a shared log while an image of class ``cls`` polls it, the appender held to one
+    term ahead of the image (a publication limit), so the stream rolls over several terms: padding at
+    each term's end, aborted claims, fragmented messages. What the handler got, each poll's result and
+    the positions and counters after it, the appender's results."""
+    mapping = mmap.mmap(-1, compute_log_length(TERM))
+    log = LogBuffers(memoryview(mapping), TERM)
+    log.initialize(initial_term_id=7, term_id=7, term_offset=start_offset, session_id=42, stream_id=1001, mtu=1408)
+    log.is_connected = True
+    app = PyExclusiveAppender(log)
+    values = memoryview(bytearray(32)).cast("q")
+    image = cls(
+        subscription_registration_id=1,
+        correlation_id=2,
+        session_id=42,
+        stream_id=1001,
+        source_identity="test",
+        mapping=mapping,
+        position_values=values,
+        position_index=2,
+        join_position=app.position,
+    )
+    recorder = TermRecorder(raise_at)
+    out: list[object] = []
+    for n, (op, size, extra) in enumerate(script):
+        limit = image.position + TERM  # the publication window: never laps the image
+        if op == "offer":
+            out.append([app.append(payload_of(size, n + i), limit) for i in range(extra)])
+        elif op == "claim_abort":
+            for _ in range(extra):
+                claim = BufferClaim()
+                result = app.claim(size, limit, claim)
+                if result > 0:
+                    claim.abort()
+                out.append(result)
+        else:
+            try:
+                polled: object = image.poll(recorder, size)
+            except KeyError as exc:
+                polled = ("KeyError", str(exc))
+            out.append((polled, image.position, values[2], image.is_corrupt, image.is_closed))
+    while image.position < app.position and not image.is_closed:  # drain what is left
+        before = image.position
+        with contextlib.suppress(KeyError):
+            image.poll(recorder, 50)
+        out.append((image.position, values[2]))
+        if image.position == before:
+            break
+    out += [recorder.seen, recorder.terms, app.position, image.position]
+    return out
+
+
+@SETTINGS
+@given(poll_ops, st.sampled_from([0, TERM - 4096, TERM - 1024, TERM - 96]), st.none() | st.integers(1, 200))
+def test_image_poll_across_terms_matches_reference(
+    script: list[PollOp], start_offset: int, raise_at: int | None
+) -> None:
+    """``Image.poll`` in C against ``PyImage.poll`` over a log the appender fills across term rollovers."""
+    fast = poll_across_terms(Image, script, start_offset, raise_at)
+    assert fast == poll_across_terms(PyImage, script, start_offset, raise_at)
+
+
+def test_image_poll_reads_several_terms() -> None:
+    """The property test's log does roll over: a fixed script crosses three term boundaries, and both
+    images deliver every message in order with the positions the appender reached."""
+    script: list[PollOp] = [("offer", 2900, 10), ("poll", 40, 0), ("claim_abort", 500, 2), ("poll", 40, 0)] * 10
+    fast = poll_across_terms(Image, script, TERM - 4096, None)
+    assert fast == poll_across_terms(PyImage, script, TERM - 4096, None)
+    terms = fast[-3]
+    assert isinstance(terms, list) and len(set(terms)) >= 4
+    assert fast[-1] == fast[-2] > 3 * TERM
 
 
 def test_type_stubs_cover_the_module() -> None:

@@ -16,6 +16,8 @@ import os
 import random
 import socket
 import struct
+import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -484,3 +486,112 @@ def test_receive_batches_refuses_bad_arguments_and_small_buffers() -> None:
         assert FAST.receive_batches(sock.fileno(), buffer, 4, False) == [(0, 5, 5, sock.getsockname())]
         assert buffer[:5] == b"hello"
         assert FAST.receive_batches(sock.fileno(), buffer, 4, False) == []
+
+
+# ---- the GIL is released around the system calls -------------------------------------------------
+
+BLOCK_TIMEOUT = 4.0  # a system call holding the GIL gives up after this (SO_RCVTIMEO / SO_SNDTIMEO)
+STALL_LIMIT = 1.5  # the longest this thread may be kept from running Python while the other is blocked
+
+
+def timeval(seconds: float) -> bytes:
+    return struct.pack("ll", int(seconds), int((seconds % 1) * 1_000_000))
+
+
+def run_python_while(worker: threading.Thread, until: float) -> float:
+    """Run Python in this thread until ``until`` (or the worker ends): the longest gap between two
+    iterations. A worker that holds the GIL in a blocking system call stalls this loop until the call
+    times out."""
+    longest = 0.0
+    last = time.monotonic()
+    while worker.is_alive() and last < until:
+        sum(range(200))  # Python code, not a sleep (which would not need the GIL to pass time)
+        now = time.monotonic()
+        longest = max(longest, now - last)
+        last = now
+    return longest
+
+
+@pytest.mark.skipif(not LINUX_GSO, reason="the batched receive is Linux only")
+def test_receive_batches_releases_the_gil_while_blocked() -> None:
+    """A thread blocked in ``receive_batches`` on a blocking socket lets this thread run Python, which
+    then sends it the datagram it waits for. Held GIL: this thread stalls until the receive times out
+    (bounded by SO_RCVTIMEO), the receive comes back empty, and both asserts fail; nothing hangs."""
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        receiver.bind(("127.0.0.1", 0))
+        receiver.setblocking(True)
+        receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(BLOCK_TIMEOUT))
+        buffer = bytearray(1 << 16)
+        got: list[object] = []
+        worker = threading.Thread(target=lambda: got.append(FAST.receive_batches(receiver.fileno(), buffer, 1, False)))
+        started = time.monotonic()
+        worker.start()
+        time.sleep(0.1)  # the worker is in recvmsg by now
+        stall = max(time.monotonic() - started - 0.1, run_python_while(worker, time.monotonic() + 0.3))
+        sender.sendto(b"ping through the gil", receiver.getsockname())
+        worker.join(BLOCK_TIMEOUT + 5)
+        assert not worker.is_alive()
+        assert stall < STALL_LIMIT, f"Python stalled {stall:.2f} s while the receive was blocked"
+        assert len(got) == 1 and len(got[0]) == 1, got  # type: ignore[arg-type]
+        start, end, segment, _source = got[0][0]  # type: ignore[index]
+        assert bytes(buffer[start:end]) == b"ping through the gil" and segment == end - start
+    finally:
+        receiver.close()
+        sender.close()
+
+
+@pytest.mark.skipif(not LINUX_GSO, reason="the batched send is Linux only")
+def test_send_datagrams_releases_the_gil_while_blocked() -> None:
+    """A thread blocked in ``send_datagrams`` (a datagram socket whose peer's queue is full) lets this
+    thread run Python, which then drains the queue so the send completes. Held GIL: this thread stalls
+    until the send times out (SO_SNDTIMEO) and the send reports EAGAIN."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        a.setblocking(False)
+        queued = 0
+        with contextlib.suppress(BlockingIOError):
+            while queued < 100_000:
+                a.send(b"q" * 512)
+                queued += 1
+        a.setblocking(True)
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(BLOCK_TIMEOUT))
+        got: list[object] = []
+        payload = [bytearray(b"after the queue drains")]
+        worker = threading.Thread(target=lambda: got.append(FAST.send_datagrams(a.fileno(), payload, 0, False)))
+        started = time.monotonic()
+        worker.start()
+        time.sleep(0.1)  # the worker is in send by now
+        stall = max(time.monotonic() - started - 0.1, run_python_while(worker, time.monotonic() + 0.3))
+        b.settimeout(BLOCK_TIMEOUT)
+        drained = []
+        with contextlib.suppress(TimeoutError):
+            while not drained or drained[-1] != bytes(payload[0]):
+                drained.append(b.recv(1024))
+        worker.join(BLOCK_TIMEOUT + 5)
+        assert not worker.is_alive()
+        assert stall < STALL_LIMIT, f"Python stalled {stall:.2f} s while the send was blocked"
+        assert got == [(1, 1, 0)]
+        assert drained[-1] == b"after the queue drains" and len(drained) == queued + 1
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.skipif(not LINUX_GSO or sys.version_info < (3, 12), reason="__buffer__ is Python 3.12+; Linux only")
+def test_send_datagrams_survives_a_buffer_that_empties_the_list() -> None:
+    """A datagram whose ``__buffer__`` (Python code run while the C send takes its buffer) empties the
+    list: each item is held while its buffer is taken and the length read again, so the call is left to
+    the Python path (None) instead of reading freed or past-the-end list slots."""
+    datagrams: list[object] = []
+
+    class Emptying:
+        def __buffer__(self, flags: int) -> memoryview:
+            datagrams.clear()
+            return memoryview(b"gone")
+
+    datagrams += [b"first", Emptying(), b"third", b"fourth"]
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) as s:
+        s.connect(("127.0.0.1", 9))
+        assert FAST.send_datagrams(s.fileno(), datagrams, 0, False) is None  # type: ignore[arg-type]

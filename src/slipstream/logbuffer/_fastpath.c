@@ -82,13 +82,18 @@ static inline void write_header(char *p, int32_t frame_length, uint8_t flags, ui
     memcpy(p + 24, &reserved, 8);
 }
 
+/* Whether ``index`` names a whole int64 in a buffer of ``length`` bytes (no overflow for any index). */
+static inline int i64_index_ok(long long index, Py_ssize_t length) {
+    return index >= 0 && index < (long long)(length / 8);
+}
+
 /* Read element ``index`` of an int64 buffer (a counter view), bounds-checked. */
 static int read_i64_at(PyObject *obj, long long index, int64_t *out) {
     Py_buffer b;
     if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0) {
         return -1;
     }
-    if (index < 0 || (index + 1) * 8 > (long long)b.len) {
+    if (!i64_index_ok(index, b.len)) {
         PyBuffer_Release(&b);
         PyErr_SetString(PyExc_IndexError, "counter index outside its buffer");
         return -1;
@@ -181,7 +186,9 @@ static void core_dealloc(AppenderCore *self) {
 /* Call the wake hook (a reader is parked) and hand ``result`` back; NULL (result released) if it raised. */
 static PyObject *call_wake(AppenderCore *self, PyObject *result) {
     if (self->wake != NULL) {
-        PyObject *r = PyObject_CallNoArgs(self->wake);
+        PyObject *wake = Py_NewRef(self->wake); /* held for its call: it may replace the appender's hook */
+        PyObject *r = PyObject_CallNoArgs(wake);
+        Py_DECREF(wake);
         if (r == NULL) {
             Py_DECREF(result);
             return NULL;
@@ -205,66 +212,100 @@ static PyObject *ring_doorbell(AppenderCore *self, PyObject *result) {
     return result;
 }
 
-static PyObject *fallback(PyObject *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *call[4];
+/* Hand the call to the Python method ``name`` with every argument as given (positional and keyword), so a
+ * call the C path does not take (a wrong argument count, keywords, an unusual payload) behaves exactly as
+ * the pure-Python method: same result, same TypeError. */
+static PyObject *fallback(PyObject *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames) {
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    Py_ssize_t total = nargs + nkw;
+    PyObject *stack[8];
+    PyObject **call = stack;
+    if (total + 1 > (Py_ssize_t)(sizeof stack / sizeof stack[0])) {
+        call = PyMem_New(PyObject *, (size_t)(total + 1));
+        if (call == NULL) {
+            return PyErr_NoMemory();
+        }
+    }
     call[0] = self;
-    for (Py_ssize_t i = 0; i < nargs && i < 3; i++) {
+    for (Py_ssize_t i = 0; i < total; i++) {
         call[i + 1] = args[i];
     }
-    return PyObject_VectorcallMethod(name, call, (size_t)(nargs + 1), NULL);
+    PyObject *result = PyObject_VectorcallMethod(name, call, (size_t)(nargs + 1), nkw ? kwnames : NULL);
+    if (call != stack) {
+        PyMem_Free(call);
+    }
+    return result;
 }
 
 /* offer(payload, reserved_value=0): the common case in C; anything else goes to _py_offer. */
-static PyObject *core_offer(AppenderCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2 || self->term == NULL || self->tail_i64 == NULL || self->limit_values == NULL) {
-        return fallback((PyObject *)self, str_py_offer, args, nargs);
+static PyObject *core_offer(AppenderCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+#define OFFER_FALLBACK() fallback((PyObject *)self, str_py_offer, args, nargs, kwnames)
+    if (nargs < 1 || nargs > 2 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        return OFFER_FALLBACK();
     }
     int64_t reserved = 0;
     if (nargs == 2) {
         reserved = PyLong_AsLongLong(args[1]);
         if (reserved == -1 && PyErr_Occurred()) {
             PyErr_Clear();
-            return fallback((PyObject *)self, str_py_offer, args, nargs);
+            return OFFER_FALLBACK();
         }
     }
-    int64_t term_offset = self->term_offset;
-    int64_t position = self->term_begin_position + term_offset;
-    int64_t limit;
-    if (read_i64_at(self->limit_values, self->limit_index, &limit) < 0) {
-        return NULL;
-    }
-    if (position >= limit) {
-        return fallback((PyObject *)self, str_py_offer, args, nargs);
-    }
+    /* The payload's buffer before any of the appender's state: converting the reserved value and getting
+     * a buffer may run Python code (__index__, __buffer__), which may use this appender. */
     Py_buffer pb;
     int usable = payload_buffer(args[0], &pb);
     if (usable < 0) {
         return NULL;
     }
     if (usable == 0) {
-        return fallback((PyObject *)self, str_py_offer, args, nargs);
+        return OFFER_FALLBACK();
+    }
+    if (self->term == NULL || self->tail_i64 == NULL || self->limit_values == NULL) {
+        PyBuffer_Release(&pb);
+        return OFFER_FALLBACK();
+    }
+    int64_t term_offset = self->term_offset;
+    int64_t position;
+    int64_t limit;
+    if (term_offset < 0 || __builtin_add_overflow(self->term_begin_position, term_offset, &position)) {
+        PyBuffer_Release(&pb);
+        return OFFER_FALLBACK();
+    }
+    if (read_i64_at(self->limit_values, self->limit_index, &limit) < 0) {
+        PyBuffer_Release(&pb);
+        return NULL;
+    }
+    if (position >= limit) {
+        PyBuffer_Release(&pb);
+        return OFFER_FALLBACK();
     }
     int64_t length = pb.len;
     int64_t max_payload = self->max_payload;
     int64_t required;
     if (length > max_payload) {
-        if (length > self->max_message_length || max_payload <= 0) {
+        if (length > self->max_message_length || max_payload <= 0 || max_payload > INT32_MAX - 64) {
             PyBuffer_Release(&pb);
-            return fallback((PyObject *)self, str_py_offer, args, nargs);
+            return OFFER_FALLBACK();
         }
         int64_t full = length / max_payload, last = length % max_payload;
         required = full * ALIGN32(max_payload + HEADER_LENGTH) + (last ? ALIGN32(last + HEADER_LENGTH) : 0);
     } else {
         required = ALIGN32(length + HEADER_LENGTH);
     }
-    int64_t resulting = term_offset + required;
+    int64_t resulting;
+    if (__builtin_add_overflow(term_offset, required, &resulting)) {
+        PyBuffer_Release(&pb);
+        return OFFER_FALLBACK();
+    }
     if (resulting > self->check_offset) {
         /* Zero more of the next partition first, as _py_offer does (_clean_ahead), and append here: a
          * stream of large messages crosses the check offset on nearly every offer. A term's end is
          * Python's. */
         if (resulting > self->term_length) {
             PyBuffer_Release(&pb);
-            return fallback((PyObject *)self, str_py_offer, args, nargs);
+            return OFFER_FALLBACK();
         }
         PyObject *at = PyLong_FromLongLong(resulting);
         PyObject *cleaned = at ? PyObject_CallMethodOneArg((PyObject *)self, str_clean_ahead, at) : NULL;
@@ -274,9 +315,12 @@ static PyObject *core_offer(AppenderCore *self, PyObject *const *args, Py_ssize_
             return NULL;
         }
         Py_DECREF(cleaned);
-        if (resulting > self->check_offset || self->term_offset != term_offset) {
+        /* Python ran: everything below is read again (the buffers, the tail index, the ids), and the
+         * offset this append was planned at must still be the appender's */
+        if (resulting > self->check_offset || self->term_offset != term_offset || self->term == NULL ||
+            self->tail_i64 == NULL) {
             PyBuffer_Release(&pb);
-            return fallback((PyObject *)self, str_py_offer, args, nargs);
+            return OFFER_FALLBACK();
         }
     }
     Py_buffer tb, mb;
@@ -284,22 +328,26 @@ static PyObject *core_offer(AppenderCore *self, PyObject *const *args, Py_ssize_
         PyBuffer_Release(&pb);
         return NULL;
     }
-    if (term_offset < 0 || resulting > (int64_t)tb.len) {
+    if (resulting > (int64_t)tb.len) {
         PyBuffer_Release(&tb);
         PyBuffer_Release(&pb);
-        return fallback((PyObject *)self, str_py_offer, args, nargs);
+        return OFFER_FALLBACK();
     }
-    if (PyObject_GetBuffer(self->tail_i64, &mb, PyBUF_WRITABLE) < 0) {
+    if (self->tail_i64 == NULL || PyObject_GetBuffer(self->tail_i64, &mb, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&tb);
         PyBuffer_Release(&pb);
+        if (!PyErr_Occurred()) {
+            return OFFER_FALLBACK();
+        }
         return NULL;
     }
-    if (self->active_index < 0 || (self->active_index + 1) * 8 > (long long)mb.len) {
+    if (!i64_index_ok(self->active_index, mb.len)) {
         PyBuffer_Release(&mb);
         PyBuffer_Release(&tb);
         PyBuffer_Release(&pb);
-        return fallback((PyObject *)self, str_py_offer, args, nargs);
+        return OFFER_FALLBACK();
     }
+#undef OFFER_FALLBACK
     char *term = (char *)tb.buf;
     const char *src = (const char *)pb.buf;
     int32_t session_id = (int32_t)self->session_id, stream_id = (int32_t)self->stream_id;
@@ -336,7 +384,7 @@ static PyObject *core_offer(AppenderCore *self, PyObject *const *args, Py_ssize_
      * is then one 8-byte read, with no second buffer request. */
     int parked_read = 0;
     int64_t parked = 0;
-    if (self->parked == self->tail_i64 && self->parked_index >= 0 && (self->parked_index + 1) * 8 <= (long long)mb.len) {
+    if (self->parked == self->tail_i64 && i64_index_ok(self->parked_index, mb.len)) {
         parked = __atomic_load_n((const int64_t *)((char *)mb.buf + self->parked_index * 8), __ATOMIC_RELAXED);
         parked_read = 1;
     }
@@ -354,41 +402,47 @@ static PyObject *core_offer(AppenderCore *self, PyObject *const *args, Py_ssize_
 }
 
 /* claim(length, limit, claim): reserve one unfragmented frame; anything unusual goes to _py_claim. */
-static PyObject *core_claim(AppenderCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) || self->term == NULL ||
-        self->term_i32 == NULL || self->tail_i64 == NULL) {
-        return fallback((PyObject *)self, str_py_claim, args, nargs);
+static PyObject *core_claim(AppenderCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+#define CLAIM_FALLBACK() fallback((PyObject *)self, str_py_claim, args, nargs, kwnames)
+    if (nargs != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) || !PyLong_CheckExact(args[0]) ||
+        !PyLong_CheckExact(args[1]) || self->term == NULL || self->term_i32 == NULL || self->tail_i64 == NULL) {
+        return CLAIM_FALLBACK();
     }
     int overflow = 0;
     long long length = PyLong_AsLongLongAndOverflow(args[0], &overflow);
     long long limit = overflow ? 0 : PyLong_AsLongLongAndOverflow(args[1], &overflow);
-    if (overflow || length < 0 || length > self->max_payload) {
-        return fallback((PyObject *)self, str_py_claim, args, nargs);
+    if (overflow || length < 0 || length > self->max_payload || length > INT32_MAX - 64) {
+        return CLAIM_FALLBACK();
     }
     int64_t term_offset = self->term_offset;
-    int64_t position = self->term_begin_position + term_offset;
+    int64_t position;
     int64_t frame_length = length + HEADER_LENGTH;
-    int64_t resulting = term_offset + ALIGN32(frame_length);
+    int64_t resulting;
+    if (term_offset < 0 || __builtin_add_overflow(self->term_begin_position, term_offset, &position) ||
+        __builtin_add_overflow(term_offset, ALIGN32(frame_length), &resulting)) {
+        return CLAIM_FALLBACK();
+    }
     if (position >= limit || resulting > self->check_offset) {
-        return fallback((PyObject *)self, str_py_claim, args, nargs);
+        return CLAIM_FALLBACK();
     }
     Py_buffer tb, mb;
     if (PyObject_GetBuffer(self->term, &tb, PyBUF_WRITABLE) < 0) {
         return NULL;
     }
-    if (term_offset < 0 || resulting > (int64_t)tb.len) {
+    if (resulting > (int64_t)tb.len) {
         PyBuffer_Release(&tb);
-        return fallback((PyObject *)self, str_py_claim, args, nargs);
+        return CLAIM_FALLBACK();
     }
     if (PyObject_GetBuffer(self->tail_i64, &mb, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&tb);
         return NULL;
     }
-    if (self->active_index < 0 || (self->active_index + 1) * 8 > (long long)mb.len) {
+    if (!i64_index_ok(self->active_index, mb.len)) {
         PyBuffer_Release(&mb);
         PyBuffer_Release(&tb);
-        return fallback((PyObject *)self, str_py_claim, args, nargs);
+        return CLAIM_FALLBACK();
     }
+#undef CLAIM_FALLBACK
     write_header((char *)tb.buf + term_offset, (int32_t)frame_length, BEGIN_FLAG | END_FLAG, HDR_TYPE_DATA,
                  (int32_t)term_offset, (int32_t)self->session_id, (int32_t)self->stream_id, (int32_t)self->term_id, 0);
     PyBuffer_Release(&tb);
@@ -400,35 +454,63 @@ static PyObject *core_claim(AppenderCore *self, PyObject *const *args, Py_ssize_
         PyBuffer_Release(&mb);
         return NULL;
     }
+    /* held for the call: _wrap is Python and may replace the appender's attributes */
     wrap_args[0] = args[2];
-    wrap_args[1] = self->term;
-    wrap_args[2] = self->term_i32;
+    wrap_args[1] = Py_NewRef(self->term);
+    wrap_args[2] = Py_NewRef(self->term_i32);
     wrap_args[3] = offset_obj;
     wrap_args[4] = length_obj;
     PyObject *r = PyObject_VectorcallMethod(str_wrap, wrap_args, 5, NULL);
-    Py_DECREF(offset_obj);
-    Py_DECREF(length_obj);
+    for (int i = 1; i < 5; i++) {
+        Py_DECREF(wrap_args[i]);
+    }
     if (r == NULL) {
         PyBuffer_Release(&mb);
         return NULL;
     }
     Py_DECREF(r);
     self->term_offset = resulting;
-    store_i64_release((char *)mb.buf + self->active_index * 8, self->term_id_shifted | resulting);
-    PyBuffer_Release(&mb);
+    /* _wrap ran Python: the tail view and its index are read again, as _py_claim reads them after the call.
+     * The buffer held is written only if it is still the appender's and the index is inside it; otherwise
+     * the store is the Python one (``self._tail_i64[self._active_index] = ...``), with its errors. */
+    int64_t tail_value = self->term_id_shifted | resulting;
+    long long index = self->active_index;
+    PyObject *tail = self->tail_i64;
+    if (tail != NULL && tail == mb.obj && i64_index_ok(index, mb.len)) {
+        store_i64_release((char *)mb.buf + index * 8, tail_value);
+        PyBuffer_Release(&mb);
+    } else {
+        PyBuffer_Release(&mb);
+        if (tail == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "_tail_i64");
+            return NULL;
+        }
+        Py_INCREF(tail);
+        PyObject *key = PyLong_FromLongLong(index);
+        PyObject *value = key ? PyLong_FromLongLong(tail_value) : NULL;
+        int stored = value ? PyObject_SetItem(tail, key, value) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_DECREF(tail);
+        if (stored < 0) {
+            return NULL;
+        }
+    }
     return PyLong_FromLongLong(position + resulting - term_offset);
 }
 
 static PyMethodDef core_methods[] = {
-    {"offer", (PyCFunction)(void (*)(void))core_offer, METH_FASTCALL,
+    {"offer", (PyCFunction)(void (*)(void))core_offer, METH_FASTCALL | METH_KEYWORDS,
      "offer(payload, reserved_value=0) -> position or a negative result code."},
-    {"claim", (PyCFunction)(void (*)(void))core_claim, METH_FASTCALL,
+    {"claim", (PyCFunction)(void (*)(void))core_claim, METH_FASTCALL | METH_KEYWORDS,
      "claim(length, limit, claim) -> position or a negative result code."},
     {NULL, NULL, 0, NULL},
 };
 
 #define LL(name, field) {name, T_LONGLONG, offsetof(AppenderCore, field), 0, NULL}
-#define OBJ(name, field) {name, T_OBJECT, offsetof(AppenderCore, field), 0, NULL}
+/* T_OBJECT_EX: a deleted attribute raises AttributeError when read, as a Python slot does (T_OBJECT would
+ * give None), so the Python methods behave as the reference's when the C path hands a call to them */
+#define OBJ(name, field) {name, T_OBJECT_EX, offsetof(AppenderCore, field), 0, NULL}
 static PyMemberDef core_members[] = {
     LL("_term_offset", term_offset),
     LL("_term_begin_position", term_begin_position),
@@ -529,6 +611,7 @@ typedef struct {
     int32_t session_id;
     Py_ssize_t length;      /* bytes of the partial message so far; 0: none in progress */
     Py_ssize_t next_offset; /* where the next fragment must start */
+    char next_reachable;    /* 0: that offset is beyond int64 (a hostile header): no fragment continues */
     PyObject *buffer;       /* bytearray, grown as needed; NULL until first used */
 } Partial;
 
@@ -605,6 +688,7 @@ static Partial *add_partial(AssemblerCore *self, int32_t session_id) {
     p->session_id = session_id;
     p->length = 0;
     p->next_offset = 0;
+    p->next_reachable = 1;
     p->buffer = NULL;
     return p;
 }
@@ -633,6 +717,11 @@ static int reserve(Partial *p, Py_ssize_t needed) {
 
 /* Hand the whole message to the handler as a view of exactly its bytes, released after the call. */
 static int deliver(AssemblerCore *self, Partial *p, PyObject *header) {
+    if (self->handler == NULL) {
+        p->length = 0;
+        PyErr_SetString(PyExc_RuntimeError, "FragmentAssembler was not initialised");
+        return -1;
+    }
     PyObject *buffer = p->buffer;
     int32_t session_id = p->session_id;
     PyObject *view = PyMemoryView_FromObject(buffer);
@@ -681,7 +770,12 @@ static int deliver(AssemblerCore *self, Partial *p, PyObject *header) {
  * sees it (read_term's inline path), -1 leaves it (the handler was given a header already). */
 static int assemble(AssemblerCore *self, const char *payload, Py_ssize_t length, uint8_t flags, int32_t session_id,
                     Py_ssize_t offset, int64_t frame_length, PyObject *header, Py_ssize_t header_offset) {
-    Py_ssize_t next_offset = offset + (Py_ssize_t)ALIGN32(frame_length);
+    /* offset + ((frame_length + 31) & -32), as the reference computes it with Python ints: a caller's
+     * header may hold any int64, so an overflow means no later fragment's offset can match it */
+    int64_t aligned = 0;
+    Py_ssize_t next_offset = 0;
+    char next_reachable = !__builtin_add_overflow(frame_length, (int64_t)31, &aligned) &&
+                          !__builtin_add_overflow(offset, (Py_ssize_t)(aligned & ~(int64_t)31), &next_offset);
     Partial *p = find_partial(self, session_id);
     if (flags & BEGIN_FLAG) {
         if (p == NULL && (p = add_partial(self, session_id)) == NULL) {
@@ -694,9 +788,10 @@ static int assemble(AssemblerCore *self, const char *payload, Py_ssize_t length,
         memcpy(PyByteArray_AS_STRING(p->buffer), payload, (size_t)length);
         p->length = length;
         p->next_offset = next_offset;
+        p->next_reachable = next_reachable;
         return 0;
     }
-    if (p == NULL || p->length == 0 || p->next_offset != offset) {
+    if (p == NULL || p->length == 0 || !p->next_reachable || p->next_offset != offset) {
         if (p != NULL) {
             p->length = 0;
         }
@@ -715,6 +810,7 @@ static int assemble(AssemblerCore *self, const char *payload, Py_ssize_t length,
     p->length += length;
     if (!(flags & END_FLAG)) {
         p->next_offset = next_offset;
+        p->next_reachable = next_reachable;
         return 0;
     }
     if (header_offset >= 0 && set_header_offset(header, header_offset) < 0) {
@@ -754,8 +850,16 @@ static PyObject *assembler_call(AssemblerCore *self, PyObject *args, PyObject *k
         return NULL;
     }
     if ((flags & UNFRAGMENTED) == UNFRAGMENTED) {
+        /* the header's properties are Python: the handler is read after them, and held for its call */
+        if (self->handler == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "FragmentAssembler was not initialised");
+            return NULL;
+        }
+        PyObject *handler = Py_NewRef(self->handler);
         PyObject *call[2] = {fragment, header};
-        return PyObject_Vectorcall(self->handler, call, 2, NULL);
+        PyObject *r = PyObject_Vectorcall(handler, call, 2, NULL);
+        Py_DECREF(handler);
+        return r;
     }
     if (int_attr(header, str_session_id, &session_id) < 0 || int_attr(header, str_offset, &offset) < 0 ||
         int_attr(header, str_frame_length, &frame_length) < 0) {
@@ -1008,7 +1112,7 @@ static int image_advance(ImageCore *self, long long position) {
     if (PyObject_GetBuffer(self->values, &vb, PyBUF_WRITABLE) < 0) {
         return -1;
     }
-    if (self->index < 0 || (self->index + 1) * 8 > (long long)vb.len) {
+    if (!i64_index_ok(self->index, vb.len)) {
         PyBuffer_Release(&vb);
         PyErr_SetString(PyExc_IndexError, "position counter outside its buffer");
         return -1;
@@ -1037,24 +1141,31 @@ static PyObject *image_poll(ImageCore *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     long long position = self->position;
-    Py_ssize_t offset = (Py_ssize_t)(position & self->mask);
-    PyObject *term = PyTuple_GET_ITEM(self->terms, (Py_ssize_t)((position >> self->bits) % 3));
+    Py_ssize_t offset = (Py_ssize_t)(position & self->mask); /* >= 0: position is */
+    /* held from here: getting its buffer or setting the header's may run Python, which may replace the
+     * image's terms and header (and handlers may too) */
+    PyObject *term = Py_NewRef(PyTuple_GET_ITEM(self->terms, (Py_ssize_t)((position >> self->bits) % 3)));
     Py_buffer tb;
     if (PyObject_GetBuffer(term, &tb, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(term);
         return NULL;
     }
     const char *base = (const char *)tb.buf;
-    if (offset + 4 <= tb.len && (offset & 3) == 0 && load_i32(base + offset) <= 0) {
+    if (offset <= tb.len - 4 && (offset & 3) == 0 && load_i32(base + offset) <= 0) {
         PyBuffer_Release(&tb);
+        Py_DECREF(term);
         return PyLong_FromLong(0); /* nothing new: the common case of a busy poll */
     }
-    if (PyObject_SetAttr(self->header, str_buffer, term) < 0) {
+    PyObject *header = self->header == NULL ? NULL : Py_NewRef(self->header);
+    if (header == NULL || PyObject_SetAttr(header, str_buffer, term) < 0) {
+        if (header == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "image not initialised");
+        }
+        Py_XDECREF(header);
         PyBuffer_Release(&tb);
+        Py_DECREF(term);
         return NULL;
     }
-    /* held while handlers run: they may replace the image's attributes */
-    Py_INCREF(term);
-    PyObject *header = Py_NewRef(self->header);
     long long fragments = 0;
     int intact = 1;
     Py_ssize_t next_offset = offset, failed_end = offset;
@@ -1063,18 +1174,26 @@ static PyObject *image_poll(ImageCore *self, PyObject *const *args, Py_ssize_t n
     PyBuffer_Release(&tb);
     Py_DECREF(header);
     Py_DECREF(term);
+    long long advanced;
     if (r < 0) {
         /* the fragments before and the failing one count as consumed (not delivered again) */
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
-        if (image_advance(self, position + failed_end - offset) < 0) {
+        if (__builtin_add_overflow(position, (long long)(failed_end - offset), &advanced) ||
+            image_advance(self, advanced) < 0) {
             PyErr_Clear();
         }
         PyErr_Restore(type, value, traceback);
         return NULL;
     }
-    if (next_offset != offset && image_advance(self, position + next_offset - offset) < 0) {
-        return NULL;
+    if (next_offset != offset) {
+        if (__builtin_add_overflow(position, (long long)(next_offset - offset), &advanced)) {
+            PyErr_SetString(PyExc_OverflowError, "image position outside int64");
+            return NULL;
+        }
+        if (image_advance(self, advanced) < 0) {
+            return NULL;
+        }
     }
     if (!intact) {
         self->corrupt = 1;
@@ -1090,7 +1209,7 @@ static PyMethodDef image_methods[] = {
 };
 
 #define ILL(name, field) {name, T_LONGLONG, offsetof(ImageCore, field), 0, NULL}
-#define IOBJ(name, field) {name, T_OBJECT, offsetof(ImageCore, field), 0, NULL}
+#define IOBJ(name, field) {name, T_OBJECT_EX, offsetof(ImageCore, field), 0, NULL}
 static PyMemberDef image_members[] = {
     ILL("_position", position),
     ILL("_mask", mask),
@@ -1453,29 +1572,34 @@ static PyObject *fp_cut_datagrams(PyObject *module, PyObject *const *args, Py_ss
     return Py_BuildValue("(LLO)", consumed, sent, limited ? Py_True : Py_False);
 }
 
-/* is_equal_run(term, offset, frame_length, count) -> bool: reader.py's is_equal_run. */
+/* is_equal_run(term, offset, frame_length, count) -> bool: reader.py's is_equal_run. Values beyond int64
+ * give False, as the reference's ``offset + count * aligned > len(term)`` does for them (a negative
+ * offset too: the reference would count it from the end, the sender never passes one). */
 static PyObject *fp_is_equal_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "is_equal_run takes 4 arguments");
         return NULL;
     }
-    long long offset = PyLong_AsLongLong(args[1]);
-    long long frame_length = offset == -1 && PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[2]);
-    long long count = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[3]);
+    int overflow_offset = 0, overflow_length = 0, overflow_count = 0;
+    long long offset = PyLong_AsLongLongAndOverflow(args[1], &overflow_offset);
+    long long frame_length = PyErr_Occurred() ? 0 : PyLong_AsLongLongAndOverflow(args[2], &overflow_length);
+    long long count = PyErr_Occurred() ? 0 : PyLong_AsLongLongAndOverflow(args[3], &overflow_count);
     if (PyErr_Occurred()) {
         return NULL;
     }
-    long long aligned = ALIGN32(frame_length);
-    if (count < 1 || frame_length < HEADER_LENGTH || frame_length > INT32_MAX || offset < 0 ||
-        count > (((long long)1) << 40) / aligned) {
+    /* frame_length is checked before it is aligned (ALIGN32 of a value near INT64_MAX would overflow) */
+    if (overflow_offset || overflow_length || overflow_count || count < 1 || offset < 0 ||
+        frame_length < HEADER_LENGTH || frame_length > INT32_MAX) {
         Py_RETURN_FALSE;
     }
+    long long aligned = ALIGN32(frame_length);
     Py_buffer tb;
     if (PyObject_GetBuffer(args[0], &tb, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    int equal = offset + count * aligned <= (long long)tb.len;
+    /* offset + count * aligned <= len, in a form that cannot overflow for any offset and count */
+    int equal = offset <= (long long)tb.len && count <= ((long long)tb.len - offset) / aligned;
     const char *base = (const char *)tb.buf;
     for (long long i = 0; equal && i < count; i++) {
         const char *f = base + offset + i * aligned;
@@ -1543,8 +1667,15 @@ static PyObject *fp_send_datagrams(PyObject *module, PyObject *const *args, Py_s
     }
     Py_ssize_t got = 0;
     for (; got < count; got++) {
-        /* Items are read with the GIL held; list items are borrowed, but each buffer holds its object. */
-        int usable = payload_buffer(PyList_GET_ITEM(list, start + got), &bufs[got]);
+        /* Getting a buffer may run Python code (a __buffer__ method) that changes the list: each item is
+         * held while its buffer is taken (the buffer then holds its exporter), and the list's length is
+         * checked again before each read. A list that shrank is left to the Python path. */
+        int usable = 0;
+        if (start + got < PyList_GET_SIZE(list)) {
+            PyObject *item = Py_NewRef(PyList_GET_ITEM(list, start + got));
+            usable = payload_buffer(item, &bufs[got]);
+            Py_DECREF(item);
+        }
         if (usable != 1) {
             for (Py_ssize_t j = 0; j < got; j++) {
                 PyBuffer_Release(&bufs[j]);
