@@ -33,20 +33,26 @@ system-deps:
 	bash scripts/ensure-system-deps.sh
 
 # The C fast path, built in place (so the editable install and PYTHONPATH=src both find it); warnings are errors.
+# With SLIPSTREAM_REQUIRE_EXTENSIONS=1 a failed build fails here (and removes an earlier build) instead of
+# falling back to pure Python.
 ext: $(STAMP)
 	$(PY) setup.py -q build_ext --inplace
 
-# The whole suite with the extension (it must load), the differential tests, then a short pure-Python run.
-test: lint system-deps ext
+# The whole suite with the extension (it must build and load), the differential tests, then a short
+# pure-Python run, then the differential and fuzz tests under ASan/UBSan (about 1.5 minutes; a scratch build).
+test: lint system-deps
+	SLIPSTREAM_REQUIRE_EXTENSIONS=1 $(MAKE) ext
 	SLIPSTREAM_REQUIRE_EXTENSIONS=1 $(PY) -m pytest -q
 	$(MAKE) test-pure
+	$(MAKE) asan
 
 # Pure-Python smoke run: the fallback a machine without a compiler gets.
 test-pure: $(STAMP)
 	SLIPSTREAM_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_logbuffer.py tests/test_ipc.py \
 		tests/test_sender.py tests/test_import_floors.py tests/test_readme.py
 
-# The differential and fuzz tests against a build with AddressSanitizer and UBSan.
+# The differential and fuzz tests against a build with AddressSanitizer and UBSan, made in a scratch copy
+# of the tree (the in-place extension is left as it is); bounded by a timeout.
 asan: $(STAMP)
 	bash scripts/asan.sh $(PY)
 
