@@ -5,6 +5,7 @@ subscription, the live abuse-list loop, the report in headless Chromium, and a s
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -131,7 +132,10 @@ def test_report_tables_agree_with_what_the_run_counted(
         assert session["tag"] == counted["tag"] and session["transport"] == counted["transport"]
         assert session["messages_received"] == counted["sent"] == counted["received"] == 501
         assert session["bytes_received"] == counted["bytes_sent"]  # every record, the CLOSE one included
-        assert session["messages_sent"] == 0 and session["cause"] == "peer_closed"
+        # The other way: the server sent the 1st, 11th... message back, and the client got each one.
+        assert session["messages_sent"] == counted["replied"] == counted["replies"] == 51
+        assert session["bytes_sent"] == counted["bytes_received"]  # replies, pings, pongs, acknowledgements
+        assert session["cause"] == "peer_closed"
         assert session["duration_s"] > 0 and session["throughput_bytes_per_s"] > 0
         assert 0 < session["rtt_p50_ns"] <= session["rtt_p95_ns"] <= session["rtt_p99_ns"] < 5e9
         assert session["loss_rate"] == 0.0
@@ -162,6 +166,109 @@ def test_batch_source_reads_typed_columns_in_any_partitioning(spark: Any, record
     assert sorted(r.sequence for r in small.select("sequence").collect()) == sorted(
         2 * [i for i in range(MESSAGES) if i % 10 != 9] + 4 * per_client
     )
+
+
+def _resolves(session: Any, name: str) -> bool:
+    """Whether ``format(name)`` resolves in ``session`` (a Python source registered or found by lookup)."""
+    return bool(session._jsparkSession.sessionState().dataSourceManager().dataSourceExists(name))
+
+
+def test_a_plain_session_finds_the_source_without_register(spark: Any, recorded: tuple[Path, RunSummary]) -> None:
+    """PySpark's lookup of installed ``pyspark_*`` modules registers ``slipstream`` in every session.
+    A new session of the suite's Spark (the same JVM: no second start-up) has none of what register()
+    did in the suite's session, as a source registered there only shows; it reads all the same."""
+    from pyspark.sql.datasource import DataSource
+
+    class Probe(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "slipstream_test_probe"
+
+    plain = spark.newSession()
+    spark.dataSource.register(Probe)
+    assert _resolves(spark, "slipstream_test_probe") and not _resolves(plain, "slipstream_test_probe")
+    assert _resolves(plain, "slipstream")
+    recording, summary = recorded
+    quotes = plain.read.format("slipstream").option("kind", "typed.Quote").load(str(recording))
+    assert quotes.count() == 2 * MESSAGES * 9 // 10 + summary.network.types["Quote"]
+    events = plain.readStream.format("slipstream").option("kind", "connection_events").load(str(recording))
+    assert events.isStreaming and "reason" in events.columns
+
+
+LOOKUP = """
+import io
+from pyspark.serializers import CPickleSerializer, UTF8Deserializer, read_int
+from pyspark.sql.worker.lookup_data_sources import _main
+out = io.BytesIO()
+_main(None, out)  # what the Spark driver's Python worker runs to find data sources
+out.seek(0)
+found = {}
+for _ in range(read_int(out)):
+    name = UTF8Deserializer().loads(out)
+    source = CPickleSerializer()._read_with_length(out)
+    found[name] = f"{source.__module__}.{source.__qualname__}"
+print(found)
+"""
+
+
+def test_the_installed_package_is_what_pysparks_lookup_registers(tmp_path: Path) -> None:
+    """PySpark's own lookup code, in this interpreter without PYTHONPATH (only what is installed, as a
+    plain session's Python worker sees it): ``slipstream`` maps to the data source class."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", LOOKUP], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = eval(proc.stdout.strip().splitlines()[-1])
+    assert found.get("slipstream") == "slipstream.pipeline.source.SlipstreamDataSource", found
+
+
+def _readme_stream_snippet() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Recording and the Spark pipeline", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```py\n(.*?)```", section, flags=re.S)  # `py`: test_readme runs `python` blocks
+    return str(block)
+
+
+class Received(msgspec.Struct, tag="Received", tag_field="type"):
+    connection_id: int
+    messages: int
+
+
+def test_readme_streaming_snippet_publishes_what_it_read(
+    spark: Any, recorded: tuple[Path, RunSummary], driver: Any, driver_dir: Path, tmp_path: Path
+) -> None:
+    """The README's readStream / writeStream block, on the suite's session (its getOrCreate returns it)
+    with this run's recording and driver: every connection's count arrives once at a subscription."""
+    recording, summary = recorded
+    snippet = _readme_stream_snippet()
+    for name, value in (("RECORDING", f"{recording}/"), ("DRIVER_DIR", str(driver_dir)),
+                        ("CHECKPOINTS", f"{tmp_path}/")):  # fmt: skip
+        snippet, n = re.subn(rf"^{name} = .*$", f"{name} = {value!r}", snippet, flags=re.M)
+        assert n == 1, name
+    received: list[Received] = []
+    decoder = msgspec.msgpack.Decoder(Received)
+    with Context(driver_dir, driver="external") as context:
+        subscription = context.add_subscription("aeron:ipc", 3001)
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set():
+                if subscription.poll(lambda buffer, header: received.append(decoder.decode(buffer)), 100) == 0:
+                    time.sleep(0.001)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        exec(compile(snippet, "README.md", "exec"), {})
+        deadline = time.monotonic() + 10
+        while len(received) < len(summary.network.sessions) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # a duplicate would arrive now
+        stop.set()
+        poller.join(5)
+    assert sorted((r.connection_id, r.messages) for r in received) == sorted(
+        (cid, counted["received"]) for cid, counted in summary.network.sessions.items()
+    )
+    assert int((tmp_path / "received-sink").read_text()) >= 0  # sinkState: the last batch published
 
 
 def test_streaming_restart_from_checkpoint_matches_batch(spark: Any, tmp_path: Path) -> None:
@@ -264,6 +371,33 @@ def test_abuse_list_loop_refuses_a_new_offender(spark: Any, recorded: tuple[Path
     assert abuse_loop(tmp_path, recording, master=None, threshold=5, timeout_s=90)
 
 
+def test_pipeline_demo_runs_small_on_the_suites_session(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``slipstream pipeline demo`` (what ``make demo`` runs), small: its three steps, in this process so
+    the suite's Spark session serves it (the demo's getOrCreate reuses it: no second start-up)."""
+    from slipstream.cli import main
+
+    output = tmp_path / "demo"
+    started = time.monotonic()
+    code = main(["pipeline", "demo", "--output", str(output), "--messages", "300", "--clients", "2",
+                 "--per-client", "40", "--abuse-threshold", "3"])  # fmt: skip
+    elapsed = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = [line.strip() for line in out.splitlines()]
+    assert lines[0] == f"1/3 recording a real run into {output / 'recording'}"
+    assert "the server recorded 2 connections (it sent 10 messages back)" in lines
+    assert f"Spark {spark.sparkContext.master}:" in out  # the suite's session, reused
+    (shown,) = [line.removeprefix("report: ") for line in lines if line.startswith("report: ")]
+    assert Path(shown) == output / "report" / "report.html" and Path(shown).is_file()
+    assert lines[-1].startswith("done in ") and lines[-1].endswith(f"report: {shown}")
+    loop = lines[lines.index("3/3 live abuse-list loop") :]
+    assert any(line.startswith("abuse list: 127.0.0.1 listed") for line in loop), out
+    assert any(line.startswith("regular-client from 127.0.0.1: REFUSED") for line in loop), out
+    assert elapsed < 240, f"the small demo took {elapsed:.0f} s"
+
+
 CHECK_SCRIPT = """
 <script>
 window.addEventListener("load", () => {
@@ -306,9 +440,7 @@ def test_report_opens_in_headless_chromium_with_every_plot_loaded(report: Report
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "pipeline-report.png"
     shot.unlink(missing_ok=True)
-    result = _chromium(
-        [f"--screenshot={shot}", "--window-size=1280,2400", report.html.as_uri()], tmp_path / "profile2"
-    )
+    result = _chromium([f"--screenshot={shot}", "--window-size=1280,2400", report.html.as_uri()], tmp_path / "profile2")
     assert shot.is_file() and shot.stat().st_size > 10_000, result.stderr[-2000:]
 
 
@@ -358,9 +490,11 @@ def standalone_cluster(tmp_path: Path) -> Iterator[str]:
             log.close()
 
 
-def test_standalone_cluster_under_spark_submit_gives_the_same_tables(
+def test_standalone_cluster_under_spark_submit_and_the_command_gives_the_same_tables(
     report: ReportOutcome, recorded: tuple[Path, RunSummary], standalone_cluster: str, tmp_path: Path
 ) -> None:
+    """One cluster, two drivers one after the other: spark-submit with the job script, then
+    ``slipstream pipeline report --master spark://...``; both give local mode's tables."""
     import pyspark
 
     out = tmp_path / "cluster-report"
@@ -376,10 +510,20 @@ def test_standalone_cluster_under_spark_submit_gives_the_same_tables(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert f"spark: {standalone_cluster}" in proc.stdout
     assert "[8/8] errors done" in proc.stderr + proc.stdout, proc.stderr[-3000:]  # the progress display
+    command_out = tmp_path / "command-report"
+    command = subprocess.run(
+        [sys.executable, "-m", "slipstream", "pipeline", "report", "--input", str(recorded[0]), "--output",
+         str(command_out), "--master", standalone_cluster, "--abuse-threshold", "3"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert command.returncode == 0, command.stdout[-3000:] + command.stderr[-5000:]
+    assert f"spark: {standalone_cluster}," in command.stdout, command.stdout
+    assert "[8/8] errors done" in command.stderr + command.stdout, command.stderr[-3000:]
+    assert f"report: {command_out / 'report.html'}" in command.stdout and (command_out / "report.html").is_file()
     for name in TABLES:
-        cluster = pq.read_table(out / "tables" / name).to_pylist()
         local = pq.read_table(report.tables.paths[name]).to_pylist()
-        assert cluster == local, name
+        assert pq.read_table(out / "tables" / name).to_pylist() == local, f"spark-submit: {name}"
+        assert pq.read_table(command_out / "tables" / name).to_pylist() == local, f"--master: {name}"
     assert Recording(recorded[0]).segments("captured")
 
 

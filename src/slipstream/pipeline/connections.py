@@ -1,12 +1,12 @@
 """The tour's real servers and clients: what ``make demo`` records about connections, and the live loop.
 
 :func:`record_connections` runs a :class:`~slipstream.network.Server` with recording on and clients
-that connect over UDP and over IPC, exchange typed messages (``send``, ``send_sync``, pings both
-ways) and close. Some are refused on purpose: tags the server's filter refuses (over UDP and IPC),
-and a client whose message types differ, which refuses the server itself and records that on its
-side. The server records the handshakes, connections and statistics the report turns into its
-sessions and rejections tables; the run's own counts come back in a :class:`NetworkSummary` for the
-tour to print and the tests to compare.
+that connect over UDP and over IPC, exchange typed messages (``send``, ``send_sync``, the server
+sending every tenth back, pings both ways) and close. Some are refused on purpose: tags the server's
+filter refuses (over UDP and IPC), and a client whose message types differ, which refuses the server
+itself and records that on its side. The server records the handshakes, connections and statistics
+the report turns into its sessions and rejections tables; the run's own counts come back in a
+:class:`NetworkSummary` for the tour to print and the tests to compare.
 
 :func:`refuse_listed` is the live half: a server whose admission filter consults the abuse list
 that a Spark streaming query publishes, an intruder whose refused attempts the server records, and a
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,8 @@ INTRUDER_TAG = "intruder"
 """Clients whose tag starts with this are refused by the demo server's filter."""
 SERVER_PINGS = 3
 """Pings the server sends each connection (its RTT samples for the report)."""
+REPLY_EVERY = 10
+"""The server sends back the 1st, 11th, 21st... message each client sends it (traffic both ways)."""
 
 
 @dataclass
@@ -48,8 +50,11 @@ class NetworkSummary:
     """What the network run did, counted by the run itself (the report must agree)."""
 
     sessions: dict[int, dict[str, object]] = field(default_factory=dict)
-    """Per connection id: transport, tag, messages (with the ``send_sync`` one) the client sent, what the
-    server's listeners got, and the record bytes the client handed to the transport."""
+    """Per connection id: transport, tag, messages (with the ``send_sync`` one) the client sent
+    (``sent``), what the server's listeners got (``received``), the record bytes the client handed to
+    the transport (``bytes_sent``); the other way, the messages the server sent back (``replied``),
+    what the client's listeners got of them (``replies``) and the record bytes the client received
+    (``bytes_received``: the server's pings, acknowledgements and replies)."""
     rejected: dict[str, dict[str, int]] = field(default_factory=dict)
     """Handshakes the server refused: host (``ipc`` for IPC) -> reason -> attempts."""
     types: dict[str, int] = field(default_factory=dict)
@@ -162,6 +167,7 @@ async def _record_connections(
     summary = NetworkSummary()
     record = recording_config(recording, capture_messages=True)
     received: dict[int, int] = {}
+    replied: dict[int, int] = {}
     pinged: dict[int, int] = {}
     port = free_port_pair()
     async with Server(server_config(messages, driver_dir, record, lambda address: True)) as server:
@@ -173,8 +179,14 @@ async def _record_connections(
                 await connection.ping(timeout=5.0)
                 pinged[connection.id] = pinged.get(connection.id, 0) + 1
 
-        def count(connection: Connection, message: object) -> None:
-            received[connection.id] = received.get(connection.id, 0) + 1
+        async def reply(connection: Connection, message: object) -> None:
+            await connection.send(message)
+            replied[connection.id] = replied.get(connection.id, 0) + 1
+
+        def count(connection: Connection, message: object) -> Coroutine[None, None, None] | None:
+            received[connection.id] = n = received.get(connection.id, 0) + 1
+            # The server sends some back (a task the server runs): messages and bytes flow both ways.
+            return reply(connection, message) if n % REPLY_EVERY == 1 else None
 
         for kind in messages:
             server.on_message(kind)(count)
@@ -183,7 +195,15 @@ async def _record_connections(
         for i in range(clients):
             ipc = i % 2 == 1
             tag = f"{'ipc' if ipc else 'udp'}-client-{i}"
+            replies = 0
+
+            def got_reply(connection: Connection, message: object) -> None:
+                nonlocal replies
+                replies += 1
+
             async with Client(client_config(messages, driver_dir, tag, ipc=ipc)) as client:
+                for kind in messages:
+                    client.on_message(kind)(got_reply)
                 connection = await client.connect("127.0.0.1", port, timeout=20.0)
                 for n in range(per_client):
                     message = make_message(n)
@@ -197,12 +217,15 @@ async def _record_connections(
                 cid = connection.id
                 await _until(lambda: received.get(cid, 0) > per_client)  # noqa: B023 (awaited here)
                 await _until(lambda: pinged.get(cid, 0) >= SERVER_PINGS)  # noqa: B023
+                expected_replies = len(range(1, per_client + 2, REPLY_EVERY))
+                await _until(lambda: replies >= expected_replies)  # noqa: B023
                 summary.sessions[cid] = {"transport": "ipc" if connection.is_ipc else "udp", "tag": tag,
-                                         "sent": per_client + 1}  # fmt: skip
+                                         "sent": per_client + 1, "replies": replies}  # fmt: skip
                 say(f"  {tag}: connection {cid} over {'IPC' if connection.is_ipc else 'UDP'}, "
-                    f"{per_client + 1} typed messages, ping {rtt.round_trip * 1e6:.0f} µs")  # fmt: skip
+                    f"{per_client + 1} typed messages, {replies} back, ping {rtt.round_trip * 1e6:.0f} µs")  # fmt: skip
             await _until(lambda: all(c.id != cid for c in server.connections))  # noqa: B023
             summary.sessions[cid]["bytes_sent"] = connection.stats["bytes_sent"]  # with its CLOSE record
+            summary.sessions[cid]["bytes_received"] = connection.stats["bytes_received"]
         for i in range(intruders + 1):  # the last one over IPC: the filter sees its tag, no address
             ipc = i == intruders
             try:
@@ -224,6 +247,7 @@ async def _record_connections(
             "a client with other message types refused the server itself (RegistrationMismatch)")  # fmt: skip
         for connection_id, session in summary.sessions.items():
             session["received"] = received.get(connection_id, 0)
+            session["replied"] = replied.get(connection_id, 0)
     return summary
 
 

@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import msgspec
 
@@ -100,9 +101,12 @@ def record_run(
     encoder = msgspec.msgpack.Encoder()
     config = RecorderConfig(flush_interval_s=0.2, segment_max_age_s=2.0)
     try:
-        with Recorder(recording, writer_id="demo", config=config) as recorder, Context(
-            driver_dir, driver="embedded", driver_config=DriverConfig(directory=driver_dir, ipc_term_length=1 << 22)
-        ) as context:
+        with (
+            Recorder(recording, writer_id="demo", config=config) as recorder,
+            Context(
+                driver_dir, driver="embedded", driver_config=DriverConfig(directory=driver_dir, ipc_term_length=1 << 22)
+            ) as context,
+        ):
             decoder = msgspec_decoder(Quote, Chat)
             channels = {"aeron:ipc": IPC_STREAM, udp_channel(f"127.0.0.1:{free_port_pair()}"): UDP_STREAM}
             captures = [StreamCapture(context, ch, sid, recorder, decoder=decoder) for ch, sid in channels.items()]
@@ -198,13 +202,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="default ./slipstream-demo-<time>")
     parser.add_argument("--messages", type=int, default=20_000, help="typed messages per stream (default 20000)")
     parser.add_argument("--clients", type=int, default=NETWORK_CLIENTS, help="clients of the recorded server")
+    parser.add_argument("--per-client", type=int, default=500, metavar="N", help="messages each client sends (500)")
     parser.add_argument("--master", default=None, metavar="URL", help="Spark master (default local[*])")
     parser.add_argument("--abuse-threshold", type=int, default=DEFAULT_ABUSE_THRESHOLD, metavar="N")
     parser.add_argument("--no-loop", action="store_true", help="skip the live abuse-list loop")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the three steps; exit code 0 when the loop refused the new offender."""
+    """Run the three steps; exit code 0 when the loop refused the new offender.
+
+    A Spark session already running in this process is reused (``getOrCreate``): its master wins.
+    """
     from .run import generate_report
 
     output: Path = args.output or Path.cwd() / time.strftime("slipstream-demo-%Y%m%d-%H%M%S")
@@ -213,9 +221,11 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(recording)
     started = time.monotonic()
     say(f"1/3 recording a real run into {recording}")
-    summary = record_run(recording, messages=args.messages, clients=args.clients)
+    summary = record_run(recording, messages=args.messages, clients=args.clients, per_client=args.per_client)
     rejected = sum(summary.rejected.values())
-    say(f"  {summary.connections} connections and {rejected} refused handshakes recorded by the server")
+    replied = sum(cast(int, session["replied"]) for session in summary.network.sessions.values())
+    say(f"  the server recorded {summary.connections} connections (it sent {replied} messages back)")
+    say(f"  and {rejected} refused handshakes")
     say("2/3 Spark report")
     outcome = generate_report(recording, output / "report", master=args.master,
                               options=ReportOptions(abuse_threshold=args.abuse_threshold))  # fmt: skip

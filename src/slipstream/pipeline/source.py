@@ -18,6 +18,10 @@ is retried. The price: every row passes through the Spark driver's memory, which
 (abuse lists, alerts, aggregates), not bulk exports. A streaming write commits each micro-batch the
 same way; with the ``sinkState`` option it also remembers the last published batch id and skips a
 batch Spark replays after a restart.
+
+Every session finds the source by itself: PySpark 4 registers the ``DefaultSource`` of each installed
+top-level ``pyspark_*`` module under its name, and ``pyspark_slipstream`` (shipped with slipstream)
+exposes this class. :func:`register` does it explicitly for a Python that does not see the install.
 """
 
 from __future__ import annotations
@@ -405,6 +409,24 @@ class _StreamWriter(DataSourceStreamWriter):
         """Nothing was published: tasks only encode."""
 
 
+def known(spark: Any, name: str = NAME) -> bool:
+    """True when ``spark`` already resolves ``format(name)``: registered in this session, or found by
+    PySpark's own lookup of installed ``pyspark_*`` modules (``pyspark_slipstream`` ships ``slipstream``).
+    False when that cannot be asked (a Spark Connect session has no JVM here)."""
+    try:
+        return bool(spark._jsparkSession.sessionState().dataSourceManager().dataSourceExists(name))
+    except Exception:
+        return False
+
+
 def register(spark: Any) -> None:
-    """Register ``format("slipstream")`` with a Spark session."""
-    spark.dataSource.register(SlipstreamDataSource)
+    """Register ``format("slipstream")`` with a Spark session.
+
+    Not needed where slipstream is installed in the Python that Spark runs: PySpark then finds
+    ``pyspark_slipstream.DefaultSource`` in every session by itself. For sessions whose Python does
+    not see the installed package (a path added at run time, a notebook's own interpreter), this
+    registers it explicitly; where the lookup already found it, it does nothing (registering again
+    would only replace it with itself, and Spark warns about that).
+    """
+    if not known(spark):
+        spark.dataSource.register(SlipstreamDataSource)
