@@ -515,5 +515,5 @@ def test_the_driver_refuses_a_counter_outside_the_application_range(ctx: Context
 
     correlation_id = ctx._next_correlation_id()
     registration = Registration(ctx, correlation_id, AddCounter(correlation_id, 4, "sneaky"), lambda r: r)
-    with pytest.raises(RegistrationError, match="INVALID_COMMAND.*type id 4"):
+    with pytest.raises(RegistrationError, match=r"INVALID_COMMAND.*type id 4"):
         registration.wait()
