@@ -163,7 +163,7 @@ def test_a_stalled_peer_back_pressures_send_nowait_and_times_send_out(driver_dir
                     load = bytes(1000)
                     sent = 0
                     refused_since: float | None = None
-                    deadline = time.monotonic() + 3.0
+                    deadline = time.monotonic() + 15.0  # a few hundred ms alone; the whole suite loads the machine
                     # Fill until refused for a while: a first refusal can come while the driver's sender
                     # still catches up with the window the peer granted before it stopped.
                     while refused_since is None or time.monotonic() - refused_since < 0.3:
@@ -186,7 +186,7 @@ def test_a_stalled_peer_back_pressures_send_nowait_and_times_send_out(driver_dir
                         await asyncio.wait_for(connection.send(load), 10)
                     waited = time.monotonic() - started
                     assert isinstance(raised.value, TimeoutError)
-                    assert 0.8 <= waited <= 2.5, waited
+                    assert 0.8 <= waited <= 4.0, waited
                     assert not connection.is_closed
                 finally:
                     os.kill(proc.pid, signal.SIGCONT)
