@@ -40,9 +40,11 @@ class Counter:
 
     @property
     def value(self) -> int:
+        """The counter's current value, as readers of the counters file see it."""
         return int(self._live()[self._index])
 
     def set(self, value: int) -> None:
+        """Store ``value`` (a signed 64-bit integer)."""
         self._live()[self._index] = value
 
     def increment(self, delta: int = 1) -> int:
@@ -54,6 +56,7 @@ class Counter:
 
     @property
     def is_closed(self) -> bool:
+        """True once closed (or its context closed): the value can no longer be read or written."""
         return self._values is None
 
     def close(self) -> None:
