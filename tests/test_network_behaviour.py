@@ -268,6 +268,15 @@ def test_listeners_fire_most_specific_type_first(driver_dir: Path) -> None:
             fired.clear()
             await connection.send_sync(Quote(3, 1.0, "q"), timeout=5)  # only the catch-all takes it
             assert fired == ["object"]
+            fired.clear()
+
+            # The server's side of the connection adds its own: the types still decide, and for one
+            # type the connection's listeners come before the server's.
+            (server_side,) = server.connections
+            server_side.on_message(Base)(lambda connection, message: fired.append("connection Base"))
+            server_side.on_message(object)(lambda connection, message: fired.append("connection object"))
+            await connection.send_sync(Derived(4, "d"), timeout=5)
+            assert fired == ["Derived", "connection Base", "Base", "Base, second", "connection object", "object"]
 
     run(main())
 

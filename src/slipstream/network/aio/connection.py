@@ -153,6 +153,14 @@ class Listeners:
             self._cache[kind] = found
         return found
 
+    def for_type_with(self, kind: type, outer: Listeners) -> tuple[MessageListener, ...]:
+        """``for_type`` over this set (a connection's) and ``outer`` (its server's or client's) together:
+        most specific type first across both; for one type, this set's listeners before ``outer``'s."""
+        if not self._messages:
+            return outer.for_type(kind)
+        own, theirs = self._messages, outer._messages
+        return tuple(listener for base in kind.__mro__ for listener in (*own.get(base, ()), *theirs.get(base, ())))
+
     def clear(self) -> None:
         """Forget every listener."""
         for items in (self.init, self.connect, self.disconnect, self.error):

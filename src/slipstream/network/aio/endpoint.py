@@ -203,7 +203,7 @@ class Endpoint:
         if recording is not None and recording.capture:
             recording.message(connection, message)
         kind = type(message)
-        handlers = connection._listeners.for_type(kind) + self.listeners.for_type(kind)
+        handlers = connection._listeners.for_type_with(kind, self.listeners)
         if not handlers:
             self._report_error(
                 connection, MessageDispatchError(f"no on_message listener for {kind.__module__}.{kind.__qualname__}")
