@@ -4,6 +4,7 @@ subscription, the live abuse-list loop, the report in headless Chromium, and a s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -14,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pyarrow.parquet as pq
@@ -222,6 +223,38 @@ def test_the_installed_package_is_what_pysparks_lookup_registers(tmp_path: Path)
     assert found.get("slipstream") == "slipstream.pipeline.source.SlipstreamDataSource", found
 
 
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def collected(driver_dir: Path, stream_id: int, kind: type[T], expected: int, timeout_s: float) -> Iterator[list[T]]:
+    """Messages of ``kind`` arriving on ``aeron:ipc`` ``stream_id``, decoded by a polling thread while the
+    block runs; on leaving it waits up to ``timeout_s`` for ``expected`` of them, then a moment more for
+    any extra one (a duplicate) before it stops."""
+    received: list[T] = []
+    decoder = msgspec.msgpack.Decoder(kind)
+    with Context(driver_dir, driver="external") as context:
+        subscription = context.add_subscription("aeron:ipc", stream_id)
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set():
+                if subscription.poll(lambda buffer, header: received.append(decoder.decode(buffer)), 100) == 0:
+                    time.sleep(0.001)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            yield received
+            deadline = time.monotonic() + timeout_s
+            while len(received) < expected and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.4)  # a duplicate would arrive now
+        finally:
+            stop.set()
+            poller.join(5)
+
+
 def _readme_stream_snippet() -> str:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Recording and the Spark pipeline", 1)[1].split("\n## ", 1)[0]
@@ -245,26 +278,8 @@ def test_readme_streaming_snippet_publishes_what_it_read(
                         ("CHECKPOINTS", f"{tmp_path}/")):  # fmt: skip
         snippet, n = re.subn(rf"^{name} = .*$", f"{name} = {value!r}", snippet, flags=re.M)
         assert n == 1, name
-    received: list[Received] = []
-    decoder = msgspec.msgpack.Decoder(Received)
-    with Context(driver_dir, driver="external") as context:
-        subscription = context.add_subscription("aeron:ipc", 3001)
-        stop = threading.Event()
-
-        def poll() -> None:
-            while not stop.is_set():
-                if subscription.poll(lambda buffer, header: received.append(decoder.decode(buffer)), 100) == 0:
-                    time.sleep(0.001)
-
-        poller = threading.Thread(target=poll, daemon=True)
-        poller.start()
+    with collected(driver_dir, 3001, Received, len(summary.network.sessions), 10) as received:
         exec(compile(snippet, "README.md", "exec"), {})
-        deadline = time.monotonic() + 10
-        while len(received) < len(summary.network.sessions) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)  # a duplicate would arrive now
-        stop.set()
-        poller.join(5)
     assert sorted((r.connection_id, r.messages) for r in received) == sorted(
         (cid, counted["received"]) for cid, counted in summary.network.sessions.items()
     )
@@ -338,27 +353,9 @@ def test_sink_publishes_each_row_exactly_once_onto_a_real_subscription(
 ) -> None:
     rows = [(f"player{i}", i) for i in range(1000)]
     df = spark.createDataFrame(rows, "player string, points long").repartition(4)
-    received: list[Score] = []
-    decoder = msgspec.msgpack.Decoder(Score)
-    with Context(driver_dir, driver="external") as context:
-        subscription = context.add_subscription("aeron:ipc", 2001)
-        stop = threading.Event()
-
-        def poll() -> None:
-            while not stop.is_set():
-                if subscription.poll(lambda buffer, header: received.append(decoder.decode(buffer)), 100) == 0:
-                    time.sleep(0.001)
-
-        poller = threading.Thread(target=poll, daemon=True)
-        poller.start()
+    with collected(driver_dir, 2001, Score, len(rows), 30) as received:
         (df.write.format("slipstream").mode("append").option("channel", "aeron:ipc").option("stream", "2001")
          .option("dir", str(driver_dir)).option("type", "Score").save())  # fmt: skip
-        deadline = time.monotonic() + 30
-        while len(received) < len(rows) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)  # anything extra (a duplicate) would arrive now
-        stop.set()
-        poller.join(5)
     assert len(received) == len(rows)
     assert sorted((s.player, s.points) for s in received) == sorted(rows)
 
