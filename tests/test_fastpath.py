@@ -580,13 +580,10 @@ def offset_after(term: memoryview, frames: int) -> int:
 # ---- image poll -----------------------------------------------------------------------------------
 
 
-def poll_image(cls: Any, raw: bytes, start: int, limits: list[int], raise_at: int | None) -> list[object]:
-    """Poll an image of class ``cls`` over a copy of ``raw`` (a whole log) from ``start``: what the handler
-    got, each poll's result (or error) and the position, the published counter and the image's flags."""
-    mapping = mmap.mmap(-1, len(raw))
-    mapping[:] = raw
-    values = memoryview(bytearray(32)).cast("q")
-    image = cls(
+def make_image(cls: Any, mapping: mmap.mmap, values: memoryview, join_position: int) -> Any:
+    """An image of class ``cls`` (C or pure) of session 42, stream 1001 over ``mapping``, publishing its
+    position into ``values[2]``."""
+    return cls(
         subscription_registration_id=1,
         correlation_id=2,
         session_id=42,
@@ -595,8 +592,17 @@ def poll_image(cls: Any, raw: bytes, start: int, limits: list[int], raise_at: in
         mapping=mapping,
         position_values=values,
         position_index=2,
-        join_position=start,
+        join_position=join_position,
     )
+
+
+def poll_image(cls: Any, raw: bytes, start: int, limits: list[int], raise_at: int | None) -> list[object]:
+    """Poll an image of class ``cls`` over a copy of ``raw`` (a whole log) from ``start``: what the handler
+    got, each poll's result (or error) and the position, the published counter and the image's flags."""
+    mapping = mmap.mmap(-1, len(raw))
+    mapping[:] = raw
+    values = memoryview(bytearray(32)).cast("q")
+    image = make_image(cls, mapping, values, start)
     recorder = Recorder(raise_at)
     out: list[object] = []
     for limit in limits:
@@ -671,17 +677,7 @@ def poll_across_terms(cls: Any, script: list[PollOp], start_offset: int, raise_a
     log.is_connected = True
     app = PyExclusiveAppender(log)
     values = memoryview(bytearray(32)).cast("q")
-    image = cls(
-        subscription_registration_id=1,
-        correlation_id=2,
-        session_id=42,
-        stream_id=1001,
-        source_identity="test",
-        mapping=mapping,
-        position_values=values,
-        position_index=2,
-        join_position=app.position,
-    )
+    image = make_image(cls, mapping, values, app.position)
     recorder = TermRecorder(raise_at)
     out: list[object] = []
     for n, (op, size, extra) in enumerate(script):
