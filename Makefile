@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 
 # The end-to-end tour: typed streams and a server with UDP and IPC clients, recorded; the Spark report
 # (its path is printed); the live abuse-list loop. About half a minute here; output in demo-output/.
-demo: $(STAMP) system-deps
+demo: $(STAMP)
+	bash scripts/ensure-system-deps.sh java
 	$(VENV)/bin/slipstream pipeline demo --output demo-output
 
 # The transport alone: two processes exchange messages over shared memory and print what they measured.

@@ -2,7 +2,8 @@
 # Installs the system packages the tests and the demo need, only when missing: nft and ip (netns +
 # nftables test hosts), Java 17 (Spark, for the pipeline) and chromium (the report's browser check).
 # Idempotent: when every command is present it prints one line and makes no apt call, so
-# `make test` stays fast on a prepared machine.
+# `make test` stays fast on a prepared machine. Arguments name the commands to ensure (default: all);
+# `make demo` asks only for java.
 set -euo pipefail
 
 # command -> Debian package that provides it
@@ -28,15 +29,23 @@ present() {
     if [ "$1" = java ]; then java_ok; else command -v "$1" >/dev/null 2>&1; fi
 }
 
+wanted=("$@")
+if [ "${#wanted[@]}" -eq 0 ]; then
+    wanted=("${!PROVIDER[@]}")
+fi
 missing=()
-for cmd in "${!PROVIDER[@]}"; do
+for cmd in "${wanted[@]}"; do
+    if [ -z "${PROVIDER[$cmd]:-}" ]; then
+        echo "ensure-system-deps: unknown command '$cmd' (known: ${!PROVIDER[*]})" >&2
+        exit 2
+    fi
     if ! present "$cmd"; then
         missing+=("${PROVIDER[$cmd]}")
     fi
 done
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "ensure-system-deps: nothing to do (nft, ip, java >= 17, chromium present)"
+    echo "ensure-system-deps: nothing to do (${wanted[*]} present)"
     exit 0
 fi
 
