@@ -79,37 +79,44 @@ _RECEIVER_TYPES = (RECEIVER_NAKS_SENT_TYPE_ID, RECEIVER_BYTES_LOST_TYPE_ID)
 
 class _RepairCounters:
     """The driver's per-stream loss and repair counters of each connection's two UDP streams (NAKs
-    and retransmissions of what it sends, NAKs and bytes lost of what it receives), found once by
-    registration id and read at each sample. IPC streams have none: they read as zero."""
+    and retransmissions of what it sends, NAKs and bytes lost of what it receives), read at each sample.
+
+    The counters file is scanned on the sampler thread only, at most once per sample and only while a
+    live connection's counters are not all known yet (its image may come up after a first sample);
+    reading them is a lookup. A connection that ends before its first sample reads as zero, and so do
+    IPC streams, which have no such counters."""
 
     def __init__(self, counters: CountersReader) -> None:
         self._counters = counters
-        self._found: dict[int, dict[int, tuple[int, int]]] = {}
-        """connection id -> type id -> (counter id, registration id)."""
+        self._index: dict[tuple[int, int], int] = {}
+        """(registration id, type id) -> counter id, of every repair counter at the last scan."""
+
+    @staticmethod
+    def _keys(connection: Connection) -> list[tuple[int, int]]:
+        if connection.is_ipc:
+            return []
+        keys = [(connection._publication.registration_id, t) for t in _SENDER_TYPES]
+        keys += [(image.correlation_id, t) for image in connection._subscription.images for t in _RECEIVER_TYPES]
+        return keys
+
+    def refresh(self, connections: Iterable[Connection]) -> None:
+        """Scan the counters file if some connection's counters are missing (sampler thread)."""
+        index = self._index
+        if all(key in index for connection in connections for key in self._keys(connection)):
+            return
+        wanted = _SENDER_TYPES + _RECEIVER_TYPES
+        self._index = {(info.registration_id, info.type_id): info.counter_id for info in self._counters
+                       if info.type_id in wanted}  # fmt: skip
 
     def read(self, connection: Connection) -> dict[int, int]:
-        """type id -> value, for the counters found so far (an image may come up after a first sample)."""
-        if connection.is_ipc:
-            return {}
-        found = self._found.setdefault(connection.id, {})
-        if len(found) < len(_SENDER_TYPES) + len(_RECEIVER_TYPES):
-            self._find(connection, found)
-        counters = self._counters
+        """type id -> value of the connection's counters known so far."""
+        counters, index = self._counters, self._index
         values: dict[int, int] = {}
-        for type_id, (counter_id, registration_id) in found.items():
-            if counters.registration_id(counter_id) == registration_id:  # not freed (and reused) since
-                values[type_id] = counters.get(counter_id)
+        for registration_id, type_id in self._keys(connection):
+            counter_id = index.get((registration_id, type_id))
+            if counter_id is not None and counters.registration_id(counter_id) == registration_id:
+                values[type_id] = counters.get(counter_id)  # (not freed, nor reused, since the scan)
         return values
-
-    def _find(self, connection: Connection, found: dict[int, tuple[int, int]]) -> None:
-        wanted = {(connection._publication.registration_id, t) for t in _SENDER_TYPES}
-        wanted |= {(image.correlation_id, t) for image in connection._subscription.images for t in _RECEIVER_TYPES}
-        for info in self._counters:
-            if (info.registration_id, info.type_id) in wanted:
-                found[info.type_id] = (info.counter_id, info.registration_id)
-
-    def forget(self, connection: Connection) -> None:
-        self._found.pop(connection.id, None)
 
 
 class EndpointRecording:
@@ -171,7 +178,6 @@ class EndpointRecording:
         """The connection ended: its final counters, then the event."""
         now = time.time_ns()
         self._record(self._stats(connection, now))
-        self._repair.forget(connection)
         self._record(
             disconnected(
                 now, connection_id=connection.id, cause=cause_of(event), tag=connection.tag, side=self.side,
@@ -252,9 +258,9 @@ class EndpointRecording:
 
     def _collect(self, now_ns: int) -> list[Record]:
         records: list[Record] = []
-        for connection in list(self._connections()):
-            if connection.is_closed:
-                continue
+        live = [connection for connection in list(self._connections()) if not connection.is_closed]
+        self._repair.refresh(live)
+        for connection in live:
             repair = self._repair.read(connection)
             records.append(self._stats(connection, now_ns, repair=repair))
             records.extend(self._streams(connection, now_ns, repair))
