@@ -340,12 +340,18 @@ def test_recording_config_opens_a_recorder_only_when_enabled(tmp_path: Path) -> 
         RecordingConfig(stats_interval_s=0)
 
 
-def test_standalone_driver_records_its_counters_by_configuration(driver_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["options", "config file"])
+def test_standalone_driver_records_its_counters_by_configuration(driver_dir: Path, tmp_path: Path, how: str) -> None:
     out = tmp_path / "rec"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    if how == "options":
+        settings = ["--record", str(out), "--record-interval", "0.2"]
+    else:
+        config = tmp_path / "driver.toml"
+        config.write_text(f'record_directory = "{out}"\nrecord_interval = "200ms"\n')
+        settings = ["--config", str(config)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "slipstream", "driver", "--dir", str(driver_dir), "--record", str(out),
-         "--record-interval", "0.2"],
+        [sys.executable, "-m", "slipstream", "driver", "--dir", str(driver_dir), *settings],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:

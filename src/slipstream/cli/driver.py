@@ -49,10 +49,15 @@ def register(commands: Any) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="record the driver's counters, loss report and error log into DIR (Parquet segments)",
+        help="record the driver's counters, loss report and error log into DIR (Parquet segments); "
+        "the config file's record_directory",
     )
     parser.add_argument(
-        "--record-interval", type=float, default=1.0, metavar="S", help="seconds between samples (default 1)"
+        "--record-interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between samples (default 1; the config file's record_interval)",
     )
     parser.set_defaults(run=run)
 
@@ -69,16 +74,22 @@ def config_from_args(args: argparse.Namespace) -> DriverConfig:
         except ChannelUriError as exc:
             raise ValueError(f"--ipc-term-length: {exc}") from None
     if args.client_liveness_timeout is not None:
-        seconds = args.client_liveness_timeout
-        if not math.isfinite(seconds) or not 0 < seconds <= MAX_DURATION_NS / 1e9:
-            raise ValueError(
-                f"--client-liveness-timeout must be a number of seconds in (0, {MAX_DURATION_NS // 10**9}]: {seconds}"
-            )
-        config.client_liveness_timeout_ns = int(seconds * 1e9)
+        config.client_liveness_timeout_ns = _seconds_ns("--client-liveness-timeout", args.client_liveness_timeout)
     if args.idle is not None:
         config.idle_strategy = args.idle
+    if args.record is not None:
+        config.record_directory = args.record
+    if args.record_interval is not None:
+        config.record_interval_ns = _seconds_ns("--record-interval", args.record_interval)
     config.validate()
     return config
+
+
+def _seconds_ns(option: str, seconds: float) -> int:
+    """An option given in seconds, as the nanoseconds DriverConfig keeps; out of range names the option."""
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_DURATION_NS / 1e9:
+        raise ValueError(f"{option} must be a number of seconds in (0, {MAX_DURATION_NS // 10**9}]: {seconds}")
+    return int(seconds * 1e9)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,17 +110,17 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     print(f"media driver running in {driver.directory} (Ctrl-C to stop)", flush=True)
-    if args.record is None:
+    if config.record_directory is None:
         driver.run()
     else:
         from ..telemetry import DriverSampler, Recorder, TelemetryError
 
         try:
-            recorder = Recorder(args.record, writer_id=f"driver-{os.getpid()}")
-            sampler = DriverSampler(recorder, driver.directory, interval_s=args.record_interval).start()
+            recorder = Recorder(config.record_directory, writer_id=f"driver-{os.getpid()}")
+            sampler = DriverSampler(recorder, driver.directory, interval_s=config.record_interval_ns / 1e9).start()
         except (TelemetryError, ValueError, ImportError) as exc:
             driver.stop()
-            print(f"slipstream driver: --record: {exc}", file=sys.stderr)
+            print(f"slipstream driver: recording into {config.record_directory}: {exc}", file=sys.stderr)
             return 2
         print(f"recording counters, loss report and errors into {recorder.writer_dir}", flush=True)
         try:

@@ -78,6 +78,13 @@ class DriverConfig:
     idle_status_message_max_ns: int | None = None
     """While an image's position stays put, its timed status messages after the first come this far
     apart (at most 2.5 s, half the sender's connection timeout; None: every 200 ms, as Aeron)."""
+    record_directory: Path | None = None
+    """The standalone driver (``slipstream driver``, whose ``--record DIR`` overrides it) records its
+    counters, loss report and error log into this directory as Parquet segments (the ``telemetry``
+    extra); None records nothing. An embedded driver ignores it: a process records its own endpoints
+    with ``RecordingConfig``."""
+    record_interval_ns: int = 1 * S
+    """Time between two samples of that recording."""
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
@@ -99,6 +106,7 @@ class DriverConfig:
             "publication_linger_ns",
             "publication_unblock_timeout_ns",
             "timer_interval_ns",
+            "record_interval_ns",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -126,6 +134,8 @@ class DriverConfig:
                 raise ValueError(f"{name} must be positive or None: {value}")
         if self.ipc_publication_window is not None and self.ipc_publication_window < self.ipc_mtu:
             raise ValueError(f"ipc_publication_window must be at least the mtu: {self.ipc_publication_window}")
+        if self.record_directory is not None and not isinstance(self.record_directory, Path):
+            raise ValueError(f"record_directory must be a Path or None: {self.record_directory!r}")
         if self.counters_capacity < 16:
             raise ValueError(f"counters_capacity must be at least 16: {self.counters_capacity}")
         if self.error_log_length < 0 or self.error_log_length % 8:

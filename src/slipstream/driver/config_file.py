@@ -23,7 +23,7 @@ from ..errors import SlipstreamError
 from ..wire.uri import parse_duration_ns, parse_size
 from .config import DriverConfig
 
-Kind = Literal["path", "duration", "optional_duration", "size", "optional_size", "int", "str", "bool"]
+Kind = Literal["path", "optional_path", "duration", "optional_duration", "size", "optional_size", "int", "str", "bool"]
 
 KINDS: Final[dict[str, Kind]] = {
     "directory": "path",
@@ -48,10 +48,12 @@ KINDS: Final[dict[str, Kind]] = {
     "timer_interval_ns": "duration",
     "idle_heartbeat_max_ns": "optional_duration",
     "idle_status_message_max_ns": "optional_duration",
+    "record_directory": "optional_path",
+    "record_interval_ns": "duration",
 }
 """How each DriverConfig field is written in a file; a test checks it covers every field."""
 _DURATIONS: Final = ("duration", "optional_duration")
-_OPTIONAL: Final = ("optional_size", "optional_duration")
+_OPTIONAL: Final = ("optional_size", "optional_duration", "optional_path")
 """Kinds whose value may be absent: "none" (or 0) in a file, None in DriverConfig."""
 
 AERON_ALIASES: Final[dict[str, str]] = {
@@ -127,13 +129,15 @@ def _parse(kind: Kind, value: str | int) -> object:
             raise ValueError(f"expected true or false, got {value!r}")
         return _BOOL_WORDS[word]
     if isinstance(value, int):
-        if kind in ("path", "str"):
+        if kind in ("path", "str") or (kind == "optional_path" and value != 0):
             raise ValueError(f"expected a string, got the number {value}")
         if kind in _OPTIONAL and value == 0:
             return None
         return value
     text = value.strip()
-    if kind == "path":
+    if kind == "optional_path" and (not text or text.lower() in _NONE_WORDS):
+        return None
+    if kind in ("path", "optional_path"):
         if not text:
             raise ValueError("expected a directory path, got an empty value")
         return Path(text).expanduser()
