@@ -50,6 +50,8 @@ _KEEPALIVE = cmd.encode(cmd.Keepalive())
 
 
 T = TypeVar("T")
+_Removal = type[cmd.RemovePublication] | type[cmd.RemoveSubscription] | type[cmd.RemoveCounter]
+"""The command that takes back what a registration added."""
 
 
 @dataclass(slots=True)
@@ -96,7 +98,7 @@ class Registration(Generic[T]):
         message: cmd.ClientMessage,
         build: Callable[[cmd.DriverMessage], T],
         *,
-        remove: type[cmd.RemovePublication] | type[cmd.RemoveSubscription] | type[cmd.RemoveCounter] | None = None,
+        remove: _Removal | None = None,
         undo: Callable[[], None] | None = None,
     ) -> None:
         self.context = context
@@ -789,11 +791,7 @@ class Context:
         subscription._release_all()
         self._ring_doorbell()
 
-    def _remove(
-        self,
-        kind: type[cmd.RemovePublication] | type[cmd.RemoveSubscription] | type[cmd.RemoveCounter],
-        registration_id: int,
-    ) -> None:
+    def _remove(self, kind: _Removal, registration_id: int) -> None:
         """Tell the driver, without waiting for its answer (as Aeron's clients close): commands are
         handled in order, so whatever this context asks next sees the removal done. A refusal is logged."""
         if self._driver_error is not None or self._closed:
