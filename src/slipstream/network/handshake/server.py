@@ -1,81 +1,40 @@
-"""The handshake: client and server machines, sans-I/O (bytes and ``now_ns`` in; bytes, events and a
-deadline out).
+"""The server's handshake machine (the responder) for every client at once, with the server's allocators.
 
-Rules of this file (read these first; the tables below are their code):
-
-1. Noise XX in three messages, then a WELCOME: ``HELLO`` (-> e), ``HELLO_ACK`` (<- e, ee, s, es + the
-   server's registration description), ``DONE`` (-> s, se + the client's description), ``WELCOME``
-   (<- the allocation, sealed under a key derived from the server's send key). A ``REJECT`` carries a
-   reason code and a short text; it is not authenticated (it can only stop a handshake, which a
-   man in the middle can do anyway by dropping packets).
-2. Every packet starts with ``version, type, nonce`` (the nonce is the client's random 64-bit
-   connect key). The server keys half-open handshakes by (transport source, nonce), so a packet from
-   another source cannot touch a client's handshake.
-3. The server allocates nothing before ``DONE`` proves the client holds the keys of its HELLO:
-   ids, ports and streams come only with ``ClientAccepted``. Half-open handshakes live in a table
-   capped at ``max_pending`` (the oldest is dropped to make room) and expire after the handshake
-   timeout; the Diffie-Hellman work for new HELLOs is limited by a token bucket, so a flood of
-   forged HELLOs costs bounded memory and CPU, and a real client (which retries) still gets in.
-4. Retransmission: the client resends its last message with back-off until the timeout; the server
-   answers a repeated HELLO or DONE with the answer it cached, never with new work. A DONE the server
-   cannot use (its half-open handshake expired or was evicted, or a late HELLO made it start a new one)
-   gets a ``HANDSHAKE_EXPIRED`` REJECT, and the client starts over with a fresh nonce and ephemeral
-   key instead of repeating that DONE until its timeout.
-5. Admission (limits, filters, tag) is checked at HELLO (cheap refusals before any DH) and again at
-   DONE (the client's key is known only then; the counts may have changed).
-"""
+Its bounds are its rules: nothing is allocated before a DONE proves the client's keys; half-open
+handshakes live in a table of at most ``max_pending`` (the greediest source's oldest is dropped to make
+room) that expires; new Diffie-Hellman work is paid for with tokens from a per-source and a server-wide
+bucket; repeated HELLOs and DONEs get the cached answer, spaced, never new work."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
-import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum, IntEnum
 from typing import Protocol
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from ...client.allocation import AddressCounter, AllocationError, IdAllocator, PortAllocator
+from ..errors import NoiseError
+from ..events import ClientAccepted, Rejected
+from ..noise import HandshakeState
+from .packets import (
+    BAD_APP_ID,
+    HEADER,
+    PLAINTEXT,
+    REGISTRATION_MISMATCH,
+    SERVER_FULL,
+    U32,
+    VERSION,
+    PacketType,
+    Welcome,
+    expired_packet,
+    header,
+    key_of,
+    parse_hello,
+    prologue,
+    reject_packet,
+    seal_welcome,
+)
 
-from ..client.allocation import AddressCounter, AllocationError, IdAllocator, PortAllocator
-from .errors import NoiseError
-from .events import ClientAccepted, HandshakeCompleted, HandshakeTimedOut, Rejected
-from .noise import CipherState, HandshakeState
-
-__all__ = [
-    "KEY_CHANGED",
-    "PROTOCOL_NAME",
-    "AdmissionCheck",
-    "ClientHandshake",
-    "ClientState",
-    "PacketType",
-    "ServerHandshake",
-    "ServerStats",
-    "packet_nonce",
-]
-
-VERSION = 1
-PROTOCOL_NAME = b"slipstream-network/1"
-"""Part of the Noise prologue: both sides must speak this protocol and the same app id."""
-
-KEY_CHANGED = 200
-"""Local rejection code (never on the wire): the server's key differs from the pinned one."""
-REGISTRATION_MISMATCH_LOCAL = 201
-"""Local rejection code: the server's registrations differ from ours (client side check)."""
-BAD_APP_ID = 202
-"""Reason code for a HELLO naming another application."""
-
-_HEADER = struct.Struct(">BBQ")
-_WELCOME = struct.Struct(">iiiiHIB")
-_PLAINTEXT = 1
-"""Flag bit: (HELLO) the client would take plaintext IPC records; (WELCOME) records are plaintext."""
-_U8 = struct.Struct(">B")
-_U32 = struct.Struct(">I")
-_MAX_REJECT_TEXT = 240
-_DIGEST_LENGTH = 16
 REPEAT_GAP_NS = 200_000_000
 """A repeated HELLO or DONE gets the cached answer again at most this often (answers are broadcast
 to every handshaking client, so storms of repeats cost everyone)."""
@@ -83,315 +42,6 @@ _SOURCE_BURST = 4.0
 """HELLOs with fresh nonces one transport source may send at once (a client retries one)."""
 _MAX_SOURCES = 4096
 """Per-source buckets remembered (bounded memory; the oldest are forgotten)."""
-_WELCOME_NONCE = bytes(12)
-
-
-class PacketType(IntEnum):
-    """Handshake packet types (second byte of every packet)."""
-
-    HELLO = 1
-    HELLO_ACK = 2
-    DONE = 3
-    WELCOME = 4
-    REJECT = 5
-
-
-def packet_nonce(data: bytes) -> int | None:
-    """The client nonce a handshake packet carries, or None when it is too short to be one."""
-    if len(data) < _HEADER.size:
-        return None
-    return int(_HEADER.unpack_from(data)[2])
-
-
-def _header(kind: PacketType, nonce: int) -> bytes:
-    return _HEADER.pack(VERSION, kind, nonce)
-
-
-def _key_of(cipher: CipherState) -> bytes:
-    """The key of a cipher state from a completed handshake's split (always set there)."""
-    key = cipher.key
-    if not key:
-        raise NoiseError("split() gave a cipher state without a key")
-    return key
-
-
-def _welcome_key(send_key: bytes) -> bytes:
-    """A key for the one WELCOME packet, derived from (never equal to) the server's record key."""
-    return hmac.new(send_key, b"slipstream welcome", hashlib.sha256).digest()
-
-
-def _prologue(app_id: str) -> bytes:
-    return PROTOCOL_NAME + b"\x00" + app_id.encode()
-
-
-def done_digest(body: bytes | memoryview) -> bytes:
-    """What a ``HANDSHAKE_EXPIRED`` REJECT carries: a digest of the DONE (after its header) it answers."""
-    return hashlib.sha256(body).digest()[:_DIGEST_LENGTH]
-
-
-def reject_packet(nonce: int, reason: int, message: str) -> bytes:
-    """A REJECT for the client whose nonce is ``nonce``."""
-    text = message.encode("utf-8", "replace")[:_MAX_REJECT_TEXT]
-    return _header(PacketType.REJECT, nonce) + _U8.pack(reason & 0xFF) + text
-
-
-# -- client -----------------------------------------------------------------------------------------
-
-
-class ClientState(Enum):
-    """Where a client handshake is."""
-
-    START = "start"
-    HELLO_SENT = "hello sent"
-    DONE_SENT = "done sent"
-    COMPLETED = "completed"
-    REJECTED = "rejected"
-    TIMED_OUT = "timed out"
-
-
-_CLIENT_TRANSITIONS: dict[tuple[ClientState, PacketType], str] = {
-    (ClientState.HELLO_SENT, PacketType.HELLO_ACK): "_on_hello_ack",
-    (ClientState.HELLO_SENT, PacketType.REJECT): "_on_reject",
-    (ClientState.DONE_SENT, PacketType.WELCOME): "_on_welcome",
-    (ClientState.DONE_SENT, PacketType.REJECT): "_on_reject",
-}
-"""(state, packet) -> handler. Anything else is ignored (duplicates, other clients' packets)."""
-
-
-class ClientHandshake:
-    """One connect attempt's handshake (the initiator). Feed it every packet of the handshake
-    channel: packets for other clients' nonces are ignored."""
-
-    def __init__(
-        self,
-        *,
-        app_id: str,
-        tag: str,
-        static_private: bytes,
-        description: bytes,
-        describe_difference: Callable[[bytes], str | None],
-        pinned_key: bytes | None,
-        allow_key_change: bool,
-        now_ns: int,
-        timeout_ns: int,
-        nonce: int | None = None,
-        ephemeral_private: bytes | None = None,
-        retry_initial_ns: int = 300_000_000,
-        retry_max_ns: int = 2_000_000_000,
-        plaintext_ipc: bool = False,
-    ) -> None:
-        self.app_id = app_id
-        self._flags = _PLAINTEXT if plaintext_ipc else 0
-        self.plaintext = False
-        """Set by WELCOME: the server agreed to plaintext records (IPC, both sides configured so)."""
-        self.nonce = nonce if nonce is not None else int.from_bytes(os.urandom(8), "big") or 1
-        self.state = ClientState.START
-        self.remote_public_key: bytes | None = None
-        self.connection_expiry_ns = 0
-        self._tag = tag.encode()
-        self._description = description
-        self._describe_difference = describe_difference
-        self._pinned_key = pinned_key
-        self._allow_key_change = allow_key_change
-        self._static_private = static_private
-        self._noise = HandshakeState(
-            initiator=True,
-            static_private=static_private,
-            prologue=_prologue(app_id),
-            ephemeral_private=ephemeral_private,
-        )
-        self.restarts = 0
-        """Times the server said it no longer held our handshake and we started over."""
-        self._started_ns = now_ns
-        self._give_up_ns = now_ns + timeout_ns
-        self._retry_initial_ns = retry_initial_ns
-        self._retry_max_ns = retry_max_ns
-        self._retry_ns = retry_initial_ns
-        self._next_retry_ns: int | None = None
-        self._last: bytes | None = None
-        self._out: list[bytes] = []
-        self._events: list[HandshakeCompleted | Rejected | HandshakeTimedOut] = []
-        self._keys: tuple[bytes, bytes] | None = None
-        self._handshake_hash = b""
-        self.ignored = 0
-        """Packets with our nonce that did not fit (forged, duplicated, corrupted): counted, dropped."""
-
-    @property
-    def deadline_ns(self) -> int | None:
-        """When :meth:`handle_timer` must run next (None once finished)."""
-        if self.state in (ClientState.COMPLETED, ClientState.REJECTED, ClientState.TIMED_OUT):
-            return None
-        if self._next_retry_ns is None:
-            return self._give_up_ns
-        return min(self._next_retry_ns, self._give_up_ns)
-
-    def start(self, now_ns: int) -> None:
-        """Send HELLO."""
-        if self.state is not ClientState.START:
-            raise RuntimeError(f"handshake already started ({self.state.value})")
-        app = self.app_id.encode()
-        hello = (
-            _header(PacketType.HELLO, self.nonce)
-            + _U8.pack(len(app))
-            + app
-            + _U8.pack(len(self._tag))
-            + self._tag
-            + _U8.pack(self._flags)
-            + self._noise.write_message(b"")
-        )
-        self.state = ClientState.HELLO_SENT
-        self._send(hello, now_ns)
-
-    def _send(self, packet: bytes, now_ns: int) -> None:
-        self._last = packet
-        self._out.append(packet)
-        self._retry_ns = self._retry_initial_ns
-        self._next_retry_ns = now_ns + self._retry_ns
-
-    def handle_timer(self, now_ns: int) -> None:
-        """Retransmit with back-off, or give up at the timeout."""
-        deadline = self.deadline_ns
-        if deadline is None or now_ns < deadline:
-            return
-        if now_ns >= self._give_up_ns:
-            self.state = ClientState.TIMED_OUT
-            self._events.append(HandshakeTimedOut((now_ns - self._started_ns) / 1e9))
-            return
-        if self._last is not None:
-            self._out.append(self._last)
-        self._retry_ns = min(self._retry_ns * 2, self._retry_max_ns)
-        self._next_retry_ns = now_ns + self._retry_ns
-
-    def receive(self, data: bytes, now_ns: int) -> None:
-        """A packet from the server's handshake channel (possibly for another client)."""
-        if len(data) < _HEADER.size:
-            return
-        version, kind, nonce = _HEADER.unpack_from(data)
-        if nonce != self.nonce:
-            return
-        if version != VERSION or kind not in PacketType._value2member_map_:
-            self.ignored += 1
-            return
-        handler = _CLIENT_TRANSITIONS.get((self.state, PacketType(kind)))
-        if handler is None:
-            return  # a duplicate or late packet
-        getattr(self, handler)(memoryview(data)[_HEADER.size :], now_ns)
-
-    def _on_reject(self, body: memoryview, now_ns: int) -> None:
-        if len(body) < 1:
-            self.ignored += 1
-            return
-        reason = body[0]
-        if reason == _reason("HANDSHAKE_EXPIRED", 8):
-            last = self._last
-            if (
-                self.state is ClientState.DONE_SENT
-                and last is not None
-                and hmac.compare_digest(bytes(body[1:]), done_digest(memoryview(last)[_HEADER.size :]))
-            ):
-                self._start_over(now_ns)
-            else:
-                self.ignored += 1  # not about our DONE: a stale answer, or someone else's doing
-            return
-        text = bytes(body[1:]).decode("utf-8", "replace")
-        self._finish_rejected(reason, text)
-
-    def _start_over(self, now_ns: int) -> None:
-        """The server lost our half-open handshake: a fresh nonce and ephemeral key, and HELLO again
-        (within the same timeout)."""
-        self.restarts += 1
-        self.nonce = int.from_bytes(os.urandom(8), "big") or 1
-        self._noise = HandshakeState(
-            initiator=True, static_private=self._static_private, prologue=_prologue(self.app_id)
-        )
-        self.remote_public_key = None
-        self._keys = None
-        self._handshake_hash = b""
-        self.state = ClientState.START
-        self.start(now_ns)
-
-    def _finish_rejected(self, reason: int, text: str) -> None:
-        self.state = ClientState.REJECTED
-        self._events.append(Rejected(reason, text))
-
-    def _on_hello_ack(self, body: memoryview, now_ns: int) -> None:
-        try:
-            payload = self._noise.read_message(bytes(body))
-        except (NoiseError, ValueError):
-            # Cannot be ours: a corrupted or forged answer. The Noise state is unusable after a
-            # failed read, so this attempt ends (the caller may retry with a fresh one).
-            self.ignored += 1
-            self._finish_rejected(0, "the server's handshake answer failed to authenticate")
-            return
-        server_key = self._noise.remote_static
-        assert server_key is not None
-        self.remote_public_key = server_key
-        if self._pinned_key is not None and server_key != self._pinned_key and not self._allow_key_change:
-            self._finish_rejected(
-                KEY_CHANGED,
-                f"the server's public key {server_key.hex()[:16]}... differs from the pinned "
-                f"{self._pinned_key.hex()[:16]}...",
-            )
-            return
-        if len(payload) < _U32.size:
-            self._finish_rejected(0, "the server's handshake answer is malformed")
-            return
-        self.connection_expiry_ns = _U32.unpack_from(payload)[0] * 1_000_000
-        difference = self._describe_difference(payload[_U32.size :])
-        if difference is not None:
-            self._finish_rejected(REGISTRATION_MISMATCH_LOCAL, difference)
-            return
-        done = _header(PacketType.DONE, self.nonce) + self._noise.write_message(self._description)
-        send, receive = self._noise.split()
-        self._keys = (_key_of(send), _key_of(receive))
-        self._handshake_hash = self._noise.handshake_hash
-        self.state = ClientState.DONE_SENT
-        self._send(done, now_ns)
-
-    def _on_welcome(self, body: memoryview, now_ns: int) -> None:
-        assert self._keys is not None and self.remote_public_key is not None
-        send_key, receive_key = self._keys
-        try:
-            plain = ChaCha20Poly1305(_welcome_key(receive_key)).decrypt(
-                _WELCOME_NONCE, bytes(body), _header(PacketType.WELCOME, self.nonce)
-            )
-        except InvalidTag:
-            self.ignored += 1
-            return
-        if len(plain) != _WELCOME.size:
-            self.ignored += 1
-            return
-        server_session, client_session, server_stream, client_stream, port, expiry_ms, flags = _WELCOME.unpack(plain)
-        self.plaintext = bool(flags & _PLAINTEXT)
-        self.state = ClientState.COMPLETED
-        self._events.append(
-            HandshakeCompleted(
-                connection_id=server_session,
-                server_session_id=server_session,
-                client_session_id=client_session,
-                server_stream_id=server_stream,
-                client_stream_id=client_stream,
-                control_port=port,
-                remote_public_key=self.remote_public_key,
-                send_key=send_key,
-                receive_key=receive_key,
-                handshake_hash=self._handshake_hash,
-                connection_expiry_ns=expiry_ms * 1_000_000,
-            )
-        )
-
-    def messages_to_send(self) -> list[bytes]:
-        """Packets for the server's handshake port, oldest first."""
-        out, self._out = self._out, []
-        return out
-
-    def take_events(self) -> list[HandshakeCompleted | Rejected | HandshakeTimedOut]:
-        """What happened since the last call (at most one event: the outcome)."""
-        events, self._events = self._events, []
-        return events
-
-
-# -- server -----------------------------------------------------------------------------------------
 
 
 class AdmissionCheck(Protocol):
@@ -483,7 +133,7 @@ class ServerHandshake:
         """connection id -> (pending key, nonce, send key, plaintext, expiry) awaiting :meth:`accept`."""
         self._app = app_id.encode()
         self._static_private = static_private
-        self._prologue = _prologue(app_id)
+        self._prologue = prologue(app_id)
         self._description = description
         self._describe_difference = describe_difference
         self._admission = admission
@@ -538,14 +188,14 @@ class ServerHandshake:
     def receive(self, data: bytes, *, source: int, address: str | None, port: int | None, now_ns: int) -> None:
         """A packet from the handshake channel: ``source`` names its transport stream (the image's
         session id), ``address``/``port`` where it came from (None for IPC)."""
-        if len(data) < _HEADER.size:
+        if len(data) < HEADER.size:
             self.stats.malformed += 1
             return
-        version, kind, nonce = _HEADER.unpack_from(data)
+        version, kind, nonce = HEADER.unpack_from(data)
         if version != VERSION:
             self.stats.malformed += 1
             return
-        body = memoryview(data)[_HEADER.size :]
+        body = memoryview(data)[HEADER.size :]
         key = (source, nonce)
         if kind == PacketType.HELLO:
             self._on_hello(key, nonce, body, address, port, now_ns)
@@ -564,8 +214,7 @@ class ServerHandshake:
             self.stats.rate_limited += 1
             return
         self.stats.restarted += 1
-        packet = _header(PacketType.REJECT, nonce) + _U8.pack(_reason("HANDSHAKE_EXPIRED", 8)) + done_digest(body)
-        self._out.append(packet)
+        self._out.append(expired_packet(nonce, body))
 
     def _reject(self, nonce: int, reason: int, message: str, address: str | None, tag: str) -> None:
         self.stats.rejected += 1
@@ -588,23 +237,11 @@ class ServerHandshake:
             return
         if key in self._accepted:
             return  # the client will repeat DONE
-        try:
-            offset = 0
-            (app_len,) = _U8.unpack_from(body, offset)
-            app = bytes(body[1 : 1 + app_len])
-            offset = 1 + app_len
-            (tag_len,) = _U8.unpack_from(body, offset)
-            tag_bytes = bytes(body[offset + 1 : offset + 1 + tag_len])
-            offset += 1 + tag_len
-            (flags,) = _U8.unpack_from(body, offset)
-            offset += 1
-            if len(app) != app_len or len(tag_bytes) != tag_len:
-                raise ValueError("truncated")
-            tag = tag_bytes.decode("utf-8")
-        except (struct.error, ValueError):
+        hello = parse_hello(body)
+        if hello is None:
             self.stats.malformed += 1
             return
-        first = bytes(body[offset:])
+        app, tag, flags, first = hello
         if app != self._app:
             self._reject(
                 nonce, BAD_APP_ID, f"application id {app.decode('utf-8', 'replace')!r} is not served here", address, tag
@@ -620,15 +257,15 @@ class ServerHandshake:
         noise = HandshakeState(initiator=False, static_private=self._static_private, prologue=self._prologue)
         try:
             noise.read_message(first)
-            answer = _header(PacketType.HELLO_ACK, nonce) + noise.write_message(
-                _U32.pack(self._expiry_ms) + self._description
+            answer = header(PacketType.HELLO_ACK, nonce) + noise.write_message(
+                U32.pack(self._expiry_ms) + self._description
             )
         except (NoiseError, ValueError):  # e.g. a low-order ephemeral key: no shared secret
             self.stats.malformed += 1
             return
         if len(self._pending) >= self.max_pending:
             self._evict()
-        plaintext = bool(flags & _PLAINTEXT) and self._allow_plaintext
+        plaintext = bool(flags & PLAINTEXT) and self._allow_plaintext
         self._pending[key] = _Pending(noise, answer, now_ns + self._timeout_ns, address, port, tag, plaintext, now_ns)
         self._out.append(answer)
 
@@ -694,7 +331,7 @@ class ServerHandshake:
         address = pending.address
         difference = self._describe_difference(client_description)
         if difference is not None:
-            self._reject(nonce, _reason("REGISTRATION_MISMATCH", 4), difference, address, pending.tag)
+            self._reject(nonce, REGISTRATION_MISMATCH, difference, address, pending.tag)
             return
         verdict = self._admission(address, pending.tag, client_key, len(self.connections), self._count_for(address))
         if verdict is not None:
@@ -702,13 +339,13 @@ class ServerHandshake:
             return
         allocation = self._allocate(address)
         if allocation is None:
-            self._reject(nonce, _reason("SERVER_FULL", 1), "no ids or ports left on the server", address, pending.tag)
+            self._reject(nonce, SERVER_FULL, "no ids or ports left on the server", address, pending.tag)
             return
         send, receive = pending.noise.split()
         self.stats.accepted += 1
         allocation.key = key
         self._live_keys[key] = allocation.server_session_id
-        self._unconfirmed[allocation.server_session_id] = (key, nonce, _key_of(send), pending.plaintext, now_ns)
+        self._unconfirmed[allocation.server_session_id] = (key, nonce, key_of(send), pending.plaintext, now_ns)
         if not self._confirm_accept:
             self.accept(allocation.server_session_id, now_ns)
         self._events.append(
@@ -724,8 +361,8 @@ class ServerHandshake:
                 client_stream_id=allocation.client_stream_id,
                 control_port=allocation.control_port,
                 remote_public_key=client_key,
-                send_key=_key_of(send),
-                receive_key=_key_of(receive),
+                send_key=key_of(send),
+                receive_key=key_of(receive),
                 plaintext=pending.plaintext,
             )
         )
@@ -738,17 +375,19 @@ class ServerHandshake:
         if entry is None or allocation is None:
             return False
         key, nonce, send_key, plaintext, _ = entry
-        plain = _WELCOME.pack(
-            allocation.server_session_id,
-            allocation.client_session_id,
-            allocation.server_stream_id,
-            allocation.client_stream_id,
-            allocation.control_port,
-            self._expiry_ms,
-            _PLAINTEXT if plaintext else 0,
+        welcome = seal_welcome(
+            send_key,
+            nonce,
+            Welcome(
+                allocation.server_session_id,
+                allocation.client_session_id,
+                allocation.server_stream_id,
+                allocation.client_stream_id,
+                allocation.control_port,
+                self._expiry_ms,
+                plaintext,
+            ),
         )
-        header = _header(PacketType.WELCOME, nonce)
-        welcome = header + ChaCha20Poly1305(_welcome_key(send_key)).encrypt(_WELCOME_NONCE, plain, header)
         while len(self._accepted) >= self.max_pending:
             self._accepted.popitem(last=False)
         self._accepted[key] = _Accepted(welcome, now_ns + self._timeout_ns, now_ns)
@@ -839,11 +478,3 @@ class ServerHandshake:
         """Accepted clients (open their streams, then :meth:`accept`) and rejections since the last call."""
         events, self._events = self._events, []
         return events
-
-
-def _reason(name: str, fallback: int) -> int:
-    """The admission module's code for ``name`` (kept in one place: its RejectReason enum)."""
-    from .admission import RejectReason
-
-    member = getattr(RejectReason, name, None)
-    return int(member) if member is not None else fallback
