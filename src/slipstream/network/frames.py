@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator
 from enum import IntEnum
-from typing import Final
+from typing import Final, cast
 
 import msgspec
 
@@ -30,6 +30,7 @@ __all__ = [
     "encode_frame_into",
     "encode_frames",
     "iter_frames",
+    "walk_frames",
 ]
 
 
@@ -59,6 +60,9 @@ _KINDS: Final[tuple[FrameKind | None, ...]] = tuple(
     FrameKind(value) if value in FrameKind._value2member_map_ else None for value in range(256)
 )
 """Kind byte -> member (None: unknown), so decoding costs one tuple index, not an enum lookup."""
+_KIND_OF: Final = cast("tuple[FrameKind, ...]", _KINDS)
+"""The same table typed for bytes :func:`walk_frames` accepted (none of which maps to None)."""
+_unpack_header_from: Final = FRAME_HEADER.unpack_from
 
 
 class Frame(msgspec.Struct, frozen=True, gc=False):
@@ -96,59 +100,53 @@ def encode_frames(frames: Iterable[Frame]) -> bytes:
     return bytes(buf)
 
 
-def iter_frames(data: bytes | bytearray | memoryview, *, max_frames: int = 65536) -> Iterator[Frame]:
-    """Frames of ``data`` one by one; raises FrameError at the first bad one (earlier ones were yielded).
+def walk_frames(record: bytes, max_frames: int = 65536) -> list[tuple[int, int, int]]:
+    """The ``(kind byte, request_id, payload length)`` of every frame of ``record``, or FrameError.
 
-    Prefer :func:`decode_frames` when a record must be accepted or refused as a whole.
+    The one bounded walk every decoder of records uses: each length is checked against the bytes left
+    before anyone slices a payload, the count is capped at ``max_frames``, unknown kinds are refused.
+    It returns the headers :mod:`struct` already built rather than frames so that a decoder (such as
+    ``Serialization.decode_record``, the receive fast path) can build its own values in a second pass,
+    keeping a running offset: payload *i* starts ``FRAME_OVERHEAD`` bytes after payload *i - 1* ends.
     """
-    view = data if isinstance(data, bytes) else bytes(data)  # one copy; payload slices are then plain bytes
-    end = len(view)
+    end = len(record)
     offset = 0
-    count = 0
-    unpack_from = FRAME_HEADER.unpack_from
+    length = 0
+    headers: list[tuple[int, int, int]] = []
     kinds = _KINDS
     while offset < end:
-        if count >= max_frames:
+        if len(headers) >= max_frames:
             raise FrameError(f"more than {max_frames} frames in one record")
-        if end - offset < FRAME_OVERHEAD:
-            raise FrameError(f"truncated frame header: {end - offset} bytes left at offset {offset}")
-        kind_byte, request_id, length = unpack_from(view, offset)
-        kind = kinds[kind_byte]
-        if kind is None:
+        try:
+            kind_byte, _, length = header = _unpack_header_from(record, offset)
+        except struct.error:
+            raise FrameError(f"truncated frame header: {end - offset} bytes left at offset {offset}") from None
+        if kinds[kind_byte] is None:
             raise FrameError(f"unknown frame kind {kind_byte} at offset {offset}")
-        start = offset + FRAME_OVERHEAD
-        offset = start + length
-        if offset > end:
-            raise FrameError(
-                f"frame length {length} at offset {start - FRAME_OVERHEAD} exceeds the {end - start} bytes left"
-            )
-        yield Frame(kind, request_id, view[start:offset])
-        count += 1
+        offset += FRAME_OVERHEAD + length
+        headers.append(header)
+    if offset > end:  # only the last frame can overrun: the loop stops at the first that does
+        start = offset - length
+        raise FrameError(
+            f"frame length {length} at offset {start - FRAME_OVERHEAD} exceeds the {end - start} bytes left"
+        )
+    return headers
 
 
 def decode_frames(data: bytes | bytearray | memoryview, *, max_frames: int = 65536) -> list[Frame]:
     """Every frame of ``data`` (a record's plaintext), or FrameError if any part of it is malformed."""
     view = data if isinstance(data, bytes) else bytes(data)  # one copy; payload slices are then plain bytes
-    end = len(view)
-    offset = 0
+    kind_of = _KIND_OF
     frames: list[Frame] = []
-    append = frames.append
-    unpack_from = FRAME_HEADER.unpack_from
-    kinds = _KINDS
-    while offset < end:
-        if len(frames) >= max_frames:
-            raise FrameError(f"more than {max_frames} frames in one record")
-        if end - offset < FRAME_OVERHEAD:
-            raise FrameError(f"truncated frame header: {end - offset} bytes left at offset {offset}")
-        kind_byte, request_id, length = unpack_from(view, offset)
-        kind = kinds[kind_byte]
-        if kind is None:
-            raise FrameError(f"unknown frame kind {kind_byte} at offset {offset}")
-        start = offset + FRAME_OVERHEAD
-        offset = start + length
-        if offset > end:
-            raise FrameError(
-                f"frame length {length} at offset {start - FRAME_OVERHEAD} exceeds the {end - start} bytes left"
-            )
-        append(Frame(kind, request_id, view[start:offset]))
+    stop = 0
+    for kind_byte, request_id, length in walk_frames(view, max_frames):
+        start = stop + FRAME_OVERHEAD
+        stop = start + length
+        frames.append(Frame(kind_of[kind_byte], request_id, view[start:stop]))
     return frames
+
+
+def iter_frames(data: bytes | bytearray | memoryview, *, max_frames: int = 65536) -> Iterator[Frame]:
+    """The frames of ``data`` one by one, after the whole record was checked as :func:`decode_frames` does
+    (a malformed record raises FrameError at the first ``next``, before any frame)."""
+    yield from decode_frames(data, max_frames=max_frames)

@@ -24,7 +24,7 @@ from typing import Any, Final, cast
 import msgspec
 
 from .errors import FrameError, MessageDecodeError, UnregisteredTypeError
-from .frames import _KINDS, FRAME_HEADER, FRAME_OVERHEAD, FrameKind
+from .frames import _KIND_OF, _KINDS, FRAME_HEADER, FRAME_OVERHEAD, FrameKind, walk_frames
 
 __all__ = ["BUILTIN_TYPES", "MAX_TYPES", "Serialization"]
 
@@ -37,8 +37,8 @@ _DESCRIPTION_VERSION: Final = 1
 _ONE_BYTE: Final = tuple(bytes((i,)) for i in range(128))
 _HEADER_ROOM: Final = bytes(FRAME_OVERHEAD)
 _pack_header_into: Final = FRAME_HEADER.pack_into
-_unpack_header_from: Final = FRAME_HEADER.unpack_from
-_MESSAGE_KINDS: Final = (int(FrameKind.MESSAGE), int(FrameKind.SYNC_REQUEST))
+_IS_MESSAGE: Final = tuple(kind in (FrameKind.MESSAGE, FrameKind.SYNC_REQUEST) for kind in range(256))
+"""Kind byte -> whether its payload is a message to decode (one tuple index per frame on the fast path)."""
 
 
 def _type_name(tp: type) -> str:
@@ -212,32 +212,20 @@ class Serialization:
 
         For MESSAGE and SYNC_REQUEST frames ``value`` is the decoded message, or a
         :class:`MessageDecodeError` *instance* (returned, not raised: one bad message must not cost the
-        others in the record); for every other kind it is the payload bytes. Framing is checked exactly as
-        :func:`~.frames.decode_frames` does, and a malformed record raises FrameError as a whole. The
-        receive fast path: no Frame objects, one slice per message.
+        others in the record); for every other kind it is the payload bytes. Framing is checked by
+        :func:`~.frames.walk_frames`, as for :func:`~.frames.decode_frames`, and a malformed record raises
+        FrameError as a whole. The receive fast path: no Frame objects, one slice per message.
         """
         record = data if isinstance(data, bytes) else bytes(data)
-        end = len(record)
-        offset = 0
         out: list[tuple[FrameKind, int, object]] = []
-        append = out.append
-        unpack_from = _unpack_header_from
-        kinds = _KINDS
+        kind_of = _KIND_OF
+        is_message = _IS_MESSAGE
         decode_fns = self._decode_fns
-        while offset < end:
-            if len(out) >= max_frames:
-                raise FrameError(f"more than {max_frames} frames in one record")
-            if end - offset < FRAME_OVERHEAD:
-                raise FrameError(f"truncated frame header: {end - offset} bytes left at offset {offset}")
-            kind_byte, request_id, length = unpack_from(record, offset)
-            kind = kinds[kind_byte]
-            if kind is None:
-                raise FrameError(f"unknown frame kind {kind_byte} at offset {offset}")
-            start = offset + FRAME_OVERHEAD
-            offset = start + length
-            if offset > end:
-                raise FrameError(f"frame length {length} at offset {start - FRAME_OVERHEAD} exceeds the bytes left")
-            if kind_byte in _MESSAGE_KINDS:
+        stop = 0
+        for kind_byte, request_id, length in walk_frames(record, max_frames):
+            start = stop + FRAME_OVERHEAD
+            stop = start + length
+            if is_message[kind_byte]:
                 value: object
                 if length == 0:
                     value = MessageDecodeError("empty message")
@@ -245,16 +233,16 @@ class Serialization:
                     try:
                         first = record[start]
                         if first < 128:
-                            value = decode_fns[first](record[start + 1 : offset])
+                            value = decode_fns[first](record[start + 1 : stop])
                         else:
                             type_id = ((first & 0x7F) << 8) | record[start + 1]
-                            value = decode_fns[type_id](record[start + 2 : offset])
+                            value = decode_fns[type_id](record[start + 2 : stop])
                     except Exception as exc:  # hostile bodies, as in decode()
-                        value = MessageDecodeError(self._why(record[start:offset], exc))
+                        value = MessageDecodeError(self._why(record[start:stop], exc))
                         value.__cause__ = exc
-                append((kind, request_id, value))
+                out.append((kind_of[kind_byte], request_id, value))
             else:
-                append((kind, request_id, record[start:offset]))
+                out.append((kind_of[kind_byte], request_id, record[start:stop]))
         return out
 
     def description(self) -> bytes:
