@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import random
@@ -9,6 +10,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,7 +23,9 @@ from hypothesis import strategies as st
 from slipstream.network.frames import FrameKind
 from slipstream.network.rmi import RemoteRef, RmiCallCompleted, RmiEndpoint, RmiRegistry
 from slipstream.network.serialization import Serialization
+from slipstream.network.streamfiles import WRITE_BACKLOG_PAUSE, InlineStreamFiles, ThreadedStreamFiles
 from slipstream.network.streaming import (
+    FileSource,
     SpillFile,
     StreamCompleted,
     StreamFailed,
@@ -542,3 +546,391 @@ def test_bad_arguments_and_a_closed_machine_are_refused(tmp_path: Path) -> None:
         streams.send(FrameKind.MESSAGE, 0, b"x")
     streams.receive(FrameKind.STREAM_START, 1, struct.pack(">BBIQ", 0, 1, 0, 10), 0)
     assert streams.take_events() == []
+
+
+# -- file I/O on a worker thread ---------------------------------------------------------------------------
+
+WAIT_S = 60.0
+"""Every wait below gives up (and fails the test) after this long."""
+
+
+class Doorbell:
+    """The ``wake`` an adapter passes: an event to wait on, and the threads that rang it."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.threads: set[int] = set()
+        self.rings = 0
+
+    def __call__(self) -> None:
+        self.threads.add(threading.get_ident())
+        self.rings += 1
+        self.event.set()
+
+    def wait(self, timeout: float) -> bool:
+        rang = self.event.wait(timeout)
+        self.event.clear()
+        return rang
+
+
+class Disk(InlineStreamFiles):
+    """Real files whose spill writes and reads take ``delay`` seconds each (a slow disk), writes fail past
+    ``fail_after`` bytes (a full one; 0: when the file is closed, as buffered data is flushed) and reads
+    past ``fail_reads_after`` chunks; notes what it did, where."""
+
+    def __init__(
+        self,
+        delay: float = 0.0,
+        fail_after: int | None = None,
+        fail_reads_after: int | None = None,
+        gate: threading.Event | None = None,
+    ) -> None:
+        self.gate = gate
+        """When given, each write first waits (at most WAIT_S) until it is set: a write that hangs."""
+        self.writing = threading.Event()
+        self.delay = delay
+        self.fail_after = fail_after
+        self.fail_reads_after = fail_reads_after
+        self.written = 0
+        self.closed_at_written: int | None = None
+        self.threads: set[int] = set()
+
+    def spill(self, directory: str | None, prefix: str) -> SpillFile:
+        return DiskSpill(self, directory, prefix)
+
+    def source(self, path: str | os.PathLike[str], *, chunk: int, headroom: int) -> FileSource:
+        return DiskSource(self, path, chunk=chunk, headroom=headroom)
+
+
+class DiskSpill(SpillFile):
+    def __init__(self, disk: Disk, directory: str | None, prefix: str) -> None:
+        super().__init__(directory, prefix)
+        self.disk = disk
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        disk = self.disk
+        disk.threads.add(threading.get_ident())
+        n = memoryview(data).nbytes
+        if disk.fail_after and disk.written + n > disk.fail_after:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        disk.writing.set()
+        if disk.gate is not None:
+            disk.gate.wait(WAIT_S)
+        time.sleep(disk.delay)
+        super().write(data)
+        disk.written += n
+
+    def finish(self) -> str:
+        if self.disk.fail_after == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        path = super().finish()
+        self.disk.closed_at_written = self.disk.written
+        return path
+
+
+class DiskSource(FileSource):
+    def __init__(self, disk: Disk, path: str | os.PathLike[str], *, chunk: int, headroom: int) -> None:
+        super().__init__(path, chunk=chunk, headroom=headroom)
+        self.disk = disk
+        self.reads = 0
+
+    def take(self) -> bytearray:
+        self.disk.threads.add(threading.get_ident())
+        self.reads += 1
+        if self.disk.fail_reads_after is not None and self.reads > self.disk.fail_reads_after:
+            raise OSError(errno.EIO, "Input/output error")
+        time.sleep(self.disk.delay)
+        return super().take()
+
+
+class ThreadedLink:
+    """Two machines whose file I/O runs on worker threads, driven as an adapter drives them: frames cross
+    while the receiver's write backlog is at most ``pause`` (above it the adapter stops polling its
+    subscription), a due ``deadline_ns`` runs ``handle_timer``, and with nothing to do it waits for a wake."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        chunk_payload: int = 64 * 1024,
+        sender_disk: Disk | None = None,
+        receiver_disk: Disk | None = None,
+        read_ahead: int = 1024 * 1024,
+        pause: float = WRITE_BACKLOG_PAUSE,
+        **receiver: Any,
+    ) -> None:
+        self.tmp = tmp
+        self.bell = Doorbell()
+        self.sender_files = ThreadedStreamFiles(self.bell, files=sender_disk, read_ahead=read_ahead)
+        self.receiver_files = ThreadedStreamFiles(self.bell, files=receiver_disk)
+        self.sender = Streams(chunk_payload=chunk_payload, temp_dir=str(tmp), files=self.sender_files)
+        self.receiver = Streams(chunk_payload=chunk_payload, temp_dir=str(tmp), files=self.receiver_files, **receiver)
+        self.pause = pause
+        self.sent_events: list[Any] = []
+        self.received_events: list[Any] = []
+        self.peak_backlog = 0
+        self.receiving_s = 0.0
+        """Time spent inside ``receiver.receive`` (what the event loop would spend)."""
+
+    def step(self) -> bool:
+        """One duty cycle of both sides; whether anything happened."""
+        moved = False
+        for machine in (self.sender, self.receiver):
+            due = machine.deadline_ns
+            if due is not None and due <= time.monotonic_ns():
+                machine.handle_timer(time.monotonic_ns())
+        if self.receiver.write_backlog <= self.pause:
+            frames = self.sender.take_frames(self.sender.chunk_data)
+            for kind, stream_id, payload in frames:
+                began = time.perf_counter()
+                self.receiver.receive(kind, stream_id, bytes(payload), time.monotonic_ns())
+                self.receiving_s += time.perf_counter() - began
+                self.peak_backlog = max(self.peak_backlog, self.receiver.write_backlog)
+            moved = bool(frames)
+        for kind, stream_id, payload in self.receiver.take_frames():
+            self.sender.receive(kind, stream_id, bytes(payload), time.monotonic_ns())
+            moved = True
+        for events, machine in ((self.sent_events, self.sender), (self.received_events, self.receiver)):
+            new = machine.take_events()
+            events += new
+            moved = moved or bool(new)
+        return moved
+
+    def run(self, until: Any) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not until():
+            assert time.monotonic() < deadline, "the streams did not settle in time"
+            if not self.step():
+                self.bell.wait(0.05)
+
+    def finals(self, events: list[Any]) -> list[Any]:
+        return [e for e in events if isinstance(e, (StreamCompleted, StreamFailed))]
+
+    def settled(self) -> bool:
+        return bool(self.finals(self.received_events)) and not self.sender.sending
+
+    def close(self) -> None:
+        self.receiver.close()
+        self.sender.close()
+        self.receiver_files.close()
+        self.sender_files.close()
+
+
+def test_threaded_files_carry_a_20_mb_file_intact(tmp_path: Path) -> None:
+    (tmp_path / "spill").mkdir()
+    original = tmp_path / "big.bin"
+    data = os.urandom(20 * MiB)
+    original.write_bytes(data)
+    link = ThreadedLink(tmp_path / "spill")
+    try:
+        stream_id = link.sender.send_file(original)
+        link.run(link.settled)
+        (done,) = link.finals(link.received_events)
+        assert isinstance(done, StreamCompleted) and done.is_file and done.path is not None
+        assert hashlib.sha256(Path(done.path).read_bytes()).digest() == hashlib.sha256(data).digest() == done.sha256
+        (sent,) = [e for e in link.sent_events if isinstance(e, StreamSent)]
+        assert sent.stream_id == stream_id and sent.sha256 == done.sha256
+        assert not link.finals(link.sent_events[:-1]) and link.receiver.write_backlog == 0
+        assert link.bell.threads and threading.get_ident() not in link.bell.threads  # woken from the worker
+        assert link.receiver.release(done.stream_id)
+    finally:
+        link.close()
+    assert os.listdir(tmp_path / "spill") == []  # the removal was queued on the worker, done by close
+    assert not link.sender_files.running and not link.receiver_files.running
+
+
+def test_a_slow_disk_lags_behind_receive_with_a_bounded_backlog_and_completes_after_its_writes(
+    tmp_path: Path,
+) -> None:
+    chunk = 256 * 1024
+    disk = Disk(delay=0.02)
+    original = tmp_path / "twelve.bin"
+    original.write_bytes(os.urandom(12 * MiB))
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    link = ThreadedLink(spill_dir, chunk_payload=chunk + 8, receiver_disk=disk)
+    try:
+        link.sender.send_file(original)
+        link.run(lambda: not link.sender.sending)  # the last frame (END) was received
+        assert link.receiver.write_backlog > 0 and disk.written < original.stat().st_size  # the writes lag
+        assert not link.finals(link.received_events) and disk.closed_at_written is None
+        # the loop's share: the writes slept 20 ms each, receive() only queued them
+        assert link.receiving_s < 0.25 * disk.delay * (original.stat().st_size // chunk)
+        assert WRITE_BACKLOG_PAUSE / 2 < link.peak_backlog <= WRITE_BACKLOG_PAUSE + chunk
+        assert disk.threads and threading.get_ident() not in disk.threads
+        # the completion waits for the file: the worker wakes us (every MiB written, and once the file is
+        # closed), and deadline_ns is due only once there is something to take in
+        link.bell.event.clear()
+        rings = link.bell.rings
+        while True:
+            assert link.bell.wait(10.0), "the worker never woke us"
+            due = link.receiver.deadline_ns
+            if due is not None and due <= time.monotonic_ns():
+                link.receiver.handle_timer(time.monotonic_ns())
+                finals = link.finals(link.receiver.take_events())
+                assert finals, "deadline_ns was due with nothing to take in"
+                break
+        (done,) = finals
+        assert isinstance(done, StreamCompleted) and done.path is not None
+        assert link.bell.rings - rings >= 3  # > 4 MiB were still to write: a paused adapter hears as they go
+        assert disk.closed_at_written == disk.written == original.stat().st_size
+        assert Path(done.path).read_bytes() == original.read_bytes()
+        assert link.receiver.write_backlog == 0 and link.receiver.deadline_ns is None
+    finally:
+        link.close()
+    assert os.listdir(spill_dir) == []
+
+
+def test_a_backlog_past_max_write_backlog_fails_the_stream_once(tmp_path: Path) -> None:
+    """An adapter that ignores the pause still holds no more than ``max_write_backlog``."""
+    link = ThreadedLink(
+        tmp_path, receiver_disk=Disk(delay=0.01), pause=float("inf"), max_write_backlog=MiB, spill_threshold=0
+    )
+    try:
+        link.sender.send(FrameKind.MESSAGE, 0, os.urandom(4 * MiB))
+        link.run(link.settled)
+        for _ in range(20):
+            link.step()
+        (failed,) = link.finals(link.received_events)
+        assert isinstance(failed, StreamFailed) and failed.failure == StreamFailure.SPILL_FAILED
+        assert "behind" in failed.detail and link.peak_backlog <= MiB
+        assert [e.failure for e in link.finals(link.sent_events)] == [StreamFailure.REFUSED]
+    finally:
+        link.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_file_being_sent_waits_for_its_reads_and_the_worker_says_when(tmp_path: Path) -> None:
+    """take_frames hands out only chunks already read (a starved stream just waits, no error), and the
+    first chunk read for a starved stream wakes the adapter, with deadline_ns due."""
+    original = tmp_path / "slow.bin"
+    original.write_bytes(os.urandom(20 * 1024))
+    bell = Doorbell()
+    files = ThreadedStreamFiles(bell, files=Disk(delay=0.03), read_ahead=8 * 1024)
+    sender = Streams(chunk_payload=1024 + 8, files=files)
+    try:
+        sender.send_file(original)
+        (start,) = sender.take_frames()
+        assert start[0] == FrameKind.STREAM_START and sender.sending
+        chunks: list[bytes] = []
+        while sender.sending:
+            ready = [p for k, _, p in sender.take_frames() if k == FrameKind.STREAM_CHUNK]
+            chunks += [bytes(p[8:]) for p in ready]
+            assert len(ready) < 8, "woken only once the whole read-ahead was read"
+            if sender.sending and not ready:
+                assert bell.wait(10.0), "the worker never woke us"
+                if (due := sender.deadline_ns) is not None and due <= time.monotonic_ns():
+                    sender.handle_timer(time.monotonic_ns())
+        assert b"".join(chunks) == original.read_bytes() and sender.deadline_ns is None
+        assert [type(e) for e in sender.take_events() if not isinstance(e, StreamProgressed)] == [StreamSent]
+    finally:
+        sender.close()
+        files.close()
+
+
+@pytest.mark.parametrize("where", ["write", "close", "create"])
+def test_a_failing_disk_gives_one_spill_failure(tmp_path: Path, where: str) -> None:
+    """Whenever the worker meets it (the sender is told, even after its last chunk left)."""
+    spill_dir = tmp_path / ("missing" if where == "create" else "spill")
+    if where != "create":
+        spill_dir.mkdir()
+    disk = Disk(fail_after=0 if where == "close" else MiB)
+    link = ThreadedLink(spill_dir, receiver_disk=disk, spill_threshold=0)
+    try:
+        link.sender.send(FrameKind.MESSAGE, 0, os.urandom(3 * MiB))
+        link.run(link.settled)
+        for _ in range(20):  # nothing more is reported
+            link.step()
+        (failed,) = link.finals(link.received_events)
+        assert isinstance(failed, StreamFailed) and failed.failure == StreamFailure.SPILL_FAILED
+        assert ("No such file" if where == "create" else "No space left") in failed.detail
+        assert [e.failure for e in link.finals(link.sent_events)] == [StreamFailure.REFUSED]
+        assert link.receiver.write_backlog == 0 and link.receiver.deadline_ns is None
+    finally:
+        link.close()
+    assert where == "create" or os.listdir(spill_dir) == []
+
+
+@pytest.mark.parametrize("how", ["vanished", "unreadable"])
+def test_a_source_file_lost_mid_send_gives_one_sender_failure(tmp_path: Path, how: str) -> None:
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    original = tmp_path / "going.bin"
+    original.write_bytes(os.urandom(8 * MiB))
+    disk = Disk(fail_reads_after=40 if how == "unreadable" else None)
+    link = ThreadedLink(spill_dir, sender_disk=disk, read_ahead=256 * 1024)
+    try:
+        stream_id = link.sender.send_file(original)
+        if how == "vanished":
+            link.run(lambda: (link.receiver.progress(stream_id, incoming=True) or (0, 0))[0] >= MiB)
+            os.truncate(original, 0)
+            original.unlink()
+        link.run(link.settled)
+        for _ in range(20):
+            link.step()
+        (failed,) = link.finals(link.sent_events)
+        assert isinstance(failed, StreamFailed) and failed.failure == StreamFailure.SENDER_ABORTED
+        assert ("shrank" if how == "vanished" else "Input/output error") in failed.detail
+        (told,) = link.finals(link.received_events)
+        assert isinstance(told, StreamFailed) and told.failure == StreamFailure.SENDER_ABORTED
+        assert not link.sender.sending
+    finally:
+        link.close()
+    assert os.listdir(spill_dir) == []  # the receiver's removal ran on its worker
+
+
+@pytest.mark.parametrize("machines_first", [True, False])
+@pytest.mark.parametrize("when", ["arriving", "finishing"])
+def test_closing_mid_transfer_leaves_no_temporary_file_and_no_thread(
+    tmp_path: Path, when: str, machines_first: bool
+) -> None:
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    original = tmp_path / "long.bin"
+    original.write_bytes(os.urandom(6 * MiB))
+    disk = Disk(delay=0.005)
+    link = ThreadedLink(spill_dir, receiver_disk=disk)
+    stream_id = link.sender.send_file(original)
+    if when == "arriving":
+        link.run(lambda: link.receiver.write_backlog > MiB and disk.written > 0)
+    else:  # all arrived and checked, the file still being written
+        link.run(lambda: not link.sender.sending)
+        assert disk.closed_at_written is None and not link.finals(link.received_events)
+    assert len(os.listdir(spill_dir)) == 1
+    if machines_first:
+        link.close()
+    else:  # the endpoint's provider goes first: it removes what it was writing; the machines then fail
+        link.receiver_files.close()
+        link.sender_files.close()
+        link.receiver.close()
+        link.sender.close()
+    assert os.listdir(spill_dir) == []
+    assert not link.receiver_files.running and not link.sender_files.running
+    lost = [e for e in link.receiver.take_events() if isinstance(e, StreamFailed)]
+    assert [(e.stream_id, e.failure) for e in lost] == [(stream_id, StreamFailure.CONNECTION_LOST)]
+    assert link.receiver.write_backlog == 0 and not link.sender.sending
+    with pytest.raises(StreamingError, match="closed"):
+        link.sender.send_file(original)
+
+
+def test_closing_while_a_write_hangs_removes_the_file_under_it(tmp_path: Path) -> None:
+    gate = threading.Event()
+    disk = Disk(gate=gate)
+    link = ThreadedLink(tmp_path, receiver_disk=disk, spill_threshold=0)
+    try:
+        link.sender.send(FrameKind.MESSAGE, 0, os.urandom(MiB))
+        link.run(lambda: not link.sender.sending)
+        assert disk.writing.wait(WAIT_S) and len(os.listdir(tmp_path)) == 1
+        link.receiver_files.close(timeout=0.2)
+        assert link.receiver_files.running  # stuck in the write
+        assert os.listdir(tmp_path) == []  # unlinked under it: the write goes on to a nameless file
+        gate.set()
+        link.receiver_files.close(timeout=WAIT_S)
+        assert not link.receiver_files.running and os.listdir(tmp_path) == []
+        link.receiver.handle_timer(time.monotonic_ns())
+        (failed,) = link.finals(link.receiver.take_events())
+        assert isinstance(failed, StreamFailed) and failed.failure == StreamFailure.SPILL_FAILED
+        assert "closed" in failed.detail
+    finally:
+        gate.set()
+        link.close()

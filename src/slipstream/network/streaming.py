@@ -1,23 +1,19 @@
 """Large messages and files as streams of frames, with bounded memory on both sides (sans-I/O).
 
-A payload too large for one transport message (any frame: a MESSAGE, a SYNC_REQUEST, an RMI request
-or response) or the contents of a file travel as:
+The frames (STREAM_START, STREAM_CHUNK, STREAM_END) and the events are in :mod:`.streamwire`. The
+receiver refuses an announced size above ``max_stream_size`` and more than ``max_incoming`` concurrent
+streams before allocating anything; it grows an in-memory buffer only as bytes arrive, and a stream
+larger than ``spill_threshold`` (or a file, or one that would push all in-memory streams past that
+budget) goes to a temporary file, removed when the stream fails, on close, or when the application
+releases it. Events report starts, progress, completions and failures on both sides.
 
-- ``STREAM_START`` (request id = stream id): ``flags u8 | inner kind u8 | inner request id u32 |
-  total size u64`` + the file's name (UTF-8, at most 255 bytes; files only);
-- ``STREAM_CHUNK`` (request id = stream id): ``offset u64`` + data, in order, no gaps;
-- ``STREAM_END`` (request id = stream id): ``status u8`` then, for FINISHED, ``total u64 | SHA-256``;
-  for ABORTED (the sender gave up) or REFUSED (the *receiver* refuses the stream, sent back to the
-  sender under the sender's stream id) a UTF-8 reason.
-
-The receiver refuses an announced size above ``max_stream_size`` and more than ``max_incoming``
-concurrent streams before allocating anything; it grows an in-memory buffer only as bytes arrive, and a
-stream larger than ``spill_threshold`` (or a file, or one that would push all in-memory streams past
-that budget) goes to a temporary file, removed when the stream fails, on close, or when the
-application releases it. Events report starts, progress, completions and failures on both sides.
-
-The only I/O is in :class:`SpillFile` (writes) and :class:`FileSource` (reads of a file being sent);
-everything else is frames in, frames and events out, with ``now_ns`` for the idle timeout.
+File I/O, the one thing here that can block, is injected (a :class:`~.streamfiles.StreamFiles`): the
+default reads and writes at once on the caller's thread, deterministic for tests; an adapter passes a
+:class:`~.streamfiles.ThreadedStreamFiles`, so a slow disk never stalls the event loop that serves every
+other connection. The machine never waits on it: a spilled stream completes once its file is closed,
+taken in by :meth:`Streams.handle_timer` (``deadline_ns`` is due once the worker finished something); a
+file being sent hands out only chunks already read; :attr:`Streams.write_backlog` tells the adapter
+when to stop reading its subscription. The rest is frames in, frames and events out, and ``now_ns``.
 
 How a connection composes it: a frame payload with :meth:`Streams.needs_streaming` goes to
 :meth:`Streams.send` (a ``pathlib.Path`` message to :meth:`Streams.send_file`) instead of the batch;
@@ -29,23 +25,38 @@ frame it carries (a file as a message whose value is the path), then :meth:`Stre
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import mmap
 import os
-import struct
-import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
-from enum import IntEnum
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Final
 
-from .errors import NetworkError
 from .frames import FrameKind
+from .streamfiles import FileSource, InlineStreamFiles, SourceReader, SpillFile, SpillWriter, StreamFiles
+from .streamwire import (
+    FINISHED_BODY,
+    FLAG_FILE,
+    MAX_NAME,
+    OFFSET,
+    START,
+    End,
+    OutFrame,
+    StreamCompleted,
+    StreamEvent,
+    StreamFailed,
+    StreamFailure,
+    StreamingError,
+    StreamProgressed,
+    StreamSent,
+    StreamStarted,
+    StreamStats,
+    end_frame,
+    finished_frame,
+    reason_of,
+)
 
 __all__ = [
     "DEFAULT_MAX_STREAM_SIZE",
+    "DEFAULT_MAX_WRITE_BACKLOG",
     "DEFAULT_SPILL_THRESHOLD",
     "FileSource",
     "SpillFile",
@@ -64,169 +75,12 @@ DEFAULT_SPILL_THRESHOLD: Final = 16 * 1024 * 1024
 """The seed's ``maxStreamSizeInMemoryMB`` default: 16 MiB kept in memory, more goes to a file."""
 DEFAULT_MAX_STREAM_SIZE: Final = 4 * 1024**3
 """Largest announced stream accepted by default (4 GiB)."""
+DEFAULT_MAX_WRITE_BACKLOG: Final = 32 * 1024 * 1024
+"""Bytes of one connection's streams that may wait to be written: a chunk beyond fails its stream
+(SPILL_FAILED) rather than grow memory. An adapter pausing at ``WRITE_BACKLOG_PAUSE`` stays well under."""
 DEFAULT_IDLE_TIMEOUT_NS: Final = 30_000_000_000
 DEFAULT_PROGRESS_STEP: Final = 1024 * 1024
-
-_START: Final = struct.Struct(">BBIQ")
-_OFFSET: Final = struct.Struct(">Q")
-_FINISHED_BODY: Final = struct.Struct(">Q32s")
-_FLAG_FILE: Final = 0x01
-_MAX_NAME: Final = 255
-_MAX_REASON: Final = 200
 _SENT_REMEMBERED: Final = 256
-
-
-class StreamingError(NetworkError):
-    """A stream cannot be sent (closed, file unreadable, bad arguments)."""
-
-
-class _End(IntEnum):
-    FINISHED = 0
-    ABORTED = 1
-    REFUSED = 2
-
-
-class StreamFailure(IntEnum):
-    """Why a stream failed."""
-
-    SENDER_ABORTED = 1
-    """The sender gave up (closed, file changed or unreadable)."""
-    REFUSED = 2
-    """The receiver refused it (too large, too many, idle, bad data) and told the sender."""
-    CONNECTION_LOST = 3
-    CHUNK_MISSING = 4
-    """A chunk arrived at an offset other than the next expected one."""
-    CHECKSUM_MISMATCH = 5
-    SIZE_MISMATCH = 6
-    TOO_LARGE = 7
-    TOO_MANY = 8
-    TIMED_OUT = 9
-    """No chunk for the idle timeout."""
-    SPILL_FAILED = 10
-    """The temporary file could not be written."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStarted:
-    """An incoming stream was announced and accepted (``kind``/``request_id``: the frame it carries)."""
-
-    stream_id: int
-    total: int
-    is_file: bool
-    name: str
-    kind: int = FrameKind.MESSAGE
-    request_id: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StreamProgressed:
-    """Bytes so far of a stream (incoming or outgoing), every ``progress_step`` bytes and at the end."""
-
-    stream_id: int
-    done: int
-    total: int
-    incoming: bool
-
-
-@dataclass(frozen=True, slots=True)
-class StreamCompleted:
-    """An incoming stream arrived whole and checked (size and SHA-256).
-
-    ``payload`` holds it when it stayed in memory; otherwise ``path`` names the temporary file, which
-    the receiver removes on :meth:`Streams.release` or close. The connection treats the payload as one
-    frame of ``kind``/``request_id`` (a file is a message whose value is the path).
-    """
-
-    stream_id: int
-    kind: int
-    request_id: int
-    size: int
-    sha256: bytes
-    payload: bytes | None
-    path: str | None
-    is_file: bool
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class StreamSent:
-    """An outgoing stream's last frame was handed out."""
-
-    stream_id: int
-    size: int
-    sha256: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class StreamFailed:
-    """A stream failed; its resources (buffers, temporary file, open file) are already freed."""
-
-    stream_id: int
-    failure: StreamFailure
-    detail: str
-    incoming: bool
-
-
-StreamEvent = StreamStarted | StreamProgressed | StreamCompleted | StreamSent | StreamFailed
-OutFrame = tuple[int, int, bytes | bytearray]
-
-
-# -- the I/O ------------------------------------------------------------------------------------------
-
-
-class SpillFile:
-    """A temporary file a stream is written to (created 0600 by ``mkstemp``), removed unless handed over."""
-
-    def __init__(self, directory: str | None = None, prefix: str = "slipstream-stream-") -> None:
-        fd, self.path = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
-        self._file = os.fdopen(fd, "wb", buffering=1024 * 1024)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._file.write(data)
-
-    def finish(self) -> str:
-        """Close it and return its path (the caller now owns the file)."""
-        self._file.close()
-        return self.path
-
-    def discard(self) -> None:
-        """Close and remove it."""
-        with contextlib.suppress(OSError):
-            self._file.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def mapped(path: str) -> Iterator[memoryview]:
-        """A read-only view of a completed spill (decode a large message from it without reading it into
-        the heap: msgspec decodes from any buffer)."""
-        with open(path, "rb") as file:
-            if os.fstat(file.fileno()).st_size == 0:
-                yield memoryview(b"")
-                return
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                view = memoryview(mapped)
-                try:
-                    yield view
-                finally:
-                    view.release()
-
-
-class FileSource:
-    """A file being sent, read one chunk at a time (opened at once so a missing file fails ``send_file``)."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._file = open(path, "rb")  # noqa: SIM115 - kept open across chunks, closed by close()
-        self.size = os.fstat(self._file.fileno()).st_size
-        self.name = Path(path).name
-
-    def read_into(self, buffer: memoryview) -> int:
-        """Fill ``buffer`` from the file (fewer bytes only at its end); the bytes read."""
-        return self._file.readinto(buffer)
-
-    def close(self) -> None:
-        self._file.close()
 
 
 # -- the machine --------------------------------------------------------------------------------------
@@ -239,12 +93,12 @@ class _Outgoing:
     request_id: int
     total: int
     data: memoryview | None
-    source: FileSource | None
+    source: SourceReader | None
     name: str
     offset: int = 0
     started: bool = False
     next_progress: int = 0
-    hasher: hashlib._Hash | None = None
+    hasher: hashlib._Hash = field(default_factory=hashlib.sha256)
 
 
 @dataclass(slots=True)
@@ -259,20 +113,10 @@ class _Incoming:
     received: int = 0
     next_progress: int = 0
     buffer: bytearray | None = None
-    spill: SpillFile | None = None
-    hasher: hashlib._Hash | None = None
-
-
-@dataclass(slots=True)
-class StreamStats:
-    """Counters of one connection's streams (bad frames are counted, never raised)."""
-
-    streams_sent: int = 0
-    streams_received: int = 0
-    streams_failed: int = 0
-    malformed_frames: int = 0
-    unknown_stream_frames: int = 0
-    spilled_streams: int = 0
+    spill: SpillWriter | None = None
+    hasher: hashlib._Hash = field(default_factory=hashlib.sha256)
+    digest: bytes = b""
+    """Set by a checked end; the stream then waits for its file to be written and closed."""
 
 
 class Streams:
@@ -280,6 +124,7 @@ class Streams:
 
     ``chunk_payload`` is the largest STREAM_CHUNK payload the connection can carry in one transport
     message (8 bytes of it are the offset); payloads larger than that are what the connection streams.
+    ``files`` does the file I/O (default: at once, on the caller's thread; see :mod:`.streamfiles`).
     """
 
     def __init__(
@@ -293,21 +138,23 @@ class Streams:
         progress_step: int = DEFAULT_PROGRESS_STEP,
         temp_dir: str | None = None,
         temp_prefix: str = "slipstream-stream-",
+        files: StreamFiles | None = None,
+        max_write_backlog: int = DEFAULT_MAX_WRITE_BACKLOG,
     ) -> None:
-        if chunk_payload <= _OFFSET.size:
-            raise ValueError(f"chunk_payload must exceed {_OFFSET.size} bytes: {chunk_payload}")
-        if spill_threshold < 0:
-            raise ValueError(f"spill_threshold must not be negative: {spill_threshold}")
-        if max_stream_size < 0:
-            raise ValueError(f"max_stream_size must not be negative: {max_stream_size}")
-        if max_incoming < 1:
-            raise ValueError(f"max_incoming must be at least 1: {max_incoming}")
-        if idle_timeout_ns <= 0:
-            raise ValueError(f"idle_timeout_ns must be positive: {idle_timeout_ns}")
-        if progress_step <= 0:
-            raise ValueError(f"progress_step must be positive: {progress_step}")
+        if chunk_payload <= OFFSET.size:
+            raise ValueError(f"chunk_payload must exceed {OFFSET.size} bytes: {chunk_payload}")
+        for name, value, least in (
+            ("spill_threshold", spill_threshold, 0),
+            ("max_stream_size", max_stream_size, 0),
+            ("max_incoming", max_incoming, 1),
+            ("idle_timeout_ns", idle_timeout_ns, 1),
+            ("progress_step", progress_step, 1),
+            ("max_write_backlog", max_write_backlog, 0),
+        ):
+            if value < least:
+                raise ValueError(f"{name} must be at least {least}: {value}")
         self.chunk_payload = chunk_payload
-        self.chunk_data = chunk_payload - _OFFSET.size
+        self.chunk_data = chunk_payload - OFFSET.size
         self.spill_threshold = spill_threshold
         self.max_stream_size = max_stream_size
         self.max_incoming = max_incoming
@@ -315,11 +162,17 @@ class Streams:
         self.progress_step = progress_step
         self.temp_dir = temp_dir
         self.temp_prefix = temp_prefix
+        self.max_write_backlog = max_write_backlog
+        self._files: StreamFiles = files if files is not None else InlineStreamFiles()
         self.stats = StreamStats()
         self.closed = False
         self._next_id = 0
         self._outgoing: dict[int, _Outgoing] = {}
         self._incoming: dict[int, _Incoming] = {}
+        self._finishing: dict[int, _Incoming] = {}
+        """Checked, waiting for their files to be written and closed (they count as incoming)."""
+        self._starved: set[int] = set()
+        """Outgoing file streams that found no chunk read yet."""
         self._in_memory = 0
         self._handed: dict[int, str] = {}
         self._sent: dict[int, None] = {}
@@ -337,10 +190,22 @@ class Streams:
 
     @property
     def deadline_ns(self) -> int | None:
-        """When the quietest incoming stream times out (None without incoming streams)."""
+        """When the quietest incoming stream times out (None without incoming streams), or 0 (due) when
+        file I/O finished and :meth:`handle_timer` has outcomes to take in."""
+        if self._io_due():
+            return 0
         if not self._incoming:
             return None
         return min(s.last_ns for s in self._incoming.values()) + self.idle_timeout_ns
+
+    def _io_due(self) -> bool:
+        if any(s.spill is not None and s.spill.due for s in self._spilling()):
+            return True
+        return any((o := self._outgoing.get(i)) and o.source is not None and o.source.due for i in self._starved)
+
+    def _spilling(self) -> list[_Incoming]:
+        """Incoming streams, those still arriving and those whose files are being closed."""
+        return [*self._incoming.values(), *self._finishing.values()]
 
     @property
     def sending(self) -> bool:
@@ -350,7 +215,7 @@ class Streams:
     def progress(self, stream_id: int, *, incoming: bool) -> tuple[int, int] | None:
         """(bytes so far, total) of a live stream, or None."""
         if incoming:
-            s = self._incoming.get(stream_id)
+            s = self._incoming.get(stream_id) or self._finishing.get(stream_id)
             return (s.received, s.total) if s is not None else None
         o = self._outgoing.get(stream_id)
         return (o.offset, o.total) if o is not None else None
@@ -360,6 +225,13 @@ class Streams:
         """Bytes held in memory by incoming streams (bounded by ``spill_threshold``)."""
         return self._in_memory
 
+    @property
+    def write_backlog(self) -> int:
+        """Bytes of incoming streams handed to their files and not yet written (0 with the inline
+        default). An adapter stops polling its subscription while this exceeds
+        :data:`~.streamfiles.WRITE_BACKLOG_PAUSE`; ``max_write_backlog`` caps it in any case."""
+        return sum(s.spill.backlog for s in self._spilling() if s.spill is not None)
+
     # -- sending ----------------------------------------------------------------------------------
 
     def needs_streaming(self, size: int) -> bool:
@@ -367,6 +239,8 @@ class Streams:
         return size > self.chunk_payload
 
     def _check_target(self, kind: int, request_id: int) -> None:
+        if self.closed:
+            raise StreamingError("cannot stream on a closed connection")
         if not 0 <= kind <= 0xFF or not 0 <= request_id <= 0xFFFF_FFFF:
             raise StreamingError(f"frame kind {kind} must be 0..255 and request_id {request_id} 0..{0xFFFF_FFFF}")
 
@@ -378,31 +252,23 @@ class Streams:
 
     def send(self, kind: int, request_id: int, payload: bytes | bytearray | memoryview) -> int:
         """Stream ``payload`` as a frame of ``kind``/``request_id``; returns the stream id."""
-        if self.closed:
-            raise StreamingError("cannot stream on a closed connection")
         self._check_target(kind, request_id)
         data = memoryview(bytes(payload) if isinstance(payload, bytearray) else payload).cast("B")
         stream_id = self._new_id()
-        self._outgoing[stream_id] = _Outgoing(
-            stream_id, int(kind), request_id, len(data), data, None, "", hasher=hashlib.sha256()
-        )
+        self._outgoing[stream_id] = _Outgoing(stream_id, int(kind), request_id, len(data), data, None, "")
         return stream_id
 
     def send_file(self, path: str | os.PathLike[str], *, kind: int = FrameKind.MESSAGE, request_id: int = 0) -> int:
         """Stream a file's contents (the receiver gets a temporary copy); returns the stream id.
         Raises StreamingError when the file cannot be opened."""
-        if self.closed:
-            raise StreamingError("cannot stream on a closed connection")
         self._check_target(kind, request_id)
         try:
-            source = FileSource(path)
+            source = self._files.source(path, chunk=self.chunk_data, headroom=OFFSET.size)
         except OSError as exc:
             raise StreamingError(f"cannot send file {os.fspath(path)!r}: {exc}") from exc
         stream_id = self._new_id()
-        name = source.name.encode("utf-8", "replace")[:_MAX_NAME].decode("utf-8", "ignore")
-        self._outgoing[stream_id] = _Outgoing(
-            stream_id, int(kind), request_id, source.size, None, source, name, hasher=hashlib.sha256()
-        )
+        name = source.name.encode("utf-8", "replace")[:MAX_NAME].decode("utf-8", "ignore")
+        self._outgoing[stream_id] = _Outgoing(stream_id, int(kind), request_id, source.size, None, source, name)
         return stream_id
 
     def abort(self, stream_id: int, reason: str = "aborted by the sender") -> bool:
@@ -415,10 +281,11 @@ class Streams:
 
     def _fail_outgoing(self, stream: _Outgoing, failure: StreamFailure, detail: str, *, tell_peer: bool) -> None:
         self._outgoing.pop(stream.stream_id, None)
+        self._starved.discard(stream.stream_id)
         if stream.source is not None:
             stream.source.close()
         if tell_peer and stream.started:
-            self._frames.append((FrameKind.STREAM_END, stream.stream_id, _end(_End.ABORTED, detail)))
+            self._frames.append((FrameKind.STREAM_END, stream.stream_id, end_frame(End.ABORTED, detail)))
         self.stats.streams_failed += 1
         self._events.append(StreamFailed(stream.stream_id, failure, detail, False))
 
@@ -427,45 +294,48 @@ class Streams:
         streams), plus any control frames; call again as the transport drains."""
         frames, self._frames = self._frames, []
         budget = max_bytes
+        self._starved.clear()
         while self._outgoing and budget > 0:
+            spent = budget
             for stream in list(self._outgoing.values()):
                 budget -= self._step(stream, frames)
                 if budget <= 0:
                     break
+            if budget == spent:  # every file stream waits for its next chunk to be read
+                break
         return frames
 
     def _step(self, stream: _Outgoing, frames: list[OutFrame]) -> int:
-        """Hand out the stream's next frame (START, one chunk, or END); returns the data bytes used."""
+        """Hand out the stream's next frame (START, one chunk, or END); returns the data bytes used (0:
+        its next chunk is still being read)."""
         if not stream.started:
             stream.started = True
-            flags = _FLAG_FILE if stream.source is not None else 0
-            header = _START.pack(flags, stream.kind, stream.request_id, stream.total)
+            flags = FLAG_FILE if stream.source is not None else 0
+            header = START.pack(flags, stream.kind, stream.request_id, stream.total)
             frames.append((FrameKind.STREAM_START, stream.stream_id, header + stream.name.encode("utf-8")))
             return 1
-        assert stream.hasher is not None
         if stream.offset < stream.total:
             n = min(self.chunk_data, stream.total - stream.offset)
             payload: bytes | bytearray
             if stream.data is not None:
                 chunk: memoryview = stream.data[stream.offset : stream.offset + n]
-                payload = _OFFSET.pack(stream.offset) + chunk
+                payload = OFFSET.pack(stream.offset) + chunk
             else:
                 assert stream.source is not None
-                payload = bytearray(_OFFSET.size + n)  # the file is read straight after the offset
-                _OFFSET.pack_into(payload, 0, stream.offset)
-                chunk = memoryview(payload)[_OFFSET.size :]
+                failed = "the file shrank while sent"
                 try:
-                    got = stream.source.read_into(chunk)
+                    read = stream.source.take()  # the file's bytes after room for the offset
                 except OSError as exc:
-                    self._fail_outgoing(
-                        stream, StreamFailure.SENDER_ABORTED, f"file read failed: {exc}", tell_peer=True
-                    )
+                    read, failed = bytearray(), f"file read failed: {exc}"
+                if read is None:  # not read yet: the stream waits
+                    self._starved.add(stream.stream_id)
+                    return 0
+                if len(read) != OFFSET.size + n:
+                    self._fail_outgoing(stream, StreamFailure.SENDER_ABORTED, failed, tell_peer=True)
                     return 1
-                if got != n:
-                    self._fail_outgoing(
-                        stream, StreamFailure.SENDER_ABORTED, "the file shrank while sent", tell_peer=True
-                    )
-                    return 1
+                payload = read
+                OFFSET.pack_into(payload, 0, stream.offset)
+                chunk = memoryview(payload)[OFFSET.size :]
             stream.hasher.update(chunk)
             frames.append((FrameKind.STREAM_CHUNK, stream.stream_id, payload))
             stream.offset += n
@@ -474,13 +344,7 @@ class Streams:
                 self._events.append(StreamProgressed(stream.stream_id, stream.offset, stream.total, False))
             return n
         digest = stream.hasher.digest()
-        frames.append(
-            (
-                FrameKind.STREAM_END,
-                stream.stream_id,
-                bytes((_End.FINISHED,)) + _FINISHED_BODY.pack(stream.total, digest),
-            )
-        )
+        frames.append((FrameKind.STREAM_END, stream.stream_id, finished_frame(stream.total, digest)))
         del self._outgoing[stream.stream_id]
         if stream.source is not None:
             stream.source.close()
@@ -506,45 +370,41 @@ class Streams:
         else:
             self.stats.malformed_frames += 1
 
-    def _refuse(self, stream_id: int, failure: StreamFailure, detail: str) -> None:
+    def _refuse(self, stream_id: int, failure: StreamFailure, detail: str, tell_peer: bool = True) -> None:
         """Tell the sender we will not take this stream, and report it here."""
-        self._frames.append((FrameKind.STREAM_END, stream_id, _end(_End.REFUSED, detail)))
+        if tell_peer:
+            self._frames.append((FrameKind.STREAM_END, stream_id, end_frame(End.REFUSED, detail)))
         self.stats.streams_failed += 1
         self._events.append(StreamFailed(stream_id, failure, detail, True))
 
     def _start(self, stream_id: int, payload: bytes, now_ns: int) -> None:
-        if len(payload) < _START.size or len(payload) > _START.size + _MAX_NAME:
+        if len(payload) < START.size or len(payload) > START.size + MAX_NAME:
             self.stats.malformed_frames += 1
             return
-        flags, inner_kind, inner_request_id, total = _START.unpack_from(payload)
-        if stream_id in self._incoming or flags & ~_FLAG_FILE:
+        flags, inner_kind, inner_request_id, total = START.unpack_from(payload)
+        if stream_id in self._incoming or stream_id in self._finishing or flags & ~FLAG_FILE:
             self.stats.malformed_frames += 1
             return
         if total > self.max_stream_size:
-            self._refuse(
-                stream_id, StreamFailure.TOO_LARGE, f"announced {total} bytes exceed the maximum {self.max_stream_size}"
-            )
+            detail = f"announced {total} bytes exceed the maximum {self.max_stream_size}"
+            self._refuse(stream_id, StreamFailure.TOO_LARGE, detail)
             return
-        if len(self._incoming) >= self.max_incoming:
-            self._refuse(stream_id, StreamFailure.TOO_MANY, f"already {len(self._incoming)} incoming streams")
+        if (live := len(self._incoming) + len(self._finishing)) >= self.max_incoming:
+            self._refuse(stream_id, StreamFailure.TOO_MANY, f"already {live} incoming streams")
             return
-        is_file = bool(flags & _FLAG_FILE)
-        name = payload[_START.size :].decode("utf-8", "replace")
-        stream = _Incoming(
-            stream_id, inner_kind, inner_request_id, total, is_file, name, now_ns, hasher=hashlib.sha256()
-        )
-        if is_file or total > self.spill_threshold:
-            if not self._spill(stream):
-                return
-        else:
-            stream.buffer = bytearray()
+        is_file = bool(flags & FLAG_FILE)
+        name = payload[START.size :].decode("utf-8", "replace")
+        stream = _Incoming(stream_id, inner_kind, inner_request_id, total, is_file, name, now_ns)
+        stream.buffer = None if is_file or total > self.spill_threshold else bytearray()
+        if stream.buffer is None and not self._spill(stream):
+            return
         self._incoming[stream_id] = stream
         self._events.append(StreamStarted(stream_id, total, is_file, name, inner_kind, inner_request_id))
 
     def _spill(self, stream: _Incoming) -> bool:
         """Move the stream to a temporary file (writing what memory held); False if that failed."""
         try:
-            stream.spill = SpillFile(self.temp_dir, self.temp_prefix)
+            stream.spill = self._files.spill(self.temp_dir, self.temp_prefix)
             if stream.buffer:
                 stream.spill.write(stream.buffer)
         except OSError as exc:
@@ -561,28 +421,26 @@ class Streams:
         if stream is None:
             self.stats.unknown_stream_frames += 1
             return
-        if len(payload) < _OFFSET.size:
+        if len(payload) < OFFSET.size:
             self._fail_incoming(stream, StreamFailure.CHUNK_MISSING, "a chunk without an offset", tell_peer=True)
             return
-        (offset,) = _OFFSET.unpack_from(payload)
-        n = len(payload) - _OFFSET.size
+        (offset,) = OFFSET.unpack_from(payload)
+        n = len(payload) - OFFSET.size
         if offset != stream.received:
-            self._fail_incoming(
-                stream,
-                StreamFailure.CHUNK_MISSING,
-                f"chunk at offset {offset}, expected {stream.received}",
-                tell_peer=True,
-            )
+            detail = f"chunk at offset {offset}, expected {stream.received}"
+            self._fail_incoming(stream, StreamFailure.CHUNK_MISSING, detail, tell_peer=True)
             return
         if stream.received + n > stream.total:
-            self._fail_incoming(
-                stream, StreamFailure.SIZE_MISMATCH, f"more than the announced {stream.total} bytes", tell_peer=True
-            )
+            detail = f"more than the announced {stream.total} bytes"
+            self._fail_incoming(stream, StreamFailure.SIZE_MISMATCH, detail, tell_peer=True)
             return
-        data = memoryview(payload)[_OFFSET.size :]
+        data = memoryview(payload)[OFFSET.size :]
         if stream.buffer is not None and self._in_memory + n > self.spill_threshold and not self._spill(stream):
             return
-        assert stream.hasher is not None
+        if stream.spill is not None and (backlog := self.write_backlog) + n > self.max_write_backlog:
+            detail = f"the disk is {backlog} bytes behind"
+            self._fail_incoming(stream, StreamFailure.SPILL_FAILED, detail, tell_peer=True)
+            return
         stream.hasher.update(data)
         if stream.buffer is not None:
             stream.buffer += data
@@ -605,33 +463,28 @@ class Streams:
             self.stats.malformed_frames += 1
             return
         status = payload[0]
-        if status == _End.REFUSED:  # about a stream *we* send
-            outgoing = self._outgoing.get(stream_id)
-            reason = bytes(payload[1 : 1 + _MAX_REASON]).decode("utf-8", "replace")
-            if outgoing is None:
-                if stream_id in self._sent:  # refused after its last chunk left
-                    del self._sent[stream_id]
-                    self.stats.streams_failed += 1
-                    self._events.append(
-                        StreamFailed(stream_id, StreamFailure.REFUSED, f"the receiver refused it: {reason}", False)
-                    )
-                else:
-                    self.stats.unknown_stream_frames += 1
-                return
-            self._fail_outgoing(outgoing, StreamFailure.REFUSED, f"the receiver refused it: {reason}", tell_peer=False)
+        if status == End.REFUSED:  # about a stream *we* send
+            detail = f"the receiver refused it: {reason_of(payload)}"
+            if (outgoing := self._outgoing.get(stream_id)) is not None:
+                self._fail_outgoing(outgoing, StreamFailure.REFUSED, detail, tell_peer=False)
+            elif stream_id in self._sent:  # refused after its last chunk left
+                del self._sent[stream_id]
+                self.stats.streams_failed += 1
+                self._events.append(StreamFailed(stream_id, StreamFailure.REFUSED, detail, False))
+            else:
+                self.stats.unknown_stream_frames += 1
             return
         stream = self._incoming.get(stream_id)
         if stream is None:
             self.stats.unknown_stream_frames += 1
             return
-        if status == _End.ABORTED:
-            reason = bytes(payload[1 : 1 + _MAX_REASON]).decode("utf-8", "replace")
-            self._fail_incoming(stream, StreamFailure.SENDER_ABORTED, reason)
+        if status == End.ABORTED:
+            self._fail_incoming(stream, StreamFailure.SENDER_ABORTED, reason_of(payload))
             return
-        if status != _End.FINISHED or len(payload) != 1 + _FINISHED_BODY.size:
+        if status != End.FINISHED or len(payload) != 1 + FINISHED_BODY.size:
             self._fail_incoming(stream, StreamFailure.SIZE_MISMATCH, "a malformed end of stream", tell_peer=True)
             return
-        total, digest = _FINISHED_BODY.unpack_from(payload, 1)
+        total, digest = FINISHED_BODY.unpack_from(payload, 1)
         if total != stream.total or stream.received != stream.total:
             self._fail_incoming(
                 stream,
@@ -639,48 +492,57 @@ class Streams:
                 f"received {stream.received} of {stream.total} bytes (the sender says {total})",
             )
             return
-        assert stream.hasher is not None
         mine = stream.hasher.digest()
         if mine != digest:
             self._fail_incoming(stream, StreamFailure.CHECKSUM_MISMATCH, "SHA-256 of the received bytes differs")
             return
         del self._incoming[stream_id]
-        path: str | None = None
-        data: bytes | None = None
-        if stream.spill is not None:
-            try:
-                path = stream.spill.finish()
-            except OSError as exc:
-                stream.spill.discard()
-                self.stats.streams_failed += 1
-                self._events.append(StreamFailed(stream_id, StreamFailure.SPILL_FAILED, str(exc), True))
-                return
-            self._handed[stream_id] = path
-        else:
+        stream.digest = mine
+        if stream.spill is None:
             assert stream.buffer is not None
-            data = bytes(stream.buffer)
             self._in_memory -= len(stream.buffer)
+            self._completed(stream, bytes(stream.buffer), None)
+            return
+        self._finishing[stream_id] = stream
+        try:
+            stream.spill.finish()
+        except OSError as exc:
+            self._fail_incoming(stream, StreamFailure.SPILL_FAILED, str(exc))
+            return
+        self._finish(stream)
+
+    def _finish(self, stream: _Incoming) -> None:
+        """Take in what the stream's file did: a failure fails the stream (the sender is told); a checked
+        stream completes once its file is written and closed."""
+        assert stream.spill is not None
+        try:
+            path = stream.spill.poll()
+        except OSError as exc:  # the sender still has the stream's id when it arrived whole
+            self._fail_incoming(stream, StreamFailure.SPILL_FAILED, f"temporary file: {exc}", tell_peer=True)
+            return
+        if path is not None and stream.stream_id in self._finishing:
+            del self._finishing[stream.stream_id]
+            self._handed[stream.stream_id] = path
+            self._completed(stream, None, path)
+
+    def _completed(self, stream: _Incoming, data: bytes | None, path: str | None) -> None:
         self.stats.streams_received += 1
-        self._events.append(
-            StreamCompleted(
-                stream_id, stream.kind, stream.request_id, stream.total, mine, data, path, stream.is_file, stream.name
-            )
-        )
+        s = stream
+        event = StreamCompleted(s.stream_id, s.kind, s.request_id, s.total, s.digest, data, path, s.is_file, s.name)
+        self._events.append(event)
 
     def _fail_incoming(
         self, stream: _Incoming, failure: StreamFailure, detail: str, *, tell_peer: bool = False
     ) -> None:
         self._incoming.pop(stream.stream_id, None)
+        self._finishing.pop(stream.stream_id, None)
         if stream.buffer is not None:
             self._in_memory -= len(stream.buffer)
             stream.buffer = None
         if stream.spill is not None:
             stream.spill.discard()
             stream.spill = None
-        if tell_peer:
-            self._frames.append((FrameKind.STREAM_END, stream.stream_id, _end(_End.REFUSED, detail)))
-        self.stats.streams_failed += 1
-        self._events.append(StreamFailed(stream.stream_id, failure, detail, True))
+        self._refuse(stream.stream_id, failure, detail, tell_peer)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -689,8 +551,7 @@ class Streams:
         path = self._handed.pop(stream_id, None)
         if path is None:
             return False
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        self._files.remove(path)
         return True
 
     def detach(self, stream_id: int) -> str | None:
@@ -699,16 +560,24 @@ class Streams:
         return self._handed.pop(stream_id, None)
 
     def handle_timer(self, now_ns: int) -> None:
-        """Fail incoming streams idle for ``idle_timeout_ns`` (the sender is told)."""
+        """Take in finished file I/O (completions, failures); fail incoming streams idle for
+        ``idle_timeout_ns`` (the sender is told), unless they wait for our disk (back-pressure)."""
+        for stream in self._spilling():
+            if stream.spill is not None and stream.spill.due:
+                self._finish(stream)
+        self._starved.clear()  # take_frames looks again
+        idle = f"no chunk for {self.idle_timeout_ns / 1e9:g} s"
         for stream in list(self._incoming.values()):
-            if now_ns - stream.last_ns >= self.idle_timeout_ns:
-                self._fail_incoming(
-                    stream, StreamFailure.TIMED_OUT, f"no chunk for {self.idle_timeout_ns / 1e9:g} s", tell_peer=True
-                )
+            if now_ns - stream.last_ns < self.idle_timeout_ns:
+                continue
+            if stream.spill is not None and stream.spill.backlog:  # our disk is behind, not the peer
+                stream.last_ns = now_ns
+            else:
+                self._fail_incoming(stream, StreamFailure.TIMED_OUT, idle, tell_peer=True)
 
     def connection_lost(self, reason: str = "connection lost") -> None:
         """The connection is gone: every stream fails, on both sides of this machine, freeing everything."""
-        for stream in list(self._incoming.values()):
+        for stream in self._spilling():
             self._fail_incoming(stream, StreamFailure.CONNECTION_LOST, reason)
         for outgoing in list(self._outgoing.values()):
             self._fail_outgoing(outgoing, StreamFailure.CONNECTION_LOST, reason, tell_peer=False)
@@ -720,7 +589,3 @@ class Streams:
         for stream_id in list(self._handed):
             self.release(stream_id)
         self.closed = True
-
-
-def _end(status: _End, reason: str) -> bytes:
-    return bytes((status,)) + reason.encode("utf-8", "replace")[:_MAX_REASON]
