@@ -446,7 +446,7 @@ def test_tampered_and_replayed_records_on_the_wire_are_dropped_and_counted(drive
             assert len(counters) == 2 and set(counters.values()) == {0}  # the server's and the client's
             (server_label,) = [label for label in counters if label.startswith("net records dropped: server")]
             records: list[bytes] = []
-            publication = connection._publication
+            publication = connection.publication
             original = publication.offer
 
             def capture(message: Any, reserved_value: int = 0) -> int:
@@ -524,7 +524,7 @@ def test_hello_flood_over_the_wire(driver_dir: Path) -> None:
     import uuid
 
     from slipstream import Context
-    from slipstream.network.aio.transport import HANDSHAKE_STREAM
+    from slipstream.network.transport import HANDSHAKE_STREAM
 
     async def main() -> None:
         port = free_ports(50)
@@ -654,7 +654,7 @@ def test_invoker_mode_runs_the_driver_in_the_event_loop(driver_dir: Path) -> Non
             # next duty cycle a loop turn later: no await between the send and the check.
             driver = client._context._embedded
             assert driver is not None and driver._conductor is not None
-            network = driver._conductor.network_publications[connection._publication.registration_id]
+            network = driver._conductor.network_publications[connection.publication.registration_id]
             await asyncio.sleep(0)
             before = network.sender.sender_position
             assert connection.send_nowait(Base(20))
@@ -704,8 +704,8 @@ def test_plaintext_ipc_when_both_sides_turn_encryption_off(driver_dir: Path) -> 
             sealed = await careful.connect_ipc(timeout=10)  # wants encryption: gets it
             await sealed.send_sync(Base(2), timeout=5)
             assert got == [1, 2]
-            assert type(plain._machine.records).__name__ == "PlainRecords"
-            assert type(sealed._machine.records).__name__ == "RecordLayer"
+            assert type(plain.machine.records).__name__ == "PlainRecords"
+            assert type(sealed.machine.records).__name__ == "RecordLayer"
 
     run(main())
 
@@ -970,19 +970,19 @@ def test_keepalives_are_not_work_for_the_poller(driver_dir: Path) -> None:
             polls: dict[str, list[tuple[int, int]]] = {"client": [], "server": []}
 
             def recorded(side: str, conn: Any) -> None:
-                real_poll = conn._poll
+                real_poll = conn.poll
 
                 def poll(now_ns: int) -> int:
-                    before = conn._machine.liveness_records
+                    before = conn.machine.liveness_records
                     work = real_poll(now_ns)
-                    polls[side].append((work, conn._machine.liveness_records - before))
+                    polls[side].append((work, conn.machine.liveness_records - before))
                     return work
 
-                conn._poll = poll
+                conn.poll = poll
 
             recorded("client", connection)
             recorded("server", remote)
-            connection._machine.keepalive_ns = 20_000_000  # a keepalive every 20 ms
+            connection.machine.keepalive_ns = 20_000_000  # a keepalive every 20 ms
             await wait_for(lambda: sum(live for _, live in polls["server"]) >= 5, timeout=10)
             sent = [work for work, live in polls["client"] if live]
             got = [work for work, live in polls["server"] if live]

@@ -125,7 +125,7 @@ def test_captured_messages_come_out_with_their_fields_as_typed_columns(driver_di
                 await connection.send(note)  # a file: captured as an event without message bytes
                 await wait_for(lambda: len(got) == len(sent) + 1)
                 (server_side,) = server.connections
-                return {"channel": server_side._subscription.channel, "stream": server_side._subscription.stream_id}
+                return {"channel": server_side.subscription.channel, "stream": server_side.subscription.stream_id}
 
     where = run(main())
     root = tmp_path / "rec"

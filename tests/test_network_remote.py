@@ -247,7 +247,7 @@ def test_large_messages_files_and_rmi_arguments_arrive_intact(driver_dir: Path, 
             assert fetched == random.Random(3 * 1024 * 1024).randbytes(3 * 1024 * 1024)
             assert connection.transfers == {}
             (server_side,) = server.connections
-            assert server_side._machine.streams is not None and server_side._machine.streams.in_memory_bytes == 0
+            assert server_side.machine.streams is not None and server_side.machine.streams.in_memory_bytes == 0
         assert os.listdir(spill) == []  # nothing left behind
 
     run(main(), 180)
@@ -327,7 +327,7 @@ def test_a_hostile_peer_gets_errors_and_the_host_keeps_serving(driver_dir: Path,
             (server_side,) = server.connections
             host = server_side.rmi.endpoint
             args = msgspec.msgpack.encode([1, 2])
-            machine = connection._machine
+            machine = connection.machine
             hostile = [
                 request.pack(1, calc_id, 0, 9999) + args,  # a method index outside the interface
                 request.pack(1, calc_id, 999, 0) + args,  # an unknown interface
@@ -337,11 +337,11 @@ def test_a_hostile_peer_gets_errors_and_the_host_keeps_serving(driver_dir: Path,
                 machine.send_frame(FrameKind.RMI_REQUEST, (n + 100) << 16 | 7, payload)
             machine.send_frame(FrameKind.RMI_RESPONSE, 12345 << 16 | 9, b"\x00\x01")  # forged response
             machine.send_frame(FrameKind.STREAM_START, 77, start.pack(0, FrameKind.MESSAGE, 0, 1 << 62))
-            connection._after_append()
+            connection.flush()
             await wait_for(lambda: host.stats.requests_refused == len(hostile), 10)
             await wait_for(lambda: host.stats.responses_dropped == 1, 10)
             await wait_for(lambda: any(isinstance(e, StreamingError) and "too_large" in str(e) for e in errors), 10)
-            streams = server_side._machine.streams
+            streams = server_side.machine.streams
             assert streams is not None and streams.in_memory_bytes == 0 and os.listdir(tmp_path) == []
             # The same connection still serves: calls, and a large message that does fit the limit.
             assert await calc.add(20, 22) == 42
@@ -471,7 +471,7 @@ def test_deleted_objects_and_objects_sent_as_messages(driver_dir: Path, transpor
             assert await server_side.rmi.get(ICounter, 4).value() == 5
             assert connection.rmi.delete(4)
             with pytest.raises(RemoteObjectMissing, match="remote object 4 "):
-                await server_side.rmi.get(ICounter, object_id=4).value()  # the older keyword still works
+                await server_side.rmi.get(ICounter, id=4).value()
             # objects as messages: an implementation arrives as a proxy, a proxy at home as the object
             got_proxy: asyncio.Queue[Any] = asyncio.Queue()
             got_home: asyncio.Queue[Any] = asyncio.Queue()

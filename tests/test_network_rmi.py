@@ -6,7 +6,6 @@ import asyncio
 import functools
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.client.allocation import IdAllocator
-from slipstream.network.aio.rmi import Proxy, RmiSession
+from slipstream.network.aio.rmi import Proxy
 from slipstream.network.frames import FrameKind
 from slipstream.network.rmi import (
     FileRef,
@@ -40,6 +39,7 @@ from slipstream.network.rmi import (
     exception_from,
 )
 from slipstream.network.serialization import Serialization
+from slipstream.testing import AsyncConnectionPair, RmiPair, async_test, deliver
 
 # -- interfaces and implementations --------------------------------------------------------------------
 
@@ -169,50 +169,15 @@ def registries() -> tuple[RmiRegistry, RmiRegistry]:
     return client, server
 
 
-class Pair:
-    """Two sans-I/O endpoints joined by hand: ``flush`` moves frames both ways until quiet."""
+class Pair(RmiPair):
+    """The client (hosts counters only) and the server (hosts everything, global objects too)."""
 
     def __init__(self, *, pool: IdAllocator | None = None) -> None:
-        self.client_registry, self.server_registry = registries()
-        self.globals = ObjectTable(self.server_registry, is_global=True)
-        self.client = RmiEndpoint(self.client_registry, response_ids=pool)
-        self.server = RmiEndpoint(self.server_registry, global_objects=self.globals)
-        self.client_events: list[Any] = []
-        self.server_events: list[Any] = []
-
-    def flush(self) -> None:
-        for _ in range(100):
-            moved = False
-            for source, target, events in (
-                (self.client, self.server, self.server_events),
-                (self.server, self.client, self.client_events),
-            ):
-                for kind, request_id, payload in source.take_frames():
-                    moved = True
-                    deliver(target, kind, request_id, payload, caller="conn-1")
-                events.extend(target.take_events())
-            if not moved:
-                return
-        raise AssertionError("frames kept flowing")
-
-    def result(self, call_id: int) -> Any:
-        self.flush()
-        for event in self.client_events:
-            if getattr(event, "call_id", None) == call_id:
-                self.client_events.remove(event)
-                if isinstance(event, RmiCallCompleted):
-                    return event.value
-                raise exception_from(event, self.client_registry)
-        raise AssertionError(f"no outcome for call {call_id}")
-
-
-def deliver(target: RmiEndpoint, kind: int, request_id: int, payload: bytes, caller: object = None) -> None:
-    if kind == FrameKind.RMI_REQUEST:
-        invocation = target.receive_request(request_id, payload, caller)
-        if invocation is not None:
-            assert target.execute(invocation) is None, "coroutine methods are the adapter's"
-    else:
-        target.receive_response(request_id, payload)
+        client_registry, server_registry = registries()
+        self.globals = ObjectTable(server_registry, is_global=True)
+        super().__init__(
+            client_registry, server_registry, global_objects=self.globals, response_ids=pool, caller="conn-1"
+        )
 
 
 # -- registration ---------------------------------------------------------------------------------------
@@ -631,36 +596,24 @@ def test_replayed_and_forged_responses_are_dropped_and_counted() -> None:
 # -- awaitable proxies over an in-memory loop -------------------------------------------------------------
 
 
-def aio(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    """Run an async test in a fresh event loop, bounded by a timeout."""
-
-    @functools.wraps(test)
-    def run() -> None:
-        asyncio.run(asyncio.wait_for(test(), 60))
-
-    return run
+aio = async_test(60)
 
 
-class AioPair:
-    """Two RmiSessions whose frames travel by ``loop.call_soon`` (one hop per flush)."""
+class AioPair(AsyncConnectionPair):
+    """The registries of :class:`Pair` over two connection machines on the running loop."""
 
     def __init__(self, *, timeout: float = 3.0) -> None:
         client_registry, server_registry = registries()
         self.globals = ObjectTable(server_registry, is_global=True)
         self.errors: list[BaseException] = []
-        loop = asyncio.get_running_loop()
-        self.client = RmiSession(
-            RmiEndpoint(client_registry),
-            lambda frames: loop.call_soon(self.server.receive_frames, frames),
-            caller="client-connection",
-            default_timeout=timeout,
+        super().__init__(
+            client_registry,
+            server_registry,
+            global_objects=self.globals,
+            timeout=timeout,
+            callers=("client-connection", "server-connection"),
         )
-        self.server = RmiSession(
-            RmiEndpoint(server_registry, global_objects=self.globals),
-            lambda frames: loop.call_soon(self.client.receive_frames, frames),
-            caller="server-connection",
-            on_error=self.errors.append,
-        )
+        self.server.on_error = self.errors.append
 
 
 @aio
@@ -735,7 +688,7 @@ async def test_fire_and_forget_calls_all_arrive_and_never_raise() -> None:
     await oneway.bump()  # awaiting a fire-and-forget call is allowed and returns at once
     assert await asyncio.wait_for(proxy.count(), 10) == n + 1
     assert len(pair.errors) == 1 and "CalcError" in str(pair.errors[0])
-    pair.client.close()
+    pair.close("connection closed")
     oneway.bump()  # closed: dropped, never raises
 
 
@@ -759,8 +712,7 @@ async def test_closing_fails_in_flight_calls_at_once() -> None:
     calc = pair.client.get(ICalc, pair.server.save(Calc()))
     calls = [asyncio.ensure_future(calc.slow(10_000)) for _ in range(5)]
     await asyncio.sleep(0.01)
-    pair.client.close("connection lost")
-    pair.server.close("connection lost")
+    pair.close("connection lost")
     for call in calls:
         with pytest.raises(RmiConnectionClosed, match="connection lost"):
             await asyncio.wait_for(call, 1)
@@ -796,7 +748,7 @@ def test_timeouts_stay_exact_after_many_completed_calls() -> None:
     ref = calc_ref(pair)
     for i in range(5000):  # each leaves a stale heap entry behind; the heap is compacted as it grows
         pair.result(pair.client.call(ref, "add", [i, 0], i, timeout_ns=10_000))
-    assert len(pair.client._timeouts) < 200
+    assert len(pair.client._pending._timeouts) < 200
     late = pair.client.call(ref, "add", [1, 1], 10_000, timeout_ns=50)
     assert pair.client.deadline_ns == 10_050
     pair.client.take_frames()
@@ -911,17 +863,18 @@ async def test_proxies_sent_as_messages_over_the_loop() -> None:
 # -- ids by keyword, fire-and-forget failures, files ------------------------------------------------------
 
 
-def test_ids_are_the_id_keyword_with_the_older_names_as_aliases() -> None:
+def test_ids_are_the_id_keyword_and_the_older_names_are_gone() -> None:
     _, server = registries()
     table = ObjectTable(server, is_global=True)
     calc = Calc()
     assert table.save(calc, id=5) == 5 and table.get(id=5) is calc and table.get(5) is calc
-    assert table.save(Counter(), object_id=6) == 6 and table.get(object_id=6) is not None
-    with pytest.raises(TypeError, match="twice"):
-        table.save(Calc(), id=7, object_id=7)
-    with pytest.raises(TypeError, match="needs an id"):
-        table.delete()
-    assert table.delete(id=5) and table.delete(obj_or_id=6) and len(table) == 0
+    assert table.save(Counter(), 6) == 6 and table.get(6) is not None
+    for older in ({"object_id": 7}, {"obj_or_id": 7}):  # one name per parameter (issue 27)
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            table.save(Calc(), **older)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="missing"):
+        table.delete()  # type: ignore[call-arg]
+    assert table.delete(id=5) and table.delete(6) and len(table) == 0
 
 
 @aio
@@ -931,7 +884,7 @@ async def test_session_ids_by_keyword_and_fire_and_forget_failures_go_to_on_erro
     pair.client.on_error = client_errors.append
     assert pair.server.save(Calc(), id=3) == 3
     assert await pair.client.get(ICalc, id=3).add(1, 2) == 3
-    assert await pair.client.get(ICalc, object_id=3).add(2, 2) == 4
+    assert await pair.client.get(ICalc, 3).add(2, 2) == 4
     global_id = pair.globals.save(Calc(), id=8)
     calc = pair.client.get_global(ICalc, id=global_id)
     assert await calc.add(3, 3) == 6
@@ -947,7 +900,7 @@ async def test_session_ids_by_keyword_and_fire_and_forget_failures_go_to_on_erro
     assert pair.server.delete(id=3) and not pair.server.delete(3)
     with pytest.raises(RemoteObjectMissing, match="remote object 3 "):
         await pair.client.get(ICalc, 3).add(1, 2)
-    pair.client.close()
+    pair.close("connection closed")
     oneway.bump()  # closed: reported, never raised
     assert isinstance(client_errors[-1], RmiConnectionClosed) and len(client_errors) == 5
 

@@ -18,6 +18,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Final, Generic, TypeVar
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "BufferOverflowed",
     "BufferedEvent",
     "BufferedSessions",
+    "Hold",
     "SessionExpired",
     "SessionResumed",
 ]
@@ -36,6 +38,15 @@ DEFAULT_BUFFERED_TIMEOUT_NS: Final = 120_000_000_000
 """The seed's ``bufferedConnectionTimeoutSeconds``: 120 s."""
 DEFAULT_CAPACITY: Final = 10_000
 """Messages queued per peer by default."""
+
+
+class Hold(Enum):
+    """What became of a message sent to a connection that has closed."""
+
+    QUEUED = "queued until the peer reconnects (buffered session)"
+    FULL = "the buffered session's queue is full"
+    CLOSED = "closed"
+    """No buffered session waits for the peer: the message cannot go anywhere."""
 
 
 @dataclass(frozen=True, slots=True)

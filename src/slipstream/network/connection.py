@@ -11,8 +11,15 @@ Large messages and files: with a :class:`~.streaming.Streams` (every connection 
 has one), a frame too large for one record, and a ``pathlib.Path`` sent as a message, travel as a
 stream of chunk frames (bounded memory on both sides, SHA-256 checked) and arrive as the frame they
 carry; without one, a frame too large raises MessageTooLarge. A streamed message is delivered when
-its last chunk arrives, so smaller messages sent after it may overtake it. RMI frames (kinds 16/17)
-are handed to the adapter as :class:`RmiFrameReceived`; the RMI endpoint lives in the adapter.
+its last chunk arrives, so smaller messages sent after it may overtake it.
+
+Remote objects: with an :class:`~.rmi.RmiEndpoint` (``rmi=``), RMI frames go to it and its frames join the
+batch in the order of the calls that made them; its deadline is this machine's; ``Path`` arguments and
+results are matched with their file streams here (:class:`~.rmi.files.RmiFiles`), never dispatched as
+messages. A host call comes out as :class:`RmiRequestReceived`: the adapter takes it with
+:meth:`ConnectionMachine.invocation`, runs it, and answers with :meth:`~ConnectionMachine.complete_invocation`
+or :meth:`~ConnectionMachine.fail_invocation`. Objects the peer hosts arrive as ``RemoteRef`` values; the
+adapter makes proxies of them.
 
 Liveness: anything received proves the peer alive; a quiet side sends a KEEPALIVE every quarter of
 the expiry; a peer silent longer than ``expiry_ns`` is closed (``Closed(expired=True)``), so a blip
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -39,50 +47,19 @@ from .events import (
     MessageReceived,
     PingAcknowledged,
     PingTimedOut,
-    RmiFrameReceived,
     SyncCompleted,
     SyncTimedOut,
 )
 from .frames import FRAME_OVERHEAD, FrameKind, encode_frame_into
-from .streaming import SpillFile, StreamCompleted, StreamEvent, Streams
+from .rmi import DEFAULT_TIMEOUT_NS, FILE_STREAM_MARK, Invocation, MethodSpec, RemoteCalls, RemoteRef
+from .session import RECORD_OVERHEAD, PlainRecords, Records
+from .streaming import SpillFile, StreamCompleted, StreamEvent, StreamFailed, Streams, StreamStarted
 
 __all__ = ["RECORD_OVERHEAD", "ConnectionMachine", "ConnectionStats", "PlainRecords", "Records"]
 
-RECORD_OVERHEAD = 8 + 16
-"""A sealed record's counter and AEAD tag."""
 _MESSAGE = FrameKind.MESSAGE
 _PING = struct.Struct(">q")
 _PONG = struct.Struct(">qq")
-
-
-class Records(Protocol):
-    """The record layer as this machine uses it (``session.RecordLayer``, or plain for IPC)."""
-
-    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes | bytearray:
-        """One record carrying ``plaintext``."""
-        ...
-
-    def open(self, record: bytes | bytearray | memoryview) -> bytes:
-        """The plaintext of ``record``; raises a RecordRejected subclass."""
-        ...
-
-
-class PlainRecords:
-    """No encryption: for IPC connections configured with ``encrypt_ipc=False`` on both sides."""
-
-    records_sealed = 0
-    records_opened = 0
-    rejected_malformed = 0
-    rejected_tampered = 0
-    rejected_replayed = 0
-
-    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes:
-        """The plaintext itself."""
-        return bytes(plaintext)
-
-    def open(self, record: bytes | bytearray | memoryview) -> bytes:
-        """The record itself."""
-        return bytes(record)
 
 
 class _Encoder(Protocol):
@@ -143,6 +120,7 @@ class ConnectionMachine:
         wall_offset_ns: int = 0,
         keepalive_ns: int | None = None,
         streams: Streams | None = None,
+        rmi: RemoteCalls | None = None,
     ) -> None:
         self.records = records
         self.serialization = serialization
@@ -159,6 +137,8 @@ class ConnectionMachine:
         self._events: list[Event | StreamEvent] = []
         self.streams = streams
         """Large messages and files (None: a frame larger than one record raises MessageTooLarge)."""
+        self.rmi = rmi
+        """Remote objects (None: RMI frames are counted as frame errors and dropped)."""
         self._last_received_ns = now_ns
         self._last_sent_ns = now_ns
         self.liveness_records = 0
@@ -183,6 +163,8 @@ class ConnectionMachine:
             deadline = min(deadline, when)
         if self.streams is not None and (stream_deadline := self.streams.deadline_ns) is not None:
             deadline = min(deadline, stream_deadline)
+        if self.rmi is not None and (rmi_deadline := self.rmi.deadline_ns) is not None:
+            deadline = min(deadline, rmi_deadline)
         return deadline
 
     def handle_timer(self, now_ns: int) -> None:
@@ -203,6 +185,9 @@ class ConnectionMachine:
         if self.streams is not None:
             self.streams.handle_timer(now_ns)
             self._take_stream_events()
+        if self.rmi is not None:
+            self.rmi.handle_timer(now_ns)
+            self.take_rmi()
         if now_ns - self._last_sent_ns >= self.keepalive_ns and not self._batch:
             self._append(FrameKind.KEEPALIVE, 0, b"")
             self.liveness_records += 1
@@ -259,8 +244,13 @@ class ConnectionMachine:
 
     def send(self, message: object) -> None:
         """Serialize ``message`` into the batch (raises UnregisteredTypeError, ConnectionClosedError,
-        MessageTooLarge); a ``pathlib.Path`` streams the file (the peer gets a temporary copy)."""
+        MessageTooLarge); a ``pathlib.Path`` streams the file (the peer gets a temporary copy); a proxy
+        or a registered implementation travels as a remote object."""
         self._check_open()
+        rmi = self.rmi
+        if rmi is not None and rmi.objects_travel and rmi.endpoint.is_remote_object(message):
+            self.send_object(message)  # a proxy goes home as its object; an implementation as a proxy
+            return
         if isinstance(message, os.PathLike):
             self.send_file(message)
         else:
@@ -275,7 +265,7 @@ class ConnectionMachine:
         return self.streams.send_file(path, kind=kind, request_id=request_id)
 
     def send_frame(self, kind: int, request_id: int, payload: bytes) -> None:
-        """A frame the adapter built (RMI requests and responses), streamed when it is too large."""
+        """A raw frame, streamed when it is too large (tests play a hostile peer with it)."""
         self._check_open()
         self._append(kind, request_id, payload)
 
@@ -335,6 +325,9 @@ class ConnectionMachine:
         self._events.append(Closed(by_peer, expired, reason))
         self._syncs.clear()
         self._pings.clear()
+        if self.rmi is not None:  # calls in flight fail now, after Closed
+            self.rmi.close(reason or "the connection closed")
+            self.take_rmi()
 
     def release_stream(self, stream_id: int) -> None:
         """A streamed message was handled: remove its temporary file (if it had one)."""
@@ -432,7 +425,7 @@ class ConnectionMachine:
                         PingAcknowledged(request_id, now_ns - sent[0], pong_wall - ping_wall, finished_wall - pong_wall)
                     )
             elif kind in _RMI_KINDS:
-                events.append(RmiFrameReceived(kind, request_id, bytes(value)))  # type: ignore[call-overload]
+                self._rmi_frame(kind, request_id, bytes(value))  # type: ignore[call-overload]
             elif kind in _STREAM_KINDS:
                 if self.streams is not None:
                     self.streams.receive(kind, request_id, bytes(value), now_ns)  # type: ignore[call-overload]
@@ -447,11 +440,20 @@ class ConnectionMachine:
     def _take_stream_events(self) -> None:
         """Move the streams' events into ours; a completed stream becomes the frame it carried."""
         assert self.streams is not None
+        rmi = self.rmi
         for event in self.streams.take_events():
             if isinstance(event, StreamCompleted):
                 self._completed(event)
-            else:
-                self._events.append(event)
+                continue
+            if rmi is not None:
+                if isinstance(event, StreamStarted):
+                    if event.is_file and event.kind == FrameKind.MESSAGE and event.request_id == FILE_STREAM_MARK:
+                        rmi.file_started(event.stream_id)  # a Path argument or result: RMI's, not a message
+                elif isinstance(event, StreamFailed) and event.incoming:
+                    rmi.file_failed(event.stream_id, f"({event.failure.name.lower()}): {event.detail}")
+            self._events.append(event)
+        if rmi is not None:
+            self.take_rmi()
 
     def _completed(self, done: StreamCompleted) -> None:
         kind, request_id = done.kind, done.request_id
@@ -460,6 +462,8 @@ class ConnectionMachine:
             sync_id = request_id if kind == FrameKind.SYNC_REQUEST else 0
             if done.is_file:
                 assert done.path is not None
+                if self.rmi is not None and self.rmi.file_arrived(done.stream_id, done.path, done.size):
+                    return  # a Path argument or result: RMI owns the copy
                 stats.messages_received += 1
                 events.append(MessageReceived(Path(done.path), sync_id, done.stream_id))
                 return
@@ -486,10 +490,80 @@ class ConnectionMachine:
                 with SpillFile.mapped(done.path) as view:
                     payload = bytes(view)
             self.release_stream(done.stream_id)
-            events.append(RmiFrameReceived(kind, request_id, payload))
+            self._rmi_frame(kind, request_id, payload)
         else:  # a stream may carry only messages and RMI frames
             stats.frame_errors += 1
             self.release_stream(done.stream_id)
+
+    # -- remote objects ---------------------------------------------------------------------------
+
+    def _remote(self) -> RemoteCalls:
+        if self.rmi is None:
+            raise ConnectionClosedError("this connection carries no remote objects")
+        return self.rmi
+
+    def call(
+        self,
+        ref: RemoteRef,
+        method: MethodSpec | str,
+        args: Sequence[object],
+        now_ns: int,
+        *,
+        timeout_ns: int = DEFAULT_TIMEOUT_NS,
+        oneway: bool = False,
+    ) -> int:
+        """Call ``method`` on the peer's object ``ref`` (see :meth:`RmiEndpoint.call`); the call id that
+        ``RmiCallCompleted`` or ``RmiCallFailed`` will name (0: fire-and-forget)."""
+        call_id = self._remote().call(ref, method, args, now_ns, timeout_ns=timeout_ns, oneway=oneway)
+        self.take_rmi()
+        return call_id
+
+    def create(self, interface: type, args: Sequence[object], now_ns: int, *, timeout_ns: int) -> int:
+        """Have the peer construct its implementation of ``interface``; the call id."""
+        call_id = self._remote().endpoint.create(interface, args, now_ns, timeout_ns=timeout_ns)
+        self.take_rmi()
+        return call_id
+
+    def send_object(self, value: object) -> None:
+        """Send a proxy or a registered implementation as a message (see :meth:`RmiEndpoint.send_object`)."""
+        self._remote().endpoint.send_object(value)
+        self.take_rmi()
+
+    def abandon_call(self, call_id: int) -> None:
+        """The caller of ``call_id`` went away: its outcome is dropped, a result file removed."""
+        if self.rmi is not None:
+            self.rmi.abandon(call_id)
+
+    def invocation(self, invocation_id: int) -> Invocation:
+        """The host call a ``RmiRequestReceived`` names, to run (KeyError once answered or closed)."""
+        return self._remote().invocation(invocation_id)
+
+    def complete_invocation(self, invocation_id: int, result: object) -> None:
+        """Answer a host call with its result (a no-op once the connection closed)."""
+        if self.rmi is not None:
+            self.rmi.complete(invocation_id, result)
+            self.take_rmi()
+
+    def fail_invocation(self, invocation_id: int, error: BaseException) -> None:
+        """Answer a host call with the exception it raised (a no-op once the connection closed)."""
+        if self.rmi is not None:
+            self.rmi.fail(invocation_id, error)
+            self.take_rmi()
+
+    def _rmi_frame(self, kind: int, request_id: int, payload: bytes) -> None:
+        if self.rmi is None:
+            self.stats.frame_errors += 1
+            return
+        self.rmi.receive(kind, request_id, payload)
+        self.take_rmi()
+
+    def take_rmi(self) -> None:
+        """Move what remote objects have for us: frames into the batch (in call order), events into ours."""
+        assert self.rmi is not None
+        for kind, request_id, payload in self.rmi.take_frames():
+            if not self.closed:
+                self._append(kind, request_id, payload)
+        self._events += self.rmi.take_events()
 
     def take_events(self) -> list[Event | StreamEvent]:
         """Events since the last call, in order."""

@@ -162,3 +162,62 @@ __all__ += [
     "TooManyConnectionsForAddress",
     "UndeliveredError",
 ]
+
+
+# -- remote objects ---------------------------------------------------------------------------------
+
+
+class RmiError(NetworkError):
+    """Base of the remote-object errors."""
+
+
+class InterfaceError(RmiError, TypeError):
+    """An interface, implementation or call that does not fit the registered interfaces."""
+
+
+class ObjectIdInUse(RmiError, ValueError):
+    """``save(obj, id)`` with an id another object holds (or out of 1-65535)."""
+
+
+class RemoteError(RmiError):
+    """The remote method raised an exception whose type is not registered on this side."""
+
+    def __init__(self, type_name: str, message: str, traceback_text: str = "") -> None:
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name = type_name
+        self.message = message
+        self.traceback_text = traceback_text
+
+
+class RemoteObjectMissing(RmiError, LookupError):
+    """The remote side has no object under the proxy's id (never saved, deleted, or another scope)."""
+
+    def __init__(self, object_id: int, is_global: bool) -> None:
+        scope = "global" if is_global else "connection-scoped"
+        super().__init__(f"remote object {object_id} ({scope}) does not exist")
+        self.object_id = object_id
+        self.is_global = is_global
+
+
+class RmiRequestRefused(RmiError):
+    """The remote refused the call as malformed (unknown method, bad arguments, interface not served)."""
+
+
+class RmiCallTimeout(RmiError, TimeoutError):
+    """No response within the proxy's timeout; the message names the method."""
+
+
+class RmiConnectionClosed(RmiError, ConnectionClosedError):
+    """The connection closed before the call's response arrived (or before the call was made)."""
+
+
+__all__ += [
+    "InterfaceError",
+    "ObjectIdInUse",
+    "RemoteError",
+    "RemoteObjectMissing",
+    "RmiCallTimeout",
+    "RmiConnectionClosed",
+    "RmiError",
+    "RmiRequestRefused",
+]

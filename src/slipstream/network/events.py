@@ -8,6 +8,7 @@ vocabulary stays in one place.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 __all__ = [
     "ClientAccepted",
@@ -21,7 +22,13 @@ __all__ = [
     "PingAcknowledged",
     "PingTimedOut",
     "Rejected",
-    "RmiFrameReceived",
+    "RmiCallCompleted",
+    "RmiCallFailed",
+    "RmiEvent",
+    "RmiFailure",
+    "RmiObjectReceived",
+    "RmiOnewayFailed",
+    "RmiRequestReceived",
     "SyncCompleted",
     "SyncTimedOut",
 ]
@@ -100,15 +107,6 @@ class MessageReceived:
 
 
 @dataclass(frozen=True, slots=True)
-class RmiFrameReceived:
-    """An RMI request or response for the connection's RMI endpoint (arrived whole or streamed)."""
-
-    kind: int
-    request_id: int
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
 class MessageDecodeFailed:
     """A frame whose message did not decode: counted and reported; the connection goes on."""
 
@@ -165,13 +163,94 @@ class Closed:
     reason: str = ""
 
 
+
+# -- remote objects ---------------------------------------------------------------------------------
+
+
+class RmiFailure(IntEnum):
+    """Why a call failed."""
+
+    EXCEPTION = 1
+    """The remote method raised."""
+    MISSING = 2
+    """No object under that id on the remote."""
+    REFUSED = 3
+    """The remote refused the request as malformed."""
+    TIMED_OUT = 4
+    CLOSED = 5
+    """The connection closed with the call in flight."""
+    BAD_RESPONSE = 6
+    """The response did not decode as the method's result type."""
+    FILE_FAILED = 7
+    """A ``Path`` result's file did not arrive (its stream failed or did not match the response)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RmiCallCompleted:
+    """A call's response arrived. ``value`` is the result: a :class:`~.rmi.RemoteRef` for an object
+    the peer hosts (the adapter makes it a proxy), this side's own object when the peer handed one
+    back, a ``pathlib.Path`` for a file result once its file arrived whole, or for a create the new
+    object's RemoteRef."""
+
+    call_id: int
+    value: object
+
+
+@dataclass(frozen=True, slots=True)
+class RmiCallFailed:
+    """A call failed; :func:`~.rmi.exception_from` turns this into the exception the caller should see."""
+
+    call_id: int
+    failure: RmiFailure
+    method: str
+    type_name: str = ""
+    message: str = ""
+    traceback_text: str = ""
+    args: tuple[object, ...] | None = None
+    object_id: int = 0
+    is_global: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RmiOnewayFailed:
+    """A fire-and-forget call this side hosted raised (nobody waits for it: report it to on_error)."""
+
+    object_id: int
+    method: str
+    type_name: str
+    message: str
+    traceback_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class RmiObjectReceived:
+    """The peer sent a remote object as a message: ``value`` is our own object when it names one we
+    host, else a :class:`~.rmi.RemoteRef` of the peer's (the adapter makes it a proxy). Dispatched
+    as a message."""
+
+    value: object
+
+
+@dataclass(frozen=True, slots=True)
+class RmiRequestReceived:
+    """A vetted call for an object this side hosts is ready to run (its file arguments, if any, have
+    arrived): the adapter takes it with ``ConnectionMachine.invocation(invocation_id)``, runs it, and
+    answers with ``complete_invocation`` or ``fail_invocation``."""
+
+    invocation_id: int
+    object_id: int
+    method: str
+
+
+RmiEvent = RmiCallCompleted | RmiCallFailed | RmiOnewayFailed | RmiObjectReceived
+"""What the RMI endpoint itself emits."""
+
 Event = (
     HandshakeCompleted
     | ClientAccepted
     | Rejected
     | HandshakeTimedOut
     | MessageReceived
-    | RmiFrameReceived
     | MessageDecodeFailed
     | SyncCompleted
     | SyncTimedOut
@@ -179,5 +258,10 @@ Event = (
     | PingTimedOut
     | KeepaliveSent
     | Closed
+    | RmiCallCompleted
+    | RmiCallFailed
+    | RmiOnewayFailed
+    | RmiObjectReceived
+    | RmiRequestReceived
 )
 """Every event a network machine emits."""

@@ -16,14 +16,14 @@ cannot poison the window. Rejections are counted and raised as :class:`RecordRej
 from __future__ import annotations
 
 import struct
-from typing import Final
+from typing import Final, Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from .errors import NetworkError, RecordMalformed, RecordReplayed, RecordTampered
 
-__all__ = ["COUNTER_SIZE", "MAX_RECORD", "RECORD_OVERHEAD", "TAG_SIZE", "RecordLayer"]
+__all__ = ["COUNTER_SIZE", "MAX_RECORD", "RECORD_OVERHEAD", "TAG_SIZE", "PlainRecords", "RecordLayer", "Records"]
 
 COUNTER_SIZE: Final = 8
 TAG_SIZE: Final = 16
@@ -148,3 +148,33 @@ class RecordLayer:
             self._floor = counter - self.replay_window
         self.records_opened += 1
         return plaintext
+
+
+class Records(Protocol):
+    """The record layer as a connection machine uses it (:class:`RecordLayer`, or plain for IPC)."""
+
+    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes | bytearray:
+        """One record carrying ``plaintext``."""
+        ...
+
+    def open(self, record: bytes | bytearray | memoryview) -> bytes:
+        """The plaintext of ``record``; raises a RecordRejected subclass."""
+        ...
+
+
+class PlainRecords:
+    """No encryption: for IPC connections configured with ``encrypt_ipc=False`` on both sides."""
+
+    records_sealed = 0
+    records_opened = 0
+    rejected_malformed = 0
+    rejected_tampered = 0
+    rejected_replayed = 0
+
+    def seal(self, plaintext: bytes | bytearray | memoryview) -> bytes:
+        """The plaintext itself."""
+        return bytes(plaintext)
+
+    def open(self, record: bytes | bytearray | memoryview) -> bytes:
+        """The record itself."""
+        return bytes(record)

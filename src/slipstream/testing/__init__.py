@@ -2,7 +2,9 @@
 paired over it, and netns test hosts.
 
 They let protocol code (which takes ``now_ns`` and bytes) be exercised under loss, reordering,
-duplication and long timeouts deterministically and fast. :mod:`.network` moves opaque bytes;
+duplication and long timeouts deterministically and fast. :mod:`.connection` pairs the network layer's
+machines (handshakes; connections, with remote objects and streams), :mod:`.rmi` two RMI endpoints,
+:mod:`.aio` a connection pair on a running event loop and a bounded ``asyncio.run``. :mod:`.network` moves opaque bytes;
 :mod:`.transport` runs the real sender and receive-endpoint machines over it (:class:`TransportPair`,
 unicast or dynamic MDC with several subscriptions). :mod:`.netns` builds real hosts (network
 namespaces with nftables loss and NAT) for tests that must hit the kernel; it needs root.
@@ -10,8 +12,9 @@ This package may use any floor below ``cli``; no floor imports it.
 """
 
 from ..wire.address import Address
+from .aio import AsyncConnectionPair, async_test, run_async
 from .clock import ManualClock
-from .connection import ConnectionPair, HandshakePair
+from .connection import ConnectionPair, HandshakePair, machine_pair
 from .netns import (
     DropRule,
     Link,
@@ -35,6 +38,7 @@ from .network import (
     NetworkEndpoint,
     NetworkStats,
 )
+from .rmi import RmiPair, deliver
 from .transport import (
     PUBLICATION_ADDRESS,
     SUBSCRIPTION_ADDRESS,
@@ -50,6 +54,7 @@ __all__ = [
     "PUBLICATION_ADDRESS",
     "SUBSCRIPTION_ADDRESS",
     "Address",
+    "AsyncConnectionPair",
     "ConnectionPair",
     "Datagram",
     "DatagramHandler",
@@ -65,17 +70,22 @@ __all__ = [
     "NetnsUnavailableError",
     "NetworkEndpoint",
     "NetworkStats",
+    "RmiPair",
     "SimulatedPublication",
     "SimulatedSubscription",
     "Subscriber",
     "TransportPair",
     "UdpDropRule",
+    "async_test",
+    "deliver",
     "checked_poll",
     "drop_random",
     "drop_random_udp",
     "link",
+    "machine_pair",
     "machine_state",
     "python_command",
     "remove_stale_namespaces",
     "require_netns",
+    "run_async",
 ]

@@ -6,6 +6,7 @@ deadlines on the :class:`ManualClock` (h11's ``ConnectionPair``, aioquic's ``cli
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -14,13 +15,14 @@ from ..network.connection import ConnectionMachine
 from ..network.events import Event
 from ..network.handshake import AdmissionCheck, ClientHandshake, ServerHandshake
 from ..network.noise import generate_keypair
+from ..network.rmi import ObjectTable, RemoteCalls, RmiEndpoint, RmiRegistry, StreamsChannel
 from ..network.serialization import Serialization
 from ..network.session import RecordLayer
-from ..network.streaming import StreamEvent
+from ..network.streaming import StreamEvent, Streams
 from .clock import ManualClock
 from .network import InMemoryNetwork, LinkConditions
 
-__all__ = ["CLIENT", "SERVER", "ConnectionPair", "HandshakePair", "admit_all"]
+__all__ = ["CLIENT", "SERVER", "ConnectionPair", "HandshakePair", "admit_all", "machine_pair"]
 
 CLIENT = ("10.0.0.2", 40000)
 SERVER = ("10.0.0.1", 20000)
@@ -166,8 +168,51 @@ class HandshakePair:
         return steps
 
 
+def machine_pair(
+    serialization: Serialization,
+    now_ns: int,
+    *,
+    expiry_ns: int,
+    batch_limit: int = 1376 - 24,
+    replay_window: int = 4096,
+    rmi: tuple[RmiRegistry, RmiRegistry] | None = None,
+    global_objects: ObjectTable | None = None,
+    streams: bool = False,
+    temp_dir: str | None = None,
+) -> tuple[ConnectionMachine, ConnectionMachine]:
+    """Two connection machines with matching keys (client, server), as the adapters make them: with
+    ``rmi`` (the client's and the server's registries; ``global_objects`` the server's) or ``streams``,
+    each streams large messages and files (``temp_dir``) and carries remote objects."""
+    key_ab, key_ba = os.urandom(32), os.urandom(32)
+    machines = []
+    for send, receive, index in ((key_ab, key_ba, 0), (key_ba, key_ab, 1)):
+        side_streams = Streams(chunk_payload=16 * 1024, temp_dir=temp_dir) if rmi is not None or streams else None
+        calls = None
+        if rmi is not None:
+            assert side_streams is not None
+            endpoint = RmiEndpoint(
+                rmi[index], global_objects=global_objects if index else None, files=StreamsChannel(side_streams)
+            )
+            calls = RemoteCalls(endpoint, side_streams)
+        machines.append(
+            ConnectionMachine(
+                records=RecordLayer(send, receive, replay_window=replay_window),
+                serialization=serialization,
+                now_ns=now_ns,
+                expiry_ns=expiry_ns,
+                batch_limit=batch_limit,
+                streams=side_streams,
+                rmi=calls,
+            )
+        )
+    return machines[0], machines[1]
+
+
 class ConnectionPair:
-    """Two connection machines with matching keys on one lossy network: ``a`` (client) and ``b``."""
+    """Two connection machines with matching keys on one lossy network: ``a`` (client) and ``b``.
+
+    With ``rmi`` (the client's and the server's registries; ``global_objects`` the server's) both carry
+    remote objects and stream large messages and files; ``streams`` alone gives streaming."""
 
     def __init__(
         self,
@@ -178,27 +223,24 @@ class ConnectionPair:
         expiry_ns: int = 4_000_000_000,
         batch_limit: int = 1376 - 24,
         replay_window: int = 4096,
+        rmi: tuple[RmiRegistry, RmiRegistry] | None = None,
+        global_objects: ObjectTable | None = None,
+        streams: bool = False,
+        temp_dir: str | None = None,
     ) -> None:
-        import os
-
         self.clock = ManualClock(1_000_000_000)
         self.network = InMemoryNetwork(self.clock, seed=seed, conditions=conditions)
-        key_ab, key_ba = os.urandom(32), os.urandom(32)
         self.serialization = Serialization(types)
-        now = self.clock.now_ns()
-        self.a = ConnectionMachine(
-            records=RecordLayer(key_ab, key_ba, replay_window=replay_window),
-            serialization=self.serialization,
-            now_ns=now,
+        self.a, self.b = machine_pair(
+            self.serialization,
+            self.clock.now_ns(),
             expiry_ns=expiry_ns,
             batch_limit=batch_limit,
-        )
-        self.b = ConnectionMachine(
-            records=RecordLayer(key_ba, key_ab, replay_window=replay_window),
-            serialization=self.serialization,
-            now_ns=now,
-            expiry_ns=expiry_ns,
-            batch_limit=batch_limit,
+            replay_window=replay_window,
+            rmi=rmi,
+            global_objects=global_objects,
+            streams=streams,
+            temp_dir=temp_dir,
         )
         self.events_a: list[Event | StreamEvent] = []
         self.events_b: list[Event | StreamEvent] = []

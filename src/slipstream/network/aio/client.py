@@ -9,12 +9,10 @@ import ipaddress
 import logging
 import socket
 import time
-from typing import Any
 
-from ...client import DriverError, FragmentAssembler, Header
+from ...client import Header
 from ..admission import RejectReason
 from ..config import LOCALHOST_ALIASES, ClientConfig
-from ..connection import PlainRecords
 from ..errors import (
     ClientError,
     ClientRejected,
@@ -27,23 +25,25 @@ from ..errors import (
 )
 from ..events import HandshakeCompleted, HandshakeTimedOut, Rejected
 from ..handshake import BAD_APP_ID, KEY_CHANGED, REGISTRATION_MISMATCH_LOCAL, ClientHandshake
-from ..session import RecordLayer
-from .connection import Connection
-from .endpoint import Endpoint
-from .transport import (
+from ..session import PlainRecords, RecordLayer, Records
+from ..transport import (
     HANDSHAKE_IPC_REPLY_STREAM,
     HANDSHAKE_IPC_STREAM,
     HANDSHAKE_POLL_LIMIT,
     HANDSHAKE_STREAM,
     IPC_MTU,
-    IdleBackoff,
+    Link,
+    close_quietly,
+    handshake_cycle,
     host_port,
-    invoke,
     ipc_channel,
     is_local_host,
-    registered_pair,
+    shared_contexts,
     udp_channel,
 )
+from .connection import Connection
+from .endpoint import Endpoint
+from .transport import IdleBackoff, registered_pair
 
 __all__ = ["Client"]
 
@@ -194,10 +194,11 @@ class Client(Endpoint):
             raise
         backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
         failed = True
+        link: Link | None = None
         try:
             wait_until = min(deadline, started + IPC_PROBE_S) if probe else deadline
             while not (hs_pub.is_connected and hs_sub.image_count > 0):
-                invoke(context)
+                shared_contexts.invoke(context)
                 if time.monotonic() >= wait_until:
                     if probe:
                         failed = False  # the UDP attempt that follows uses the same driver
@@ -224,22 +225,12 @@ class Client(Endpoint):
             def on_packet(payload: memoryview, header: Header) -> None:
                 machine.receive(bytes(payload), time.monotonic_ns())
 
-            assembler = FragmentAssembler(on_packet)
+            link = Link(hs_pub, hs_sub, on_packet, poll_limit=HANDSHAKE_POLL_LIMIT)
             backoff.reset()
             result: HandshakeCompleted | None = None
             while result is None:
-                for packet in machine.messages_to_send():
-                    hs_pub.offer(packet)
-                work = invoke(context)
-                polled = hs_sub.poll(assembler, HANDSHAKE_POLL_LIMIT)
-                work += polled
-                now_ns = time.monotonic_ns()
-                deadline_ns = machine.deadline_ns
-                if deadline_ns is not None and now_ns >= deadline_ns and polled < HANDSHAKE_POLL_LIMIT:
-                    # Retransmit only with the input drained: answers to every client share this
-                    # channel, so under load ours may be waiting behind theirs (a repeat would only
-                    # make the server send it again, to everyone).
-                    machine.handle_timer(now_ns)
+                work = handshake_cycle(link, machine, time.monotonic_ns())
+                work += shared_contexts.invoke(context)  # an invoker-mode driver sends and receives now
                 for event in machine.take_events():
                     if isinstance(event, HandshakeCompleted):
                         result = event
@@ -255,9 +246,7 @@ class Client(Endpoint):
                     await backoff.idle(time.monotonic())
             failed = False
         finally:
-            for item in (hs_pub, hs_sub):
-                with contextlib.suppress(DriverError):
-                    item.close()
+            close_quietly(hs_pub, hs_sub)
             if failed:  # rejected or timed out: a client that never connects holds no driver
                 self._release_if_idle()
         if host is not None and machine.remote_public_key is not None:
@@ -318,7 +307,7 @@ class Client(Endpoint):
             )
         backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
         while not (subscription.image_count > 0 and publication.is_connected):
-            invoke(context)
+            shared_contexts.invoke(context)
             if time.monotonic() >= deadline:
                 publication.close()
                 subscription.close()
@@ -327,24 +316,19 @@ class Client(Endpoint):
                     f"{time.monotonic() - started:.1f} s (the rest of the connect timeout)"
                 )
             await backoff.idle(time.monotonic())
-        records: Any = PlainRecords() if plaintext else RecordLayer(done.send_key, done.receive_key)
+        records: Records = PlainRecords() if plaintext else RecordLayer(done.send_key, done.receive_key)
         expiry_ns = done.connection_expiry_ns or int(config.connection_expiry * 1e9)
-        machine = self._new_machine(
-            records, time.monotonic_ns(), min(expiry_ns, int(config.connection_expiry * 1e9)), publication
-        )
-        connection = Connection(
-            endpoint=self,
+        connection = self._new_connection(
+            records,
+            min(expiry_ns, int(config.connection_expiry * 1e9)),
+            publication,
+            subscription,
             connection_id=done.connection_id,
-            machine=machine,
-            publication=publication,
-            subscription=subscription,
             remote_address=host,
             remote_port=None if host is None else port,
             tag=config.tag,
             remote_public_key=done.remote_public_key,
-            send_timeout=config.send_timeout,
-            rmi=self._new_rmi(None),
-            rmi_timeout=config.rmi_timeout,
+            global_objects=None,
         )
         self.connection = connection
         self._start_poller()
@@ -353,11 +337,11 @@ class Client(Endpoint):
 
     # -- running ----------------------------------------------------------------------------------
 
-    def _duty_cycle(self, now_ns: int) -> int:
+    def duty_cycle(self, now_ns: int) -> int:
         connection = self.connection
         if connection is None:
             return 0
-        return connection._poll(now_ns)
+        return connection.poll(now_ns)
 
     def _live_connections(self) -> list[Connection]:
         connection = self.connection
@@ -390,10 +374,8 @@ class Client(Endpoint):
     async def close(self) -> None:
         """Close the connection (the server hears CLOSE at once) and release the driver."""
         connection = self.connection
-        if connection is not None and not connection.is_closed:
-            connection._machine.close("client closing")
-            connection._flush()
-            connection._process_events()
+        if connection is not None:
+            connection.close_now("client closing")
         await self._wait_closings()
         await self._stop_poller()
         self._stop_recording()

@@ -1,4 +1,4 @@
-"""``Connection`` and the listener machinery shared by servers and clients (the asyncio adapter).
+"""``Connection``: one connection's sans-I/O machine driven over a publication and a subscription.
 
 Plain listeners run inline on the receive path (the fastest way: no task per message); coroutine
 listeners are scheduled as tasks so they never block it. Whatever a listener raises goes to the
@@ -8,29 +8,24 @@ listens for is reported to ``on_error`` (MessageDispatchError), never dropped si
 Each connection also carries ``rmi`` (remote objects: :class:`~.rmi.RmiSession`), and streams
 large messages and files (``await connection.send(Path(...))``): progress is in ``transfers``, a
 stream that fails is reported to ``on_error`` on both sides as a StreamingError.
+
+The server or client that runs a connection (its :class:`ConnectionOwner`) drives it through a small
+public surface: :meth:`Connection.poll` (one duty cycle), :meth:`Connection.next_deadline_ns`,
+:meth:`Connection.flush`, :meth:`Connection.close_now`, :meth:`Connection.hand_over` (a buffered
+session's successor), :meth:`Connection.release_transport`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ...client import (
-    ADMIN_ACTION,
-    CLOSED,
-    MAX_POSITION_EXCEEDED,
-    ExclusivePublication,
-    FragmentAssembler,
-    Header,
-    Subscription,
-)
+from ...client import ExclusivePublication, Header, Subscription
+from ..buffered import Hold
 from ..connection import ConnectionMachine
 from ..errors import (
     ConnectionClosedError,
@@ -46,63 +41,61 @@ from ..events import (
     MessageReceived,
     PingAcknowledged,
     PingTimedOut,
-    RmiFrameReceived,
+    RmiCallCompleted,
+    RmiCallFailed,
+    RmiObjectReceived,
+    RmiOnewayFailed,
+    RmiRequestReceived,
     SyncCompleted,
     SyncTimedOut,
 )
-from ..frames import FrameKind
-from ..rmi import FILE_STREAM_MARK, RmiEndpoint
-from ..streaming import (
-    StreamFailed,
-    StreamingError,
-    StreamProgressed,
-    StreamSent,
-    StreamStarted,
-)
-from .rmi import MachineFiles, RmiSession
-from .transport import BUSY_CADENCE_NS
+from ..listeners import Listeners
+from ..streaming import StreamFailed, StreamingError, StreamProgressed, StreamSent, StreamStarted
+from ..transport import BUSY_CADENCE_NS, Link
+from .rmi import RmiSession
 
-__all__ = ["Connection", "ConnectionListener", "ErrorListener", "Listeners", "MessageListener", "Ping", "Transfer"]
-
-log = logging.getLogger("slipstream.network")
+__all__ = ["BACKLOG_LIMIT", "Connection", "ConnectionOwner", "Ping", "Transfer"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-ConnectionListener = Callable[["Connection"], "Awaitable[None] | None"]
-MessageListener = Callable[["Connection", Any], "Awaitable[None] | None"]
-ErrorListener = Callable[["Connection | None", BaseException], "Awaitable[None] | None"]
 
 BACKLOG_LIMIT = 256
 """Sealed records waiting for the transport beyond which ``send`` waits and ``send_nowait`` refuses."""
-
-
-class EndpointHooks(Protocol):
-    """What a connection asks of the server or client that owns it (``Endpoint``), named here so the
-    connection module does not import the endpoint module that imports it."""
-
-    def _kick(self) -> None: ...
-
-    def _dispatch_message(
-        self, connection: Connection, message: object, sync_id: int, stream_id: int = 0
-    ) -> None: ...
-
-    def _report_error(self, connection: Connection | None, error: BaseException) -> None: ...
-
-    def _send_now(self, publication: ExclusivePublication) -> None: ...
-
-    def _connection_closed(self, connection: Connection, event: Closed) -> None: ...
-
-    def _record_dropped(self, connection: Connection) -> None: ...
-
-    def _round_trip(self, connection: Connection, round_trip_ns: int) -> None: ...
-
-    def _buffer(self, connection: Connection, message: object) -> str | None: ...
-
-
 STREAM_BACKLOG = 4
 """Records waiting for the transport below which an outgoing stream reads its next chunks: what a
 large message or file costs in memory beyond the transport's own buffer."""
 _SEAL_FLUSH = 8
 """Records sealed within one loop step after which ``send`` offers them at once."""
+_RMI_EVENTS = (RmiRequestReceived, RmiCallCompleted, RmiCallFailed, RmiObjectReceived, RmiOnewayFailed)
+
+
+class ConnectionOwner(Protocol):
+    """What a connection asks of the server or client that runs it."""
+
+    listeners: Listeners
+
+    def wake(self) -> None:
+        """Run the next duty cycle now (the application handed over something to send)."""
+
+    def send_now(self, publication: ExclusivePublication) -> None:
+        """Have an invoker-mode driver send what ``publication`` was just given."""
+
+    def dispatch(self, connection: Connection, message: object, sync_id: int, stream_id: int) -> None:
+        """Run the message listeners for ``message`` (then acknowledge ``sync_id``, release ``stream_id``)."""
+
+    def report_error(self, connection: Connection | None, error: BaseException) -> None:
+        """Tell the ``on_error`` listeners."""
+
+    def connection_ended(self, connection: Connection, event: Closed) -> None:
+        """The connection closed (called once): release it, run ``on_disconnect`` when due."""
+
+    def record_dropped(self, connection: Connection) -> None:
+        """A record that did not open (tampered, replayed, forged) was dropped."""
+
+    def round_trip(self, connection: Connection, round_trip_ns: int) -> None:
+        """A ping's round trip completed."""
+
+    def hold(self, connection: Connection, message: object) -> Hold:
+        """A message for a closed connection: queued for a buffered session's peer, or not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,49 +119,6 @@ class Ping:
     inbound: float
 
 
-class Listeners:
-    """Listener lists with decorators; message listeners by type, looked up along the MRO (most
-    specific type first) and cached."""
-
-    def __init__(self) -> None:
-        self.init: list[ConnectionListener] = []
-        self.connect: list[ConnectionListener] = []
-        self.disconnect: list[ConnectionListener] = []
-        self.error: list[ErrorListener] = []
-        self._messages: dict[type, list[MessageListener]] = {}
-        self._cache: dict[type, tuple[MessageListener, ...]] = {}
-
-    def add_message(self, kind: type, listener: MessageListener) -> None:
-        """Call ``listener`` for messages of ``kind`` and its subclasses."""
-        if not isinstance(kind, type):
-            raise TypeError(f"on_message needs a type: {kind!r}")
-        self._messages.setdefault(kind, []).append(listener)
-        self._cache.clear()
-
-    def for_type(self, kind: type) -> tuple[MessageListener, ...]:
-        """The listeners for a message of type ``kind``, most specific type first."""
-        found = self._cache.get(kind)
-        if found is None:
-            found = tuple(listener for base in kind.__mro__ for listener in self._messages.get(base, ()))
-            self._cache[kind] = found
-        return found
-
-    def for_type_with(self, kind: type, outer: Listeners) -> tuple[MessageListener, ...]:
-        """``for_type`` over this set (a connection's) and ``outer`` (its server's or client's) together:
-        most specific type first across both; for one type, this set's listeners before ``outer``'s."""
-        if not self._messages:
-            return outer.for_type(kind)
-        own, theirs = self._messages, outer._messages
-        return tuple(listener for base in kind.__mro__ for listener in (*own.get(base, ()), *theirs.get(base, ())))
-
-    def clear(self) -> None:
-        """Forget every listener."""
-        for items in (self.init, self.connect, self.disconnect, self.error):
-            items.clear()
-        self._messages.clear()
-        self._cache.clear()
-
-
 class Connection:
     """One connection between a server and a client; the same ``id`` on both sides.
 
@@ -177,7 +127,7 @@ class Connection:
     def __init__(
         self,
         *,
-        endpoint: EndpointHooks,
+        owner: ConnectionOwner,
         connection_id: int,
         machine: ConnectionMachine,
         publication: ExclusivePublication,
@@ -187,8 +137,8 @@ class Connection:
         tag: str,
         remote_public_key: bytes,
         send_timeout: float,
-        rmi: RmiEndpoint,
         rmi_timeout: float = 3.0,
+        track_position: bool = False,
     ) -> None:
         self.id = connection_id
         """The server's session id for this connection (the same on both sides)."""
@@ -204,13 +154,13 @@ class Connection:
         """Why the last ``send_nowait`` returned False."""
         self.back_pressure_events = 0
         """Times the transport refused a record for now (it waited in the backlog)."""
-        self._endpoint = endpoint
+        self.listeners = Listeners()
+        """This connection's own listeners (``on_message``, ``on_disconnect``)."""
+        self.transfers: dict[tuple[bool, int], Transfer] = {}
+        """Large messages and files in flight, by (incoming, stream id): bytes so far and total."""
+        self._owner = owner
         self._machine = machine
-        self._publication = publication
-        self._subscription = subscription
-        self._assembler = FragmentAssembler(self._on_fragment)
-        self._listeners = Listeners()
-        self._backlog: deque[bytes | bytearray] = deque()
+        self._link = Link(publication, subscription, self._on_fragment, poll_limit=64)
         self._room = asyncio.Event()
         self._room.set()
         self._flush_scheduled = False
@@ -218,30 +168,25 @@ class Connection:
         self._syncs: dict[int, asyncio.Future[None]] = {}
         self._pings: dict[int, asyncio.Future[Ping]] = {}
         self._closed_event = asyncio.Event()
-        self._disconnected = False
+        self._ended = False
         self._loop = asyncio.get_running_loop()
         self._now_ns = time.monotonic_ns()
-        self.transfers: dict[tuple[bool, int], Transfer] = {}
-        """Large messages and files in flight, by (incoming, stream id): bytes so far and total."""
+        self._successor: Connection | None = None
+        """The connection that took over this one's buffered session (sends go there)."""
+        self._track_position = track_position
+        """Follow the session id and position of each record received (for captured messages)."""
+        self._session_id = 0
+        self._position = 0
         self.rmi = RmiSession(
-            rmi,
-            self._rmi_transmit,
+            machine,
+            self._after_append,
             caller=self,
-            on_error=lambda error: endpoint._report_error(self, error),
-            on_object=lambda value: endpoint._dispatch_message(self, value, 0),
+            on_error=lambda error: owner.report_error(self, error),
+            on_object=lambda value: owner.dispatch(self, value, 0, 0),
             default_timeout=rmi_timeout,
-            files=MachineFiles(machine, self._after_append),  # Path arguments and results
         )
         """Remote objects over this connection: ``get(Interface, id)``, ``get_global(Interface, id)``,
         ``await create(Interface, *args)``, ``save(obj[, id])``, ``delete(id)``."""
-        self._objects_travel = bool(rmi.registry.interfaces)
-        self._successor: Connection | None = None
-        """The connection that took over this one's buffered session (sends go there)."""
-        self._track_position = False
-        """Set by the endpoint when it captures messages: then ``_session_id`` and ``_position`` follow
-        each record received (reading them from the header costs, so only then)."""
-        self._session_id = 0
-        self._position = 0
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -254,6 +199,26 @@ class Connection:
     def is_closed(self) -> bool:
         """True once the connection ended (closed here, by the peer, or expired)."""
         return self._machine.closed
+
+    @property
+    def machine(self) -> ConnectionMachine:
+        """The sans-I/O connection machine this connection drives."""
+        return self._machine
+
+    @property
+    def publication(self) -> ExclusivePublication:
+        """The transport stream this side sends on."""
+        return self._link.publication
+
+    @property
+    def subscription(self) -> Subscription:
+        """The transport stream this side receives from."""
+        return self._link.subscription
+
+    @property
+    def received_position(self) -> tuple[int, int]:
+        """(session id, position) of the last record received (followed only while messages are captured)."""
+        return self._session_id, self._position
 
     @property
     def stats(self) -> dict[str, int]:
@@ -279,60 +244,50 @@ class Connection:
         """Decorator: ``listener(connection, message)`` for messages of ``kind`` on this connection."""
 
         def register(listener: F) -> F:
-            self._listeners.add_message(kind, listener)
+            self.listeners.add_message(kind, listener)
             return listener
 
         return register
 
     def on_disconnect(self, listener: F) -> F:
         """Decorator: ``listener(connection)`` when this connection ends."""
-        self._listeners.disconnect.append(listener)
+        self.listeners.disconnect.append(listener)
         return listener
 
     def send_nowait(self, message: object) -> bool:
         """Hand ``message`` to the connection without waiting; False (and ``last_refusal``) when it
         is closed or back-pressured, or queued for a buffered session's return. An unregistered type
         raises UnregisteredTypeError."""
-        target = self._current()
-        if target._machine.closed:
-            verdict = target._endpoint._buffer(target, message)
-            self.last_refusal = {
-                "queued": "queued until the peer reconnects (buffered session)",
-                "full": "the buffered session's queue is full",
-            }.get(verdict or "", "closed")
+        if self._successor is not None:  # a buffered session resumed on another connection
+            sent = self._successor.send_nowait(message)
+            self.last_refusal = self._successor.last_refusal
+            return sent
+        if self._machine.closed:
+            self.last_refusal = self._owner.hold(self, message).value
             return False
-        if len(target._backlog) >= BACKLOG_LIMIT:
+        if len(self._link) >= BACKLOG_LIMIT:
             self.last_refusal = "back-pressured"
             return False
-        target._send(message)
+        self._send(message)
         return True
 
     async def send(self, message: object) -> None:
         """Send ``message``, waiting out back-pressure up to ``send_timeout``; raises
         ConnectionClosedError, SendTimeout, UnregisteredTypeError. With a buffered session waiting for
         the peer, the message is queued for its return instead (UndeliveredError if the queue is full)."""
-        target = self._current()
-        if target._machine.closed:
-            verdict = target._endpoint._buffer(target, message)
-            if verdict == "queued":
+        if self._successor is not None:
+            return await self._successor.send(message)
+        if self._machine.closed:
+            verdict = self._owner.hold(self, message)
+            if verdict is Hold.QUEUED:
                 return
-            if verdict == "full":
-                raise UndeliveredError(f"connection {target.id}: the buffered session's queue is full", (message,))
-        if len(target._backlog) >= BACKLOG_LIMIT:
-            await target._wait_room()
-        target._send(message)
-
-    def _current(self) -> Connection:
-        """This connection, or the one that took over its buffered session."""
-        connection = self
-        while connection._successor is not None:
-            connection = connection._successor
-        return connection
+            if verdict is Hold.FULL:
+                raise UndeliveredError(f"connection {self.id}: the buffered session's queue is full", (message,))
+        if len(self._link) >= BACKLOG_LIMIT:
+            await self._wait_room()
+        self._send(message)
 
     def _send(self, message: object) -> None:
-        if self._objects_travel and self.rmi.endpoint.is_remote_object(message):
-            self.rmi.send_object(message)  # a proxy goes home as its object; an implementation as a proxy
-            return
         self._machine.send(message)
         self._after_append()
 
@@ -340,8 +295,8 @@ class Connection:
         """Send ``message`` and wait until the remote's listeners have handled it (a buffered
         session's successor carries it; a closed connection raises ConnectionClosedError)."""
         if self._successor is not None:
-            return await self._current().send_sync(message, timeout)
-        if len(self._backlog) >= BACKLOG_LIMIT:
+            return await self._successor.send_sync(message, timeout)
+        if len(self._link) >= BACKLOG_LIMIT:
             await self._wait_room()
         timeout_s = self.send_timeout if timeout is None else timeout
         sync_id = self._machine.send_sync(message, time.monotonic_ns(), int(timeout_s * 1e9))
@@ -353,7 +308,7 @@ class Connection:
     async def ping(self, timeout: float | None = None) -> Ping:
         """Round trip to the peer and back (raises PingTimeout, ConnectionClosedError)."""
         if self._successor is not None:
-            return await self._current().ping(timeout)
+            return await self._successor.ping(timeout)
         timeout_s = self.send_timeout if timeout is None else timeout
         ping_id = self._machine.ping(time.monotonic_ns(), int(timeout_s * 1e9))
         future: asyncio.Future[Ping] = self._loop.create_future()
@@ -363,10 +318,7 @@ class Connection:
 
     async def close(self) -> None:
         """Close gracefully: the peer hears CLOSE at once; ``on_disconnect`` runs on both sides."""
-        if not self._machine.closed:
-            self._machine.close("closed by the application")
-            self._flush()
-            self._process_events()
+        self.close_now("closed by the application")
         await self._closed_event.wait()
 
     async def wait_closed(self, timeout: float | None = None) -> bool:
@@ -381,19 +333,106 @@ class Connection:
         where = "IPC" if self.is_ipc else f"{self.remote_address}:{self.remote_port}"
         return f"<Connection {self.id} {where}{' closed' if self.is_closed else ''}>"
 
-    # -- sending internals ------------------------------------------------------------------------
+    # -- for the owner ----------------------------------------------------------------------------
 
-    def _rmi_transmit(self, frames: list[tuple[int, int, bytes]]) -> None:
+    def poll(self, now_ns: int) -> int:
+        """One duty cycle: receive, run timers, flush. Returns the work done; records that only kept the
+        connection alive do not count (an idle pair's poller would otherwise spin up for each)."""
+        self._now_ns = now_ns
         machine = self._machine
-        if machine.closed:
-            return  # the RMI session fails its calls itself when the connection closes
-        for kind, request_id, payload in frames:
-            machine.send_frame(kind, request_id, payload)
-        self._after_append()
+        liveness = machine.liveness_records
+        work = 0
+        if not machine.closed:
+            work = self._link.poll()
+            if not work and not self._link.subscription.is_connected:
+                # The peer's publication is gone (closed, or silent past the image liveness): no CLOSE
+                # is coming (a server closed while our streams came up never sent one).
+                machine.lost("the peer's stream ended")
+                self._process_events()
+                return 1
+        deadline = machine.deadline_ns
+        if deadline is not None and now_ns >= deadline:
+            machine.handle_timer(now_ns)
+            self._process_events()
+        if self._link or machine.has_pending:
+            work += self.flush()
+        if machine.liveness_records != liveness:
+            return max(0, work - (machine.liveness_records - liveness))
+        return work
+
+    def next_deadline_ns(self, now_ns: int) -> int | None:
+        """When :meth:`poll` is next due if nothing arrives: the machine's timers, or soon while output
+        waits (back-pressure clears without waking anyone)."""
+        if self._link or self._machine.has_pending:
+            return now_ns + BUSY_CADENCE_NS
+        return self._machine.deadline_ns
+
+    def flush(self) -> int:
+        """Offer sealed records in order; what the transport refuses waits in the outbox."""
+        machine = self._machine
+        link = self._link
+        packets: list[bytes | bytearray] = []
+        if machine.has_pending:
+            # Streams are read as the transport drains: at most a few chunks wait beyond its buffer.
+            room = max(0, STREAM_BACKLOG - len(link)) * machine.max_payload
+            packets = machine.messages_to_send(time.monotonic_ns(), room)
+        offered = link.send(packets)
+        if link.back_pressured:
+            self.back_pressure_events += 1
+        if len(link) < BACKLOG_LIMIT and not self._room.is_set():
+            self._room.set()
+        return offered
+
+    def close_now(self, reason: str, *, notify: bool = True) -> None:
+        """Close at once: CLOSE is handed to the transport now. Without ``notify`` (a connection the
+        application never saw), nothing is reported to the owner or the listeners."""
+        if self._machine.closed:
+            return
+        self._machine.close(reason)
+        self.flush()
+        if notify:
+            self._process_events()
+        else:
+            self._ended = True
+            self._machine.take_events()
+
+    def hand_over(self, successor: Connection) -> None:
+        """A buffered session resumed on ``successor``: sends through this connection go there."""
+        self._successor = successor
+
+    def deliver(self, messages: Iterable[object]) -> None:
+        """Send what waited for this connection's peer (a buffered session's queue), in order, before
+        anything else and without waiting for room."""
+        for message in messages:
+            self._send(message)
+
+    def acknowledge_sync(self, sync_id: int) -> None:
+        """The listeners handled the message of ``sync_id``: tell the sender."""
+        if not self._machine.closed:
+            self._machine.acknowledge_sync(sync_id)
+            self._after_append()
+
+    def release_stream(self, stream_id: int) -> None:
+        """The listeners are done with a streamed message's temporary copy."""
+        self._machine.release_stream(stream_id)
+
+    async def release_transport(self, close_timeout: float, grace_s: float) -> None:
+        """Once the last records (the CLOSE frame) were handed to the transport, and ``grace_s`` more for
+        the driver to send them, close the streams and remove temporary files not yet released."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + close_timeout
+        while self._link and loop.time() < deadline:
+            self.flush()
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(grace_s)
+        self._link.close()
+        self._machine.shutdown()
+
+    # -- sending internals ------------------------------------------------------------------------
 
     async def _wait_room(self) -> None:
         deadline = self._loop.time() + self.send_timeout
-        while len(self._backlog) >= BACKLOG_LIMIT:
+        while len(self._link) >= BACKLOG_LIMIT:
             if self._machine.closed:
                 raise ConnectionClosedError("the connection is closed")
             self._room.clear()
@@ -404,7 +443,7 @@ class Connection:
                 await asyncio.wait_for(self._room.wait(), remaining)
 
     def _after_append(self) -> None:
-        self._endpoint._kick()
+        self._owner.wake()
         if not self._flush_scheduled:
             # The first message of a loop turn leaves at once (a lone request or reply does not wait a
             # turn of the loop); the ones that follow in the same turn share records and go with the
@@ -413,7 +452,7 @@ class Connection:
             self._flush_out()
             self._loop.call_soon(self._scheduled_flush)
         elif self._machine.sealed_count >= _SEAL_FLUSH:
-            self._flush()  # the driver sends these with the next flush_out or cycle, in larger batches
+            self.flush()  # the driver sends these with the next flush_out or cycle, in larger batches
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
@@ -422,35 +461,8 @@ class Connection:
     def _flush_out(self) -> None:
         """Flush what the application sent, and over UDP have an invoker-mode driver send it at once:
         its next duty cycle comes a turn of the event loop later (about 30 us per message here)."""
-        if self._flush() and self._udp:
-            self._endpoint._send_now(self._publication)
-
-    def _flush(self) -> int:
-        """Offer sealed records in order; what the transport refuses waits in the backlog."""
-        machine = self._machine
-        backlog = self._backlog
-        if machine.has_pending:
-            # Streams are read as the transport drains: at most a few chunks wait beyond its buffer.
-            room = max(0, STREAM_BACKLOG - len(backlog)) * machine.max_payload
-            backlog.extend(machine.messages_to_send(time.monotonic_ns(), room))
-        offered = 0
-        publication = self._publication
-        while backlog:
-            result = publication.offer(backlog[0])
-            if result >= 0:
-                backlog.popleft()
-                offered += 1
-                continue
-            if result == ADMIN_ACTION:
-                continue
-            if result in (CLOSED, MAX_POSITION_EXCEEDED):
-                backlog.clear()
-            else:
-                self.back_pressure_events += 1
-            break
-        if len(backlog) < BACKLOG_LIMIT and not self._room.is_set():
-            self._room.set()
-        return offered
+        if self.flush() and self._udp:
+            self._owner.send_now(self._link.publication)
 
     # -- receiving internals ----------------------------------------------------------------------
 
@@ -459,81 +471,70 @@ class Connection:
             self._session_id = header.session_id
             self._position = header.position
         if not self._machine.receive(payload, self._now_ns):
-            self._endpoint._record_dropped(self)
+            self._owner.record_dropped(self)
         self._process_events()
 
-    def _deadline_ns(self, now_ns: int) -> int | None:
-        """When ``_poll`` is next due if nothing arrives: the machine's timers, or soon while output
-        waits (back-pressure clears without waking anyone)."""
-        if self._backlog or self._machine.has_pending:
-            return now_ns + BUSY_CADENCE_NS
-        return self._machine.deadline_ns
-
-    def _poll(self, now_ns: int) -> int:
-        """One duty cycle: receive, run timers, flush. Returns the work done; records that only kept the
-        connection alive do not count (an idle pair's poller would otherwise spin up for each)."""
-        self._now_ns = now_ns
-        machine = self._machine
-        liveness = machine.liveness_records
-        work = 0
-        if not machine.closed:
-            work = self._subscription.poll(self._assembler, 64)
-            if not work and not self._subscription.is_connected:
-                # The peer's publication is gone (closed, or silent past the image liveness): no CLOSE
-                # is coming (a server closed while our streams came up never sent one).
-                machine.lost("the peer's stream ended")
-                self._process_events()
-                return 1
-        deadline = machine.deadline_ns
-        if deadline is not None and now_ns >= deadline:
-            machine.handle_timer(now_ns)
-            self._process_events()
-        if self._backlog or machine.has_pending:
-            work += self._flush()
-        if machine.liveness_records != liveness:
-            return max(0, work - (machine.liveness_records - liveness))
-        return work
-
     def _process_events(self) -> None:
-        endpoint = self._endpoint
-        for event in self._machine.take_events():
-            if isinstance(event, MessageReceived):
-                if not (event.stream_id and self.rmi.file_arrived(event.stream_id, event.message)):
-                    endpoint._dispatch_message(self, event.message, event.sync_id, event.stream_id)
-            elif isinstance(event, RmiFrameReceived):
-                self.rmi.receive(event.kind, event.request_id, event.payload)
-            elif isinstance(event, (StreamStarted, StreamProgressed, StreamSent, StreamFailed)):
-                self._on_stream_event(event)
-            elif isinstance(event, SyncCompleted):
-                future = self._syncs.pop(event.sync_id, None)
-                if future is not None and not future.done():
-                    future.set_result(None)
-            elif isinstance(event, PingAcknowledged):
-                ping = self._pings.pop(event.ping_id, None)
-                if ping is not None and not ping.done():
-                    ping.set_result(Ping(event.round_trip_ns / 1e9, event.outbound_ns / 1e9, event.inbound_ns / 1e9))
-                endpoint._round_trip(self, event.round_trip_ns)
-            elif isinstance(event, SyncTimedOut):
-                future = self._syncs.pop(event.sync_id, None)
-                if future is not None and not future.done():
-                    future.set_exception(SendSyncTimeout(f"connection {self.id}: no acknowledgement in time"))
-            elif isinstance(event, PingTimedOut):
-                ping = self._pings.pop(event.ping_id, None)
-                if ping is not None and not ping.done():
-                    ping.set_exception(PingTimeout(f"connection {self.id}: no pong in time"))
-            elif isinstance(event, MessageDecodeFailed):
-                endpoint._report_error(self, MessageDecodeError(f"connection {self.id}: {event.reason}"))
-            elif isinstance(event, Closed):
-                self._flush()
-                self.rmi.close(event.reason or "the connection closed")
-                endpoint._connection_closed(self, event)
+        """Run what the machine's events call for, until it has no more (answering a host call may add
+        some: a fire-and-forget call's failure)."""
+        events = self._machine.take_events()
+        while events:
+            for event in events:
+                self._on_event(event)
+            events = self._machine.take_events()
+
+    def _on_event(self, event: object) -> None:
+        owner = self._owner
+        if isinstance(event, MessageReceived):
+            owner.dispatch(self, event.message, event.sync_id, event.stream_id)
+        elif isinstance(event, _RMI_EVENTS):
+            self.rmi.handle(event)
+        elif isinstance(event, (StreamStarted, StreamProgressed, StreamSent, StreamFailed)):
+            self._on_stream_event(event)
+        elif isinstance(event, SyncCompleted):
+            future = self._syncs.pop(event.sync_id, None)
+            if future is not None and not future.done():
+                future.set_result(None)
+        elif isinstance(event, PingAcknowledged):
+            ping = self._pings.pop(event.ping_id, None)
+            if ping is not None and not ping.done():
+                ping.set_result(Ping(event.round_trip_ns / 1e9, event.outbound_ns / 1e9, event.inbound_ns / 1e9))
+            owner.round_trip(self, event.round_trip_ns)
+        elif isinstance(event, SyncTimedOut):
+            future = self._syncs.pop(event.sync_id, None)
+            if future is not None and not future.done():
+                future.set_exception(SendSyncTimeout(f"connection {self.id}: no acknowledgement in time"))
+        elif isinstance(event, PingTimedOut):
+            ping = self._pings.pop(event.ping_id, None)
+            if ping is not None and not ping.done():
+                ping.set_exception(PingTimeout(f"connection {self.id}: no pong in time"))
+        elif isinstance(event, MessageDecodeFailed):
+            owner.report_error(self, MessageDecodeError(f"connection {self.id}: {event.reason}"))
+        elif isinstance(event, Closed):
+            self._ended_by(event)
+        # KeepaliveSent: nothing to run (it counts for tests and statistics).
+
+    def _ended_by(self, event: Closed) -> None:
+        """The machine closed: what waits fails, then the owner hears of it (once)."""
+        self.flush()
+        self.rmi.close()
+        if self._ended:
+            return
+        self._ended = True
+        error = ConnectionClosedError(f"connection {self.id} is closed")
+        for futures in (self._syncs, self._pings):
+            for future in futures.values():
+                if not future.done():
+                    future.set_exception(error)
+            futures.clear()
+        self._room.set()
+        self._closed_event.set()
+        self._owner.connection_ended(self, event)
 
     def _on_stream_event(self, event: StreamStarted | StreamProgressed | StreamSent | StreamFailed) -> None:
         transfers = self.transfers
         if isinstance(event, StreamStarted):
             transfers[(True, event.stream_id)] = Transfer(event.stream_id, True, 0, event.total, event.name)
-            if event.is_file and event.kind == FrameKind.MESSAGE and event.request_id == FILE_STREAM_MARK:
-                self.rmi.file_started(event.stream_id)  # a Path argument or result: RMI's, not a message
         elif isinstance(event, StreamProgressed):
             key = (event.incoming, event.stream_id)
             name = transfers[key].name if key in transfers else ""
@@ -547,21 +548,5 @@ class Connection:
             transfers.pop((event.incoming, event.stream_id), None)
             side = "incoming" if event.incoming else "outgoing"
             why = f"({event.failure.name.lower()}): {event.detail}"
-            if event.incoming:
-                self.rmi.file_failed(event.stream_id, why)
             error = StreamingError(f"connection {self.id}: {side} stream {event.stream_id} failed {why}")
-            self._endpoint._report_error(self, error)
-
-    def _fail_waiters(self) -> None:
-        error = ConnectionClosedError(f"connection {self.id} is closed")
-        for futures in (self._syncs, self._pings):
-            for future in futures.values():
-                if not future.done():
-                    future.set_exception(error)
-            futures.clear()
-        self._room.set()
-
-
-def is_coroutine_result(result: object) -> bool:
-    """Did a listener return something to await (an ``async def`` listener)?"""
-    return inspect.isawaitable(result)
+            self._owner.report_error(self, error)

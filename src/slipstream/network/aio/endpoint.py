@@ -1,41 +1,42 @@
-"""What servers and clients share: listeners, dispatch, the poller task, the driver context."""
+"""What servers and clients share: listeners and how they run, the connections' owner (dispatch,
+errors, their end), the driver context, and a place in the poller.
+
+The methods under "for connections and the poller" are what a connection and the poller call (the
+:class:`~.connection.ConnectionOwner` and :class:`~.poller.Polled` protocols); applications do not need
+them."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import time
-import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
-from ...client import Context, Counter, DriverError, ExclusivePublication
-from ...client.aio import Parking
+from ...client import Context, Counter, DriverError, ExclusivePublication, Subscription
 from ...files.counters import NETWORK_RECORDS_DROPPED_TYPE_ID
-from ...files.doorbell import Doorbell
+from ..buffered import Hold
 from ..config import ClientConfig, ServerConfig
-from ..connection import RECORD_OVERHEAD, ConnectionMachine, Records
+from ..connection import ConnectionMachine
 from ..errors import MessageDispatchError
 from ..events import Closed
 from ..frames import FRAME_OVERHEAD
+from ..listeners import Listeners
 from ..registrations import Registrations
-from ..rmi import ObjectTable, RmiEndpoint, RmiRegistry
+from ..rmi import ObjectTable, RemoteCalls, RmiEndpoint, RmiRegistry, StreamsChannel
 from ..serialization import Serialization
+from ..session import RECORD_OVERHEAD, Records
 from ..store import SettingsStore
 from ..streaming import Streams
-from .connection import Connection, Listeners, is_coroutine_result
+from ..transport import earliest, shared_contexts
+from .connection import Connection
+from .poller import PollGroup
 from .recording import EndpointRecording
-from .transport import (
-    IdleBackoff,
-    acquire_context,
-    earliest,
-    input_pending,
-    release_context,
-    release_context_drained,
-)
+from .transport import release_context_drained
 
-__all__ = ["CLOSE_GRACE_S", "Endpoint", "PollGroup"]
+__all__ = ["CLOSE_GRACE_S", "Endpoint"]
 
 CLOSE_GRACE_S = 0.05
 """After the CLOSE frame was handed to the transport, how long before its publication is closed."""
@@ -46,6 +47,11 @@ ONE_FRAME_CHUNKS_FROM = 16 * 1024
 log = logging.getLogger("slipstream.network")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def is_coroutine_result(result: object) -> bool:
+    """Did a listener return something to await (an ``async def`` listener)?"""
+    return inspect.isawaitable(result)
 
 
 class Endpoint:
@@ -121,7 +127,7 @@ class Endpoint:
         try:
             result = listener(*args)
         except Exception as exc:
-            self._report_error(connection, exc)
+            self.report_error(connection, exc)
             return None
         if is_coroutine_result(result):
             task = asyncio.ensure_future(self._guard(connection, result))
@@ -136,22 +142,7 @@ class Endpoint:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._report_error(connection, exc)
-
-    def _report_error(self, connection: Connection | None, error: BaseException) -> None:
-        if not self.listeners.error:
-            log.error("%s: %s (no on_error listener)", connection, error, exc_info=error)
-            return
-        for listener in list(self.listeners.error):
-            try:
-                result = listener(connection, error)
-            except Exception:
-                log.exception("on_error listener failed")
-                continue
-            if is_coroutine_result(result):
-                task = asyncio.ensure_future(self._quiet(result))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            self.report_error(connection, exc)
 
     @staticmethod
     async def _quiet(awaitable: Any) -> None:
@@ -168,122 +159,86 @@ class Endpoint:
                 tasks.append(task)
         return tasks
 
-    def _new_machine(self, records: Records, now_ns: int, expiry_ns: int, publication: Any) -> ConnectionMachine:
-        """A connection's machine sized to its publication, with streaming for large messages and files."""
-        config = self.config
-        max_record = publication.max_message_length
-        machine = ConnectionMachine(
-            records=records,
-            serialization=self.serialization,
-            now_ns=now_ns,
-            expiry_ns=expiry_ns,
-            batch_limit=publication.max_payload_length - 24,
-            max_record=max_record,
-            wall_offset_ns=time.time_ns() - time.monotonic_ns(),
-        )
-        chunk_record = machine.max_payload
-        if publication.max_payload_length >= ONE_FRAME_CHUNKS_FROM:
-            # A chunk's record fits one frame of the log (IPC: 64 KiB): read in place on the other side,
-            # where a fragmented record would first be copied together by the assembler.
-            chunk_record = min(chunk_record, publication.max_payload_length - RECORD_OVERHEAD)
-        machine.streams = Streams(
-            chunk_payload=chunk_record - FRAME_OVERHEAD,
-            spill_threshold=config.spill_threshold,
-            max_stream_size=config.max_stream_size,
-            temp_dir=None if config.temp_directory is None else os.fspath(config.temp_directory),
-        )
-        return machine
-
-    def _new_rmi(self, global_objects: ObjectTable | None) -> RmiEndpoint:
-        """A connection's RMI endpoint (the server passes its global objects)."""
-        return RmiEndpoint(self.rmi_registry, global_objects=global_objects)
-
-    def _dispatch_message(self, connection: Connection, message: object, sync_id: int, stream_id: int = 0) -> None:
-        recording = self._recording
-        if recording is not None and recording.capture:
-            recording.message(connection, message)
-        kind = type(message)
-        handlers = connection._listeners.for_type_with(kind, self.listeners)
-        if not handlers:
-            self._report_error(
-                connection, MessageDispatchError(f"no on_message listener for {kind.__module__}.{kind.__qualname__}")
-            )
-        tasks = [task for handler in handlers if (task := self._call(connection, handler, connection, message))]
-        if not sync_id and not stream_id:
-            return
-        machine = connection._machine
-        if not tasks:
-            if stream_id:
-                machine.release_stream(stream_id)  # the listeners are done with the temporary copy
-            if sync_id and not machine.closed:
-                machine.acknowledge_sync(sync_id)
-                connection._after_append()
-            return
-
-        async def acknowledge() -> None:
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if stream_id:
-                machine.release_stream(stream_id)
-            if sync_id and not machine.closed:
-                machine.acknowledge_sync(sync_id)
-                connection._after_append()
-
-        task = asyncio.ensure_future(acknowledge())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _fire_disconnect(self, connection: Connection) -> None:
+        """Run ``on_disconnect`` (the connection's, then the endpoint's): once per connection."""
+        self._fire(connection.listeners.disconnect, connection)
+        self._fire(self.listeners.disconnect, connection)
 
     def _connection_up(self, connection: Connection) -> None:
         """Run ``on_init`` then ``on_connect``."""
         if self._recording is not None:
-            connection._track_position = self._recording.capture
             self._recording.connected(connection)
         self._fire(self.listeners.init, connection)
         if not connection.is_closed:
             self._fire(self.listeners.connect, connection)
 
-    def _connection_closed(self, connection: Connection, event: Closed) -> None:
-        """Called once per connection when its machine closed: subclasses release the transport."""
-        if connection._disconnected:
-            return
-        connection._disconnected = True
-        if self._recording is not None:
-            self._recording.disconnected(connection, event)
-        connection._fail_waiters()
-        self._release_connection(connection)
-        connection._closed_event.set()
-        if not self._session_waits(connection, event):
-            self._fire_disconnect(connection)
-
-    def _fire_disconnect(self, connection: Connection) -> None:
-        """Run ``on_disconnect`` (the connection's, then the endpoint's): once per connection."""
-        self._fire(connection._listeners.disconnect, connection)
-        self._fire(self.listeners.disconnect, connection)
+    def _new_connection(
+        self,
+        records: Records,
+        expiry_ns: int,
+        publication: ExclusivePublication,
+        subscription: Subscription,
+        *,
+        connection_id: int,
+        remote_address: str | None,
+        remote_port: int | None,
+        tag: str,
+        remote_public_key: bytes,
+        global_objects: ObjectTable | None,
+    ) -> Connection:
+        """A connection over its two streams, its machine sized to the publication, with streaming for
+        large messages and files and remote objects."""
+        config = self.config
+        now_ns = time.monotonic_ns()
+        max_record = publication.max_message_length
+        chunk_record = max_record - RECORD_OVERHEAD
+        if publication.max_payload_length >= ONE_FRAME_CHUNKS_FROM:
+            # A chunk's record fits one frame of the log (IPC: 64 KiB): read in place on the other side,
+            # where a fragmented record would first be copied together by the assembler.
+            chunk_record = min(chunk_record, publication.max_payload_length - RECORD_OVERHEAD)
+        streams = Streams(
+            chunk_payload=chunk_record - FRAME_OVERHEAD,
+            spill_threshold=config.spill_threshold,
+            max_stream_size=config.max_stream_size,
+            temp_dir=None if config.temp_directory is None else os.fspath(config.temp_directory),
+        )
+        rmi = RmiEndpoint(self.rmi_registry, global_objects=global_objects, files=StreamsChannel(streams))
+        machine = ConnectionMachine(
+            records=records,
+            serialization=self.serialization,
+            now_ns=now_ns,
+            expiry_ns=expiry_ns,
+            batch_limit=publication.max_payload_length - RECORD_OVERHEAD,
+            max_record=max_record,
+            wall_offset_ns=time.time_ns() - now_ns,
+            streams=streams,
+            rmi=RemoteCalls(rmi, streams),
+        )
+        return Connection(
+            owner=self,
+            connection_id=connection_id,
+            machine=machine,
+            publication=publication,
+            subscription=subscription,
+            remote_address=remote_address,
+            remote_port=remote_port,
+            tag=tag,
+            remote_public_key=remote_public_key,
+            send_timeout=config.send_timeout,
+            rmi_timeout=config.rmi_timeout,
+            track_position=self._recording is not None and self._recording.capture,
+        )
 
     def _session_waits(self, connection: Connection, event: Closed) -> bool:
         """Whether a buffered session keeps ``connection``'s peer waiting (``on_disconnect`` later)."""
         return False
 
-    def _buffer(self, connection: Connection, message: object) -> str | None:
-        """A message for a closed connection: ``"queued"`` for its peer's return, ``"full"`` (the
-        queue is; UndeliveredError reported), or None (no session waits: the connection is closed)."""
-        return None
-
     def _release_connection(self, connection: Connection) -> None:
         raise NotImplementedError
-
-    def _round_trip(self, connection: Connection, round_trip_ns: int) -> None:
-        """A ping of ``connection`` completed (recorded as an RTT sample when recording)."""
-        if self._recording is not None:
-            self._recording.round_trip(connection, round_trip_ns)
 
     def _live_connections(self) -> Iterable[Connection]:
         """The connections that are up (read by the recording's sampler thread: a copied list)."""
         raise NotImplementedError
-
-    def _deadline_ns(self, now_ns: int) -> int | None:
-        """When the duty cycle is next due if nothing arrives (how long an idle poller may park): the
-        earliest timer of the connections; None when none runs."""
-        return earliest((connection._deadline_ns(now_ns) for connection in self._live_connections()), None)
 
     def _stop_recording(self) -> None:
         """Final statistics, then the recorder goes back (``close`` calls this before the driver goes)."""
@@ -296,18 +251,7 @@ class Endpoint:
         handed to the transport, plus a moment for the driver to send them; ``then`` runs after."""
 
         async def close() -> None:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.config.close_timeout
-            while connection._backlog and loop.time() < deadline:
-                connection._flush()
-                await asyncio.sleep(0.005)
-            await asyncio.sleep(CLOSE_GRACE_S)
-            for item in (connection._publication, connection._subscription):
-                try:
-                    item.close()
-                except DriverError as exc:
-                    log.warning("closing %r: %s", item, exc)
-            connection._machine.shutdown()  # temporary files of streamed messages not yet released
+            await connection.release_transport(self.config.close_timeout, CLOSE_GRACE_S)
             if then is not None:
                 then()
 
@@ -320,11 +264,112 @@ class Endpoint:
         if self._closings:
             await asyncio.wait(list(self._closings), timeout=self.config.close_timeout + 1.0)
 
-    # -- the poller -------------------------------------------------------------------------------
+    # -- for connections and the poller -----------------------------------------------------------
+
+    def report_error(self, connection: Connection | None, error: BaseException) -> None:
+        """Tell the ``on_error`` listeners (logged when there is none)."""
+        if not self.listeners.error:
+            log.error("%s: %s (no on_error listener)", connection, error, exc_info=error)
+            return
+        for listener in list(self.listeners.error):
+            try:
+                result = listener(connection, error)
+            except Exception:
+                log.exception("on_error listener failed")
+                continue
+            if is_coroutine_result(result):
+                task = asyncio.ensure_future(self._quiet(result))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    def dispatch(self, connection: Connection, message: object, sync_id: int = 0, stream_id: int = 0) -> None:
+        """Run the message listeners for a received ``message``; once they are done (awaited if async),
+        acknowledge ``sync_id`` and release ``stream_id``'s temporary copy."""
+        recording = self._recording
+        if recording is not None and recording.capture:
+            recording.message(connection, message)
+        kind = type(message)
+        handlers = connection.listeners.for_type_with(kind, self.listeners)
+        if not handlers:
+            self.report_error(
+                connection, MessageDispatchError(f"no on_message listener for {kind.__module__}.{kind.__qualname__}")
+            )
+        tasks = [task for handler in handlers if (task := self._call(connection, handler, connection, message))]
+        if not sync_id and not stream_id:
+            return
+        if not tasks:
+            if stream_id:
+                connection.release_stream(stream_id)  # the listeners are done with the temporary copy
+            if sync_id:
+                connection.acknowledge_sync(sync_id)
+            return
+
+        async def acknowledge() -> None:
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if stream_id:
+                connection.release_stream(stream_id)
+            if sync_id:
+                connection.acknowledge_sync(sync_id)
+
+        task = asyncio.ensure_future(acknowledge())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def connection_ended(self, connection: Connection, event: Closed) -> None:
+        """A connection's machine closed (called once per connection): release it, then ``on_disconnect``
+        unless a buffered session keeps its peer waiting."""
+        if self._recording is not None:
+            self._recording.disconnected(connection, event)
+        self._release_connection(connection)
+        if not self._session_waits(connection, event):
+            self._fire_disconnect(connection)
+
+    def hold(self, connection: Connection, message: object) -> Hold:
+        """A message for a closed connection: queued for its peer's return (a server's buffered
+        session), refused because that queue is full, or closed (nothing waits for the peer)."""
+        return Hold.CLOSED
+
+    def record_dropped(self, connection: Connection) -> None:
+        """A connection dropped a record it could not open (counted in its stats too)."""
+        self.records_dropped += 1
+        if self._dropped_counter is not None:
+            self._dropped_counter.set(self.records_dropped)
+
+    def round_trip(self, connection: Connection, round_trip_ns: int) -> None:
+        """A ping of ``connection`` completed (recorded as an RTT sample when recording)."""
+        if self._recording is not None:
+            self._recording.round_trip(connection, round_trip_ns)
+
+    def wake(self) -> None:
+        """Make the poller run its next cycle now (new work arrived from the application)."""
+        if self._group is not None:
+            self._group.backoff.kick()
+
+    def send_now(self, publication: ExclusivePublication) -> None:
+        """An invoker-mode driver sends what ``publication`` was just given now (see Connection)."""
+        context = self._context
+        if context is not None:
+            context.send_now(publication)
+
+    @property
+    def context(self) -> Context | None:
+        """The driver context this endpoint holds (None before the first bind or connect, after close)."""
+        return self._context
+
+    def duty_cycle(self, now_ns: int) -> int:
+        """One duty cycle of this endpoint's handshakes and connections; the work done."""
+        raise NotImplementedError
+
+    def next_deadline_ns(self, now_ns: int) -> int | None:
+        """When the duty cycle is next due if nothing arrives (how long an idle poller may park): the
+        earliest timer of the connections; None when none runs."""
+        return earliest((connection.next_deadline_ns(now_ns) for connection in self._live_connections()), None)
+
+    # -- the driver context and the poller --------------------------------------------------------
 
     def _acquire_context(self) -> Context:
         if self._context is None:
-            self._context = acquire_context(self.config.driver_directory, self.config.driver)
+            self._context = shared_contexts.acquire(self.config.driver_directory, self.config.driver)
             self._add_dropped_counter(self._context)
         recording = self.config.recording
         if self._recording is None and recording is not None and recording.enabled:
@@ -342,7 +387,7 @@ class Endpoint:
         if self._context is not None:
             context, self._context = self._context, None
             self._close_dropped_counter()
-            release_context(context)
+            shared_contexts.release(context)
 
     async def _release_context_drained(self) -> None:
         """``_release_context`` for ``close``: a driver that goes with us lets its closed publications
@@ -369,32 +414,12 @@ class Endpoint:
         if counter is not None:
             counter.close()
 
-    def _record_dropped(self, connection: Connection) -> None:
-        """A connection dropped a record it could not open (counted in its stats too)."""
-        self.records_dropped += 1
-        if self._dropped_counter is not None:
-            self._dropped_counter.set(self.records_dropped)
-
     def _start_poller(self) -> None:
         if not self._polling:
             self._polling = True
             self._closing = False
             self._group = PollGroup.for_loop(asyncio.get_running_loop())
             self._group.add(self)
-
-    def _kick(self) -> None:
-        """Make the poller run its next cycle now (new work arrived from the application)."""
-        if self._group is not None:
-            self._group.backoff.kick()
-
-    def _send_now(self, publication: ExclusivePublication) -> None:
-        """An invoker-mode driver sends what ``publication`` was just given now (see Connection)."""
-        context = self._context
-        if context is not None:
-            context.send_now(publication)
-
-    def _duty_cycle(self, now_ns: int) -> int:
-        raise NotImplementedError
 
     async def _stop_poller(self) -> None:
         self._closing = True
@@ -405,197 +430,3 @@ class Endpoint:
         for pending in list(self._tasks):
             pending.cancel()
         self._tasks.clear()
-
-
-UNPARKED_PAUSE_MAX_S = 0.1
-"""The longest pause of a poller that nothing would wake for some input: an image without a parking
-slot (no doorbell), or an invoker-mode driver's input left out of the wait (a cycle left it unread).
-Only the pause's end lets it see a message there."""
-
-BUSY_NAP_EVERY_NS = 1_000_000
-"""A poller busy this long without a pause naps once, when an embedded driver thread shares its GIL."""
-
-
-class PollGroup:
-    """One poller task per event loop for every server and client on it: a hundred clients in one
-    process wake once per back-off step, not a hundred times."""
-
-    _groups: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PollGroup]] = weakref.WeakKeyDictionary()
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.endpoints: list[Endpoint] = []
-        self.backoff = IdleBackoff()
-        self.task: asyncio.Task[None] | None = None
-
-    @classmethod
-    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> PollGroup:
-        """The group of ``loop`` (made on first use)."""
-        group = cls._groups.get(loop)
-        if group is None:
-            group = cls._groups[loop] = PollGroup(loop)
-        return group
-
-    def add(self, endpoint: Endpoint) -> None:
-        """Poll ``endpoint`` from now on (starting the task if needed)."""
-        self.endpoints.append(endpoint)
-        self.backoff.kick()
-        if self.task is None or self.task.done():
-            self.task = self.loop.create_task(self._run(), name="slipstream-network-poller")
-
-    def remove(self, endpoint: Endpoint) -> None:
-        """Stop polling ``endpoint`` (the task ends with the last one)."""
-        if endpoint in self.endpoints:
-            self.endpoints.remove(endpoint)
-
-    def _contexts(self) -> list[Context]:
-        """The transport contexts the endpoints use, each once (endpoints of one directory share one).
-        Asked twice per duty cycle: a lone endpoint, the common case, costs no dictionary."""
-        if len(self.endpoints) == 1:
-            context = self.endpoints[0]._context
-            return [] if context is None else [context]
-        contexts: dict[int, Context] = {}
-        for endpoint in self.endpoints:
-            context = endpoint._context
-            if context is not None:
-                contexts.setdefault(id(context), context)
-        return list(contexts.values())
-
-    def _invoke_drivers(self) -> None:
-        """One duty cycle of each invoker-mode driver the endpoints use (a no-op for the others). Its
-        own chores (heartbeats, status messages) do not count as work, or an idle endpoint would never
-        park."""
-        for context in self._contexts():
-            context.invoke()
-
-    async def _run(self) -> None:
-        backoff = self.backoff
-        parked: tuple[Parking, list[Doorbell], list[int]] | None = None
-        woken_by: Sequence[int] = ()
-        mute_inputs = False
-        rechecked = False
-        busy_since_ns: int | None = None
-        try:
-            while self.endpoints:
-                now_ns = time.monotonic_ns()
-                work = self._cycle(now_ns)
-                # Input a cycle leaves unread must not wake us in a loop: the next wait leaves it out.
-                # But a datagram may also have come in just after the driver read its socket: one more
-                # cycle tells the two apart (muted, that message would wait out the pause).
-                mute_inputs = bool(woken_by) and not work and input_pending(woken_by)
-                if mute_inputs and not rechecked:
-                    rechecked = True
-                    continue
-                rechecked = False
-                woken_by = ()
-                if work:
-                    if parked is not None:
-                        parked[0].unpark()
-                        parked = None
-                    backoff.reset()
-                    if busy_since_ns is None:
-                        busy_since_ns = now_ns
-                    elif now_ns - busy_since_ns >= BUSY_NAP_EVERY_NS:
-                        busy_since_ns = now_ns
-                        if self._threaded():
-                            # Each loop turn lets go of the GIL for a moment (the selector's poll) and
-                            # takes it straight back, before a waiting thread can wake: an embedded
-                            # driver thread would starve (for seconds on a loaded machine), and with it
-                            # the data this loop is busy with. A nap now and then lets it in.
-                            time.sleep(backoff.nap_s)
-                    await asyncio.sleep(0)
-                    continue
-                busy_since_ns = None
-                pause = backoff.next_pause(now_ns / 1e9)
-                if pause is not None and pause > backoff.max_sleep_s:
-                    pause = self._until_due(pause, now_ns)  # a long pause ends by the next timer
-                if pause is None:
-                    await backoff.idle(now_ns / 1e9, nap=self._threaded())  # still yielding: no pause yet
-                    continue
-                if parked is None:
-                    parked = self._park()
-                    if parked is None:
-                        # some image has no parking slot: a timed pause, and a short one (no ring ends it)
-                        await backoff.sleep(min(pause, UNPARKED_PAUSE_MAX_S))
-                        continue
-                    if parked[0].ready():
-                        continue  # appended before our bytes were visible: the next cycle takes it
-                inputs: Sequence[int] = parked[2]
-                if mute_inputs:  # nothing wakes us for the driver's input: keep the pause short
-                    inputs, pause = (), min(pause, UNPARKED_PAUSE_MAX_S)
-                outcome = await backoff.park(parked[1], pause, inputs)
-                if outcome != "timeout":
-                    # Rung, kicked or input: images or endpoints may have changed, so park afresh next
-                    # time. A pause that timed out stays parked: no re-parking on every pause.
-                    parked[0].unpark()
-                    parked = None
-                if outcome == "input":
-                    woken_by = inputs
-        finally:
-            if parked is not None:
-                parked[0].unpark()
-            self.task = None
-
-    def _cycle(self, now_ns: int) -> int:
-        """One duty cycle of every endpoint (and of invoker-mode drivers); returns the work done.
-
-        The drivers run first (what arrived reaches the images the endpoints poll) and not again after
-        the endpoints: what the application sends leaves at once (``Connection._flush_out``), and the
-        rest (handshake packets, status messages) with the next cycle, one loop turn later, after the
-        tasks this cycle woke have run."""
-        work = 0
-        self._invoke_drivers()
-        for endpoint in list(self.endpoints):
-            try:
-                work += endpoint._duty_cycle(now_ns)
-            except Exception as exc:  # a bug must not silently stop every connection
-                log.exception("network poller failed")
-                endpoint._report_error(None, exc)
-        return work
-
-    def _until_due(self, pause_s: float, now_ns: int) -> float:
-        """``pause_s``, cut short to end when the earliest timer of the endpoints' connections or of an
-        invoker-mode driver's streams (heartbeats, status messages, NAKs) is due, or to the back-off's
-        short pause while such a driver has data in flight; never below that short pause (a timer
-        already due gets a cycle soon, not a spin). The driver's periodic chores (client liveness,
-        counters) run at the pause's end: they may be late, nothing is lost."""
-        short = self.backoff.max_sleep_s
-        invokers = [context for context in self._contexts() if context.is_invoker]
-        if any(context.invoker_busy() for context in invokers):
-            return short
-        due = earliest((endpoint._deadline_ns(now_ns) for endpoint in self.endpoints), None)
-        due = earliest((context.invoker_deadline_ns() for context in invokers), due)
-        if due is None:
-            return pause_s
-        return min(pause_s, max(short, (due - now_ns) / 1e9))
-
-    def _threaded(self) -> bool:
-        """Whether an embedded driver thread shares our GIL (then a spinning poller naps for it)."""
-        return any(
-            (context := endpoint._context) is not None and context.is_embedded and not context.is_invoker
-            for endpoint in self.endpoints
-        )
-
-    def _park(self) -> tuple[Parking, list[Doorbell], list[int]] | None:
-        """Park every subscription of the endpoints' contexts on the contexts' doorbells, for the idle
-        pauses; None (nothing left parked) when some image has no parking slot: the caller then sleeps.
-
-        Parking protocol: set the parked bytes, re-check the images (``Parking.ready``), then wait; the
-        bytes are cleared once work is found."""
-        parking = Parking()
-        bells: list[Doorbell] = []
-        inputs: list[int] = []
-        for context in self._contexts():
-            fd = context.invoker_fileno()  # an invoker-mode driver's datagrams wake us too
-            if fd is not None:
-                inputs.append(fd)
-            try:
-                bell = context.doorbell
-            except RuntimeError:  # closing
-                parking.unpark()
-                return None
-            bells.append(bell)
-            if not parking.park(context.subscriptions, bell.number):
-                parking.unpark()
-                return None
-        return (parking, bells, inputs) if bells else None

@@ -46,7 +46,7 @@ from ..admission import RejectReason
 from ..errors import SerializationError
 from ..events import Closed
 from .connection import Connection
-from .transport import host_port
+from ..transport import host_port
 
 __all__ = ["EndpointRecording", "address_of", "cause_of", "reason_name"]
 
@@ -95,8 +95,8 @@ class _RepairCounters:
     def _keys(connection: Connection) -> list[tuple[int, int]]:
         if connection.is_ipc:
             return []
-        keys = [(connection._publication.registration_id, t) for t in _SENDER_TYPES]
-        keys += [(image.correlation_id, t) for image in connection._subscription.images for t in _RECEIVER_TYPES]
+        keys = [(connection.publication.registration_id, t) for t in _SENDER_TYPES]
+        keys += [(image.correlation_id, t) for image in connection.subscription.images for t in _RECEIVER_TYPES]
         return keys
 
     def refresh(self, connections: Iterable[Connection]) -> None:
@@ -204,9 +204,9 @@ class EndpointRecording:
             payload = self._encode(message)
         except SerializationError:  # a file (its Path) or a remote object: no bytes of a message type
             payload = b""
-        subscription = connection._subscription
-        base = (time.time_ns(), subscription.channel, subscription.stream_id, connection._session_id,
-                connection._position, len(payload))  # fmt: skip
+        subscription = connection.subscription
+        session_id, position = connection.received_position
+        base = (time.time_ns(), subscription.channel, subscription.stream_id, session_id, position, len(payload))
         self.recorder.append(CapturedMessage.SCHEMA, (*base, payload, kind.__name__))
         if typed[0] is not None:
             self.recorder.append(typed[0], (*base, *(getattr(message, name) for name in typed[1])))
@@ -214,7 +214,7 @@ class EndpointRecording:
     def _stats(
         self, connection: Connection, now_ns: int, rtt_ns: int | None = None, repair: dict[int, int] | None = None
     ) -> ConnectionStats:
-        stats = connection._machine.stats
+        stats = connection.machine.stats
         if repair is None:
             repair = self._repair.read(connection)
         return ConnectionStats(
@@ -237,8 +237,8 @@ class EndpointRecording:
 
     def _streams(self, connection: Connection, now_ns: int, repair: dict[int, int]) -> list[StreamStats]:
         """The connection's two streams as this side sees them: what it sends, what it receives."""
-        stats = connection._machine.stats
-        publication, subscription = connection._publication, connection._subscription
+        stats = connection.machine.stats
+        publication, subscription = connection.publication, connection.subscription
         images = subscription.images
         return [
             StreamStats(

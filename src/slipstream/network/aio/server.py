@@ -13,45 +13,39 @@ import asyncio
 import functools
 import logging
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from ...client import (
-    ADMIN_ACTION,
-    DriverError,
-    ExclusivePublication,
-    FragmentAssembler,
-    Header,
-    Registration,
-    Subscription,
-)
+from ...client import DriverError, ExclusivePublication, Header, Registration, Subscription
 from ...client.allocation import IdAllocator, PortAllocator
 from ..admission import AdmissionPolicy, IpFilterRule, RejectReason
-from ..buffered import BufferedSessions, BufferOverflowed, SessionExpired, SessionResumed
+from ..buffered import BufferedSessions, BufferOverflowed, Hold, SessionExpired, SessionResumed
 from ..config import ServerConfig
-from ..connection import PlainRecords
 from ..errors import ServerError, UndeliveredError
 from ..events import ClientAccepted, Closed, Rejected
 from ..handshake import ServerHandshake
 from ..rmi import ObjectTable
-from ..session import RecordLayer
-from .connection import Connection
-from .endpoint import Endpoint
-from .transport import (
+from ..session import PlainRecords, RecordLayer, Records
+from ..transport import (
     BUSY_CADENCE_NS,
     HANDSHAKE_IPC_REPLY_STREAM,
     HANDSHAKE_IPC_STREAM,
     HANDSHAKE_POLL_LIMIT,
     HANDSHAKE_STREAM,
     IPC_MTU,
+    Link,
+    close_quietly,
     earliest,
+    handshake_cycle,
     host_port,
     ipc_channel,
     listen_host,
     parse_source,
     udp_channel,
 )
+from .connection import Connection
+from .endpoint import Endpoint
 
 __all__ = ["Server"]
 
@@ -75,18 +69,29 @@ SETTLE_STEP_S = 0.005
 """How often ``close`` looks again at connections still coming up."""
 
 
-@dataclass(slots=True)
 class _Link:
-    """One handshake channel (UDP port or IPC) and its machine."""
+    """One handshake channel (UDP port or IPC): its machine and its transport (answers the handshake
+    publication refuses for now wait in the link's outbox, the oldest dropped past OUTBOX_LIMIT)."""
 
-    machine: ServerHandshake
-    subscription: Subscription
-    publication: ExclusivePublication
-    host: str | None
-    port: int
-    assembler: FragmentAssembler | None = None
-    outbox: deque[bytes] = field(default_factory=lambda: deque(maxlen=OUTBOX_LIMIT))
-    """Answers the handshake publication refused for now (back-pressure): offered again next cycle."""
+    def __init__(
+        self,
+        machine: ServerHandshake,
+        host: str | None,
+        port: int,
+        publication: ExclusivePublication,
+        subscription: Subscription,
+        on_packet: Callable[[_Link, memoryview, Header], None],
+    ) -> None:
+        self.machine = machine
+        self.host = host
+        self.port = port
+        self.link = Link(
+            publication,
+            subscription,
+            lambda payload, header: on_packet(self, payload, header),
+            poll_limit=HANDSHAKE_POLL_LIMIT,
+            outbox_limit=OUTBOX_LIMIT,
+        )
 
 
 @dataclass(slots=True)
@@ -285,9 +290,7 @@ class Server(Endpoint):
             allow_plaintext=host is None and not config.encrypt_ipc,
             confirm_accept=True,
         )
-        link = _Link(machine, subscription, publication, host, port)
-        link.assembler = FragmentAssembler(lambda payload, header: self._on_handshake(link, payload, header))
-        self._links.append(link)
+        self._links.append(_Link(machine, host, port, publication, subscription, self._on_handshake))
 
     # -- handshakes -------------------------------------------------------------------------------
 
@@ -295,7 +298,7 @@ class Server(Endpoint):
         address: str | None = None
         port: int | None = None
         if link.host is not None:
-            image = link.subscription.image_by_session_id(header.session_id)
+            image = link.link.subscription.image_by_session_id(header.session_id)
             if image is None:
                 return
             address, port = parse_source(image.source_identity)
@@ -306,23 +309,8 @@ class Server(Endpoint):
         )
 
     def _handshake_cycle(self, link: _Link, now_ns: int) -> int:
-        assert link.assembler is not None
-        work = link.subscription.poll(link.assembler, HANDSHAKE_POLL_LIMIT)
         machine = link.machine
-        deadline = machine.deadline_ns
-        if deadline is not None and now_ns >= deadline and work < HANDSHAKE_POLL_LIMIT:
-            # Expiry only once the input is drained: under load, the repeat that keeps a half-open
-            # handshake alive may be waiting in the log behind others.
-            machine.handle_timer(now_ns)
-        outbox = link.outbox
-        outbox.extend(machine.messages_to_send())
-        while outbox:
-            result = link.publication.offer(outbox[0])
-            if result < 0 and result != ADMIN_ACTION:
-                break  # back-pressured (or no client listening): try again next cycle
-            if result >= 0:
-                outbox.popleft()
-                work += 1
+        work = handshake_cycle(link.link, machine, now_ns)
         for event in machine.take_events():
             if isinstance(event, ClientAccepted):
                 if self._recording is not None:
@@ -456,13 +444,13 @@ class Server(Endpoint):
             elif now_ns >= starting.deadline_ns:
                 self._starting.remove(starting)
                 log.info("connection %d: the client never came up", starting.event.connection_id)
-                self._close_streams(starting.publication, starting.subscription)
+                close_quietly(starting.publication, starting.subscription)
                 self._release_later(starting.link, starting.event.connection_id)
                 work += 1
         return work
 
     def _activate(self, starting: _Starting, now_ns: int) -> None:
-        connection = self._make_connection(starting, now_ns)
+        connection = self._make_connection(starting)
         self._connections[connection.id] = connection
         queued: list[object] = []
         sessions = self._buffered
@@ -473,10 +461,9 @@ class Server(Endpoint):
             self._session_events()
             previous = self._waiting.pop(key, None)
             if previous is not None:  # the session resumes here: the lost connection's end is reported now
-                previous._successor = connection
+                previous.hand_over(connection)
                 self._fire_disconnect(previous)
-        for message in queued:  # what waited for this peer goes first, in order
-            connection._send(message)
+        connection.deliver(queued)  # what waited for this peer goes first, in order
         self._connection_up(connection)
 
     async def _settle_starting(self) -> None:
@@ -494,7 +481,7 @@ class Server(Endpoint):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.close_timeout
         while half_up() and loop.time() < deadline:
-            self._kick()
+            self.wake()
             await asyncio.sleep(SETTLE_STEP_S)
 
     # -- buffered sessions --------------------------------------------------------------------------
@@ -512,15 +499,15 @@ class Server(Endpoint):
         self._waiting[key] = connection
         return True
 
-    def _buffer(self, connection: Connection, message: object) -> str | None:
+    def hold(self, connection: Connection, message: object) -> Hold:
         sessions = self._buffered
         key = connection.remote_public_key
         if sessions is None or self._waiting.get(key) is not connection:
-            return None
+            return Hold.CLOSED
         if sessions.enqueue(key, message):
-            return "queued"
+            return Hold.QUEUED
         self._session_events()
-        return "full"
+        return Hold.FULL
 
     def _session_events(self) -> None:
         assert self._buffered is not None
@@ -530,7 +517,7 @@ class Server(Endpoint):
                 if connection is None:
                     continue
                 if event.undelivered:
-                    self._report_error(connection, UndeliveredError(
+                    self.report_error(connection, UndeliveredError(
                         f"connection {connection.id}: the peer did not come back within "
                         f"{self.config.buffered_timeout:g} s; {len(event.undelivered)} messages were not delivered",
                         event.undelivered,
@@ -541,44 +528,35 @@ class Server(Endpoint):
             elif isinstance(event, SessionResumed):
                 log.info("buffered session resumed: %d queued messages delivered", event.delivered)
 
-    def _make_connection(self, starting: _Starting, now_ns: int) -> Connection:
-        config = self.config
+    def _make_connection(self, starting: _Starting) -> Connection:
         event = starting.event
         starting.link.machine.forget(event.pending_key)
-        if event.plaintext:
-            records: Any = PlainRecords()
-        else:
-            records = RecordLayer(event.send_key, event.receive_key)
-        publication = starting.publication
-        machine = self._new_machine(records, now_ns, int(config.connection_expiry * 1e9), publication)
-        connection = Connection(
-            endpoint=self,
+        records: Records = PlainRecords() if event.plaintext else RecordLayer(event.send_key, event.receive_key)
+        return self._new_connection(
+            records,
+            int(self.config.connection_expiry * 1e9),
+            starting.publication,
+            starting.subscription,
             connection_id=event.connection_id,
-            machine=machine,
-            publication=publication,
-            subscription=starting.subscription,
             remote_address=event.address,
             remote_port=starting.remote_port,
             tag=event.tag,
             remote_public_key=event.remote_public_key,
-            send_timeout=config.send_timeout,
-            rmi=self._new_rmi(self.rmi),
-            rmi_timeout=config.rmi_timeout,
+            global_objects=self.rmi,
         )
-        return connection
 
     def _live_connections(self) -> list[Connection]:
         return list(self._connections.values())
 
-    def _deadline_ns(self, now_ns: int) -> int | None:
+    def next_deadline_ns(self, now_ns: int) -> int | None:
         """The connections' timers, the handshakes' (answers waiting for room: soon), streams coming
         up (soon: checked at the busy cadence, never by spinning, which would starve an embedded driver
         thread of the GIL it needs to set them up) and the buffered sessions' expiry."""
-        due = super()._deadline_ns(now_ns)
+        due = super().next_deadline_ns(now_ns)
         if self._starting or self._opening:
             due = earliest((now_ns + BUSY_CADENCE_NS,), due)
         for link in self._links:
-            due = earliest((now_ns + BUSY_CADENCE_NS if link.outbox else link.machine.deadline_ns,), due)
+            due = earliest((now_ns + BUSY_CADENCE_NS if len(link.link) else link.machine.deadline_ns,), due)
         if self._buffered is not None:
             due = earliest((self._buffered.deadline_ns,), due)
         return due
@@ -589,13 +567,6 @@ class Server(Endpoint):
         self._close_streams_later(
             connection, None if link is None else (lambda: self._release_later(link, connection.id))
         )
-
-    def _close_streams(self, publication: ExclusivePublication, subscription: Subscription) -> None:
-        for item in (publication, subscription):
-            try:
-                item.close()
-            except DriverError as exc:
-                log.warning("closing %r: %s", item, exc)
 
     def _release_later(self, link: _Link, connection_id: int) -> None:
         def release() -> None:
@@ -609,7 +580,7 @@ class Server(Endpoint):
 
     # -- the poller -------------------------------------------------------------------------------
 
-    def _duty_cycle(self, now_ns: int) -> int:
+    def duty_cycle(self, now_ns: int) -> int:
         work = 0
         sessions = self._buffered
         if sessions is not None and (deadline := sessions.deadline_ns) is not None and now_ns >= deadline:
@@ -623,7 +594,7 @@ class Server(Endpoint):
         if self._starting:
             work += self._check_starting(now_ns)
         for connection in list(self._connections.values()):
-            work += connection._poll(now_ns)
+            work += connection.poll(now_ns)
         return work
 
     async def close(self) -> None:
@@ -638,28 +609,23 @@ class Server(Endpoint):
             if starting.publication.is_connected:
                 # The client may be up though our side has not seen its image yet: tell it too.
                 self._starting.remove(starting)
-                connection = self._make_connection(starting, time.monotonic_ns())
-                connection._machine.close("server closing")
-                connection._flush()
-                connection._disconnected = True
+                connection = self._make_connection(starting)
+                connection.close_now("server closing", notify=False)
                 link = starting.link
                 self._close_streams_later(connection, functools.partial(self._release_later, link, connection.id))
         for connection in list(self._connections.values()):
-            if not connection.is_closed:
-                connection._machine.close("server closing")
-                connection._flush()
-                connection._process_events()
+            connection.close_now("server closing")
         await self._wait_closings()
         if self._buffered is not None:
             self._buffered.close()  # sessions still waiting end now: what they held is reported
             self._session_events()
         await self._stop_poller()
         for starting in self._starting:
-            self._close_streams(starting.publication, starting.subscription)
+            close_quietly(starting.publication, starting.subscription)
             starting.link.machine.release(starting.event.connection_id)
         self._starting.clear()
         for link in self._links:
-            self._close_streams(link.publication, link.subscription)
+            link.link.close()
             for connection_id in list(link.machine.connections):
                 link.machine.release(connection_id)
         self._owner.clear()

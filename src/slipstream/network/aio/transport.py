@@ -1,9 +1,8 @@
-"""The transport under the network layer: shared driver contexts, channel URIs, and the parked poller.
+"""The asyncio side of the transport: waiting without spinning (the poller's back-off, parked on
+doorbells), and stream registrations awaited while the event loop goes on.
 
-Every server and client of a process that names the same driver directory shares one
-:class:`~slipstream.Context` (counted references), as Aeron shares one media driver per host: an
-embedded driver is not started per client, and closing one client never stops the driver another
-still uses. Only the public transport API (and its doorbells) is used here.
+What does not touch the event loop (shared driver contexts, channel URIs, :class:`~..transport.Link`)
+is in :mod:`slipstream.network.transport`, shared with any other adapter.
 """
 
 from __future__ import annotations
@@ -11,135 +10,31 @@ from __future__ import annotations
 import asyncio
 import os
 import select
-import threading
 import time
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TypeVar
 
-from ... import ChannelUri, Context, DriverConfig
+from ... import Context
 from ...client import Registration, registered
 from ...files.doorbell import Doorbell, wait_any
-from ..config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES
+from ..transport import shared_contexts
 
-__all__ = [
-    "HANDSHAKE_IPC_REPLY_STREAM",
-    "HANDSHAKE_IPC_STREAM",
-    "HANDSHAKE_STREAM",
-    "IdleBackoff",
-    "acquire_context",
-    "input_pending",
-    "invoke",
-    "ipc_channel",
-    "parse_source",
-    "registered_pair",
-    "release_context",
-    "udp_channel",
-]
-
-HANDSHAKE_STREAM = 0x5EED_0000
-"""Stream id of every server's UDP handshake channel (outside the 1-65533 the server allocates)."""
-HANDSHAKE_IPC_STREAM = 0x5EED_0000 + 0x10000
-"""Base stream id of IPC handshakes: + the server's UDP port (0 for ``bind_ipc``), so several servers
-on one driver each have their own."""
-HANDSHAKE_IPC_REPLY_STREAM = 0x5EED_0000 + 0x20000
-"""Base stream id of IPC handshake answers (+ port, as above)."""
-
-IDLE_DATAGRAM_MAX_NS = 1_000_000_000
-"""The longest period of an idle stream's heartbeats and status messages in drivers the network layer
-starts (Aeron: 100 ms and 200 ms; see ``DriverConfig.idle_heartbeat_max_ns``)."""
-
-_lock = threading.Lock()
-_contexts: dict[tuple[str, str], tuple[Context, int]] = {}
-
-
-def _key(directory: str | os.PathLike[str] | None, driver: str) -> tuple[str, str]:
-    return (os.fspath(directory) if directory is not None else "", driver)
-
-
-def acquire_context(directory: str | os.PathLike[str] | None, driver: str) -> Context:
-    """This process's context for ``directory`` (started on first use; released by count)."""
-    key = _key(directory, driver)
-    with _lock:
-        entry = _contexts.get(key)
-        if entry is not None:
-            _contexts[key] = (entry[0], entry[1] + 1)
-            return entry[0]
-        # The server allocates session ids 1..65535: keep a driver we start away from them.
-        invoker = driver == "invoker"
-        config = DriverConfig(
-            reserved_session_id_low=-1,
-            reserved_session_id_high=65535,
-            threading_mode="invoker" if invoker else DriverConfig().threading_mode,
-            # An idle connection's streams heartbeat and acknowledge less and less often (up to once a
-            # second): each datagram costs both hosts a system call and wakes an idle peer.
-            idle_heartbeat_max_ns=IDLE_DATAGRAM_MAX_NS,
-            idle_status_message_max_ns=IDLE_DATAGRAM_MAX_NS,
-        )
-        context = Context(
-            Path(directory) if directory is not None else None,
-            driver="embedded" if invoker else driver,  # type: ignore[arg-type]
-            driver_config=config,
-        )
-        _contexts[key] = (context, 1)
-        return context
-
-
-def release_context(context: Context) -> None:
-    """Drop one reference; the last closes the context (and its embedded driver)."""
-    with _lock:
-        for key, (held, count) in list(_contexts.items()):
-            if held is context:
-                if count > 1:
-                    _contexts[key] = (held, count - 1)
-                    return
-                del _contexts[key]
-                _last_invoke.pop(id(context), None)
-                break
-        else:
-            return
-    context.close()
-
-
-async def release_context_drained(context: Context) -> None:
-    """``release_context``, but when this is the last reference to an embedded driver, the closed
-    publications finish first while the event loop goes on (an await between steps): the synchronous
-    drain in ``Context.close`` would stop every other endpoint of the loop for up to a second, a server
-    in this process among them, which then could not even acknowledge our end of stream."""
-    with _lock:
-        last = any(held is context and count == 1 for held, count in _contexts.values())
-    if last:
-        for _ in context.drain_steps():
-            context.invoke()
-            await asyncio.sleep(DRAIN_STEP_S)
-    release_context(context)
-
+__all__ = ["IdleBackoff", "input_pending", "registered_pair", "release_context_drained"]
 
 DRAIN_STEP_S = 5e-4
 """The pause between an asyncio drain's steps."""
 
 
-_last_invoke: dict[int, float] = {}
-"""Per invoker-mode context: the monotonic time before which ``invoke`` skips its duty cycle."""
-INVOKE_GAP_S = 2e-4
-"""Coroutines waiting on one invoker-mode context share its duty cycles: at most one per this gap."""
-
-
-def invoke(context: Context) -> int:
-    """Run an invoker-mode driver's duty cycle unless one ran within ``INVOKE_GAP_S``, or within as
-    long as the last one took (many clients connecting at once in one process would otherwise each
-    run the same driver over and over, and a driver with many streams, whose cycle takes long, would
-    leave the application no time to answer what it brings)."""
-    if not context.is_invoker:
-        return 0
-    now = time.monotonic()
-    key = id(context)
-    if now < _last_invoke.get(key, 0.0):
-        return 0
-    work = context.invoke()
-    end = time.monotonic()
-    _last_invoke[key] = end + max(INVOKE_GAP_S - (end - now), end - now)
-    return work
+async def release_context_drained(context: Context) -> None:
+    """Release a shared context, but when this is the last reference to an embedded driver, the closed
+    publications finish first while the event loop goes on (an await between steps): the synchronous
+    drain in ``Context.close`` would stop every other endpoint of the loop for up to a second, a server
+    in this process among them, which then could not even acknowledge our end of stream."""
+    if shared_contexts.is_last(context):
+        for _ in context.drain_steps():
+            context.invoke()
+            await asyncio.sleep(DRAIN_STEP_S)
+    shared_contexts.release(context)
 
 
 A = TypeVar("A")
@@ -153,7 +48,7 @@ async def registered_pair(context: Context, first: Registration[A], second: Regi
     first connections to expire. If either fails or the caller is cancelled, neither stays."""
 
     def step() -> int:
-        return invoke(context)
+        return shared_contexts.invoke(context)
 
     try:
         return await registered(first, invoke=step), await registered(second, invoke=step)
@@ -161,60 +56,6 @@ async def registered_pair(context: Context, first: Registration[A], second: Regi
         first.cancel()
         second.cancel()
         raise
-
-
-def host_port(host: str, port: int) -> str:
-    """``host:port`` for a channel URI; IPv6 literals in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def udp_channel(**params: str | int | bool | None) -> str:
-    """A validated ``aeron:udp`` URI (``control_mode`` is written ``control-mode`` and so on)."""
-    clean = {name.replace("_", "-"): value for name, value in params.items() if value is not None}
-    return str(ChannelUri("udp", clean))
-
-
-IPC_MTU = 65504
-"""MTU of a connection's IPC streams: nothing travels over a network, so records up to 64 KiB are one
-frame (fewer fragments to write and reassemble; small messages still share a record)."""
-
-
-def ipc_channel(**params: str | int | bool | None) -> str:
-    """A validated ``aeron:ipc`` URI."""
-    clean = {name.replace("_", "-"): value for name, value in params.items() if value is not None}
-    return str(ChannelUri("ipc", clean))
-
-
-def parse_source(source_identity: str) -> tuple[str | None, int | None]:
-    """``(address, port)`` of an image's ``host:port`` / ``[v6]:port`` source; IPv4-mapped IPv6
-    addresses are shown as IPv4 (a dual-stack socket reports IPv4 peers that way)."""
-    text = source_identity.strip()
-    host, _, port_text = text.rpartition(":")
-    if not host:
-        return None, None
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if host.startswith("::ffff:") and "." in host:
-        host = host[len("::ffff:") :]
-    try:
-        port = int(port_text)
-    except ValueError:
-        port = None
-    return host, port
-
-
-def listen_host(address: str, *, ipv4: bool, ipv6: bool) -> str:
-    """The host a server binds for ``address`` (the seed's wildcards and localhost aliases)."""
-    if address in WILDCARD_ADDRESSES:
-        return "::" if ipv6 else "0.0.0.0"
-    if address in LOCALHOST_ALIASES:
-        return "::1" if ipv6 and not ipv4 else "127.0.0.1" if address != "::1" else "::1"
-    return address
-
-
-def is_local_host(host: str) -> bool:
-    """Loopback names and literals: candidates for automatic IPC."""
-    return host in LOCALHOST_ALIASES or host.startswith("127.")
 
 
 class IdleBackoff:
@@ -349,23 +190,6 @@ class IdleBackoff:
         finally:
             handle.cancel()
             self._waiter = None
-
-
-HANDSHAKE_POLL_LIMIT = 256
-"""Handshake packets a client or a server link takes per cycle; its handshake timers (retransmission,
-expiry) run only once fewer were waiting, so a packet already in the log is never treated as missing."""
-
-BUSY_CADENCE_NS = 1_000_000
-"""How soon a connection with output waiting (back-pressure) wants its next duty cycle."""
-
-
-def earliest(deadlines: Iterable[int | None], start: int | None) -> int | None:
-    """The smallest of ``start`` and ``deadlines``, ignoring None (no timer running)."""
-    best = start
-    for deadline in deadlines:
-        if deadline is not None and (best is None or deadline < best):
-            best = deadline
-    return best
 
 
 def input_pending(fds: Sequence[int]) -> bool:

@@ -1,0 +1,182 @@
+"""One connection's remote objects as the connection machine composes them: the RMI endpoint, the
+files of its calls, and the host calls handed to the adapter while they run.
+
+The connection machine routes RMI frames and RMI-marked file streams here and takes frames and events
+back after each input, so frames keep the order of the calls that made them and its one
+``deadline_ns`` covers the calls' timeouts. A host call comes out as :class:`RmiRequestReceived`; the
+adapter takes it with :meth:`RemoteCalls.invocation`, runs it, and answers with
+:meth:`RemoteCalls.complete` or :meth:`RemoteCalls.fail`. A call whose caller went away
+(:meth:`RemoteCalls.abandon`) has its outcome dropped and a result file removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..events import RmiCallCompleted, RmiCallFailed, RmiEvent, RmiRequestReceived
+from ..frames import FrameKind
+from ..streaming import Streams
+from .endpoint import RmiEndpoint
+from .files import RmiFiles
+from .invocation import Invocation
+from .objects import RemoteRef
+from .registry import MethodSpec
+from .wire import DEFAULT_TIMEOUT_NS, FileRef, OutFrame
+
+__all__ = ["RemoteCalls"]
+
+
+class RemoteCalls:
+    """The endpoint, its files and the running host calls (see the module)."""
+
+    def __init__(self, endpoint: RmiEndpoint, streams: Streams | None = None) -> None:
+        self.endpoint = endpoint
+        self.files = RmiFiles(streams) if streams is not None else None
+        """Files of calls (None without streams: ``Path`` arguments and results are refused)."""
+        self.objects_travel = bool(endpoint.registry.interfaces)
+        """Whether a message may be a remote object (some interface is registered)."""
+        self._running: dict[int, Invocation] = {}
+        self._last_invocation = 0
+        self._abandoned: set[int] = set()
+        self._frames: list[OutFrame] = []
+        self._events: list[RmiEvent | RmiRequestReceived] = []
+
+    # -- outputs ----------------------------------------------------------------------------------
+
+    def take_frames(self) -> list[OutFrame]:
+        """Frames to send, in the order of the calls and answers that made them."""
+        self._collect()
+        frames, self._frames = self._frames, []
+        return frames
+
+    def take_events(self) -> list[RmiEvent | RmiRequestReceived]:
+        """Events since the last call (call outcomes, host calls to run, objects received)."""
+        self._collect()
+        events, self._events = self._events, []
+        return events
+
+    @property
+    def deadline_ns(self) -> int | None:
+        """The earliest call timeout."""
+        return self.endpoint.deadline_ns
+
+    @property
+    def running(self) -> int:
+        """Host calls handed out and not yet answered."""
+        return len(self._running)
+
+    # -- inputs -----------------------------------------------------------------------------------
+
+    def receive(self, kind: int, request_id: int, payload: bytes) -> None:
+        """An RMI_REQUEST or RMI_RESPONSE frame (arrived whole or streamed)."""
+        if kind == FrameKind.RMI_RESPONSE:
+            self.endpoint.receive_response(request_id, payload)
+            return
+        invocation = self.endpoint.receive_request(request_id, payload)
+        if invocation is not None:
+            self._last_invocation += 1
+            invocation.invocation_id = self._last_invocation
+            if invocation.files and self.files is not None:
+                self.files.hold(invocation)
+            else:
+                self._run(invocation)
+
+    def handle_timer(self, now_ns: int) -> None:
+        """Time out calls past their deadline."""
+        self.endpoint.handle_timer(now_ns)
+
+    def close(self, reason: str) -> None:
+        """The connection closed: calls in flight fail, held and running host calls are forgotten."""
+        self.endpoint.close(reason)
+        if self.files is not None:
+            self.files.close(reason)
+        self._running.clear()
+
+    def file_started(self, stream_id: int) -> None:
+        """An incoming file stream marked for RMI was announced."""
+        if self.files is not None:
+            self.files.started(stream_id)
+
+    def file_arrived(self, stream_id: int, path: str, size: int) -> bool:
+        """A file stream completed: True when it is RMI's (then it is not a message)."""
+        return self.files is not None and self.files.arrived(stream_id, path, size)
+
+    def file_failed(self, stream_id: int, reason: str) -> None:
+        """An incoming stream failed."""
+        if self.files is not None:
+            self.files.failed(stream_id, reason)
+
+    # -- the caller's side ------------------------------------------------------------------------
+
+    def call(
+        self,
+        ref: RemoteRef,
+        method: MethodSpec | str,
+        args: Sequence[object],
+        now_ns: int,
+        *,
+        timeout_ns: int = DEFAULT_TIMEOUT_NS,
+        oneway: bool = False,
+    ) -> int:
+        """See :meth:`RmiEndpoint.call`."""
+        return self.endpoint.call(ref, method, args, now_ns, timeout_ns=timeout_ns, oneway=oneway)
+
+    def abandon(self, call_id: int) -> None:
+        """The caller of ``call_id`` went away: its outcome is dropped, a result file removed."""
+        if self.endpoint.is_waiting(call_id):
+            self._abandoned.add(call_id)
+        elif self.files is not None:
+            self.files.abandon(call_id)
+
+    # -- the host's side --------------------------------------------------------------------------
+
+    def invocation(self, invocation_id: int) -> Invocation:
+        """The host call a :class:`RmiRequestReceived` names (KeyError once answered or closed)."""
+        return self._running[invocation_id]
+
+    def complete(self, invocation_id: int, result: object) -> None:
+        """Answer a host call with its result (a no-op once answered or closed)."""
+        invocation = self._running.pop(invocation_id, None)
+        if invocation is not None:
+            self.endpoint.complete(invocation, result)
+            self._answered(invocation_id)
+
+    def fail(self, invocation_id: int, error: BaseException) -> None:
+        """Answer a host call with the exception it raised."""
+        invocation = self._running.pop(invocation_id, None)
+        if invocation is not None:
+            self.endpoint.fail(invocation, error)
+            self._answered(invocation_id)
+
+    def _answered(self, invocation_id: int) -> None:
+        if self.files is not None:
+            self.files.release(invocation_id)
+
+    def _run(self, invocation: Invocation) -> None:
+        self._running[invocation.invocation_id] = invocation
+        self._events.append(RmiRequestReceived(invocation.invocation_id, invocation.object_id, invocation.method))
+
+    def _collect(self) -> None:
+        """Take in what the endpoint and the files have: a ``Path`` result waits for its file first,
+        held calls whose files came are run, refused ones answered."""
+        endpoint, files, events = self.endpoint, self.files, self._events
+        while True:
+            self._frames += endpoint.take_frames()
+            outcomes: list[RmiEvent] = endpoint.take_events()
+            if files is not None and files.has_output:
+                for invocation in files.take_ready():
+                    self._run(invocation)
+                for invocation, error in files.take_refused():
+                    endpoint.fail(invocation, error)
+                outcomes += files.take_events()
+            if not outcomes and not endpoint.has_output:
+                return
+            for event in outcomes:
+                if isinstance(event, (RmiCallCompleted, RmiCallFailed)) and event.call_id in self._abandoned:
+                    self._abandoned.discard(event.call_id)
+                    if isinstance(event, RmiCallCompleted) and type(event.value) is FileRef and files is not None:
+                        files.discard(event.value.stream_id)
+                elif isinstance(event, RmiCallCompleted) and type(event.value) is FileRef and files is not None:
+                    files.await_result(event.call_id, event.value)
+                else:
+                    events.append(event)

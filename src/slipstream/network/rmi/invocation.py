@@ -1,0 +1,59 @@
+"""A host call, vetted and ready to run: what the adapter executes for a peer's request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .objects import RemoteRef
+from .registry import MethodSpec
+from .wire import FileRef
+
+__all__ = ["Invocation"]
+
+
+@dataclass(slots=True)
+class Invocation:
+    """A vetted request the host is to run: the function comes from the registered interface's table.
+
+    ``args`` are the function's arguments (the target object first). When the implementation declares
+    the calling connection, ``caller_slot`` is its position in ``args``: :meth:`arguments` puts the
+    adapter's connection there. An object the caller hosts arrives as a :class:`RemoteRef`, which
+    :meth:`arguments` turns into the adapter's proxy."""
+
+    request_id: int
+    oneway: bool
+    object_id: int
+    method: str
+    spec: MethodSpec | None
+    function: Callable[..., Any]
+    args: tuple[object, ...]
+    create_interface: int = -1
+    files: tuple[tuple[int, FileRef], ...] = ()
+    """(position in ``args``, reference) of ``Path`` arguments: the connection waits for each file's
+    stream, puts the temporary copy's ``pathlib.Path`` in ``args`` before the call is handed out, and
+    removes the copy when the call completed or failed."""
+    caller_slot: int = -1
+    invocation_id: int = 0
+    """Set by the connection machine that holds the call while it runs (0: not held)."""
+
+    def arguments(
+        self, caller: object = None, resolve: Callable[[RemoteRef], object] | None = None
+    ) -> tuple[object, ...]:
+        """``args`` with ``caller`` in the caller's slot (when given) and each RemoteRef resolved."""
+        args = self.args
+        if (caller is not None and self.caller_slot >= 0) or (
+            resolve is not None and any(type(a) is RemoteRef for a in args)
+        ):
+            values = list(args)
+            if caller is not None and self.caller_slot >= 0:
+                values[self.caller_slot] = caller
+            if resolve is not None:
+                values = [resolve(a) if isinstance(a, RemoteRef) else a for a in values]
+            args = tuple(values)
+        return args
+
+    def call(self, caller: object = None, resolve: Callable[[RemoteRef], object] | None = None) -> object:
+        """Run it (the result may be awaitable: the adapter awaits it, then calls ``complete``)."""
+        return self.function(*self.arguments(caller, resolve))

@@ -1,0 +1,322 @@
+"""The transport under the network layer, as its adapters share it: driver contexts shared per process,
+channel URIs, and :class:`Link`, which drives a machine over a publication and a subscription.
+
+Every server and client of a process that names the same driver directory shares one
+:class:`~slipstream.Context` (counted references, in a :class:`SharedContexts`), as Aeron shares one media
+driver per host: an embedded driver is not started per client, and closing one client never stops the
+driver another still uses. Only the public transport API is used here, and no event loop: the asyncio
+adapter (``aio/``) and a blocking one drive the same links.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from .. import ChannelUri, Context, DriverConfig
+from ..client import (
+    ADMIN_ACTION,
+    CLOSED,
+    MAX_POSITION_EXCEEDED,
+    DriverError,
+    ExclusivePublication,
+    FragmentAssembler,
+    Header,
+    Subscription,
+)
+from .config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES
+
+__all__ = [
+    "BUSY_CADENCE_NS",
+    "HANDSHAKE_IPC_REPLY_STREAM",
+    "HANDSHAKE_IPC_STREAM",
+    "HANDSHAKE_POLL_LIMIT",
+    "HANDSHAKE_STREAM",
+    "IPC_MTU",
+    "HandshakeMachine",
+    "Link",
+    "SharedContexts",
+    "close_quietly",
+    "earliest",
+    "handshake_cycle",
+    "host_port",
+    "ipc_channel",
+    "is_local_host",
+    "listen_host",
+    "parse_source",
+    "shared_contexts",
+    "udp_channel",
+]
+
+log = logging.getLogger("slipstream.network")
+
+HANDSHAKE_STREAM = 0x5EED_0000
+"""Stream id of every server's UDP handshake channel (outside the 1-65533 the server allocates)."""
+HANDSHAKE_IPC_STREAM = 0x5EED_0000 + 0x10000
+"""Base stream id of IPC handshakes: + the server's UDP port (0 for ``bind_ipc``), so several servers
+on one driver each have their own."""
+HANDSHAKE_IPC_REPLY_STREAM = 0x5EED_0000 + 0x20000
+"""Base stream id of IPC handshake answers (+ port, as above)."""
+
+IDLE_DATAGRAM_MAX_NS = 1_000_000_000
+"""The longest period of an idle stream's heartbeats and status messages in drivers the network layer
+starts (Aeron: 100 ms and 200 ms; see ``DriverConfig.idle_heartbeat_max_ns``)."""
+
+
+@dataclass(slots=True)
+class _Shared:
+    context: Context
+    references: int
+    next_invoke_s: float = 0.0
+    """The monotonic time before which ``invoke`` skips the driver's duty cycle (invoker mode)."""
+
+
+INVOKE_GAP_S = 2e-4
+"""Coroutines waiting on one invoker-mode context share its duty cycles: at most one per this gap."""
+
+
+class SharedContexts:
+    """This process's driver contexts by (directory, driver mode), started on first use and closed with
+    their last reference. Thread-safe: endpoints on several event loops or threads may share one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shared: dict[tuple[str, str], _Shared] = {}
+
+    def acquire(self, directory: str | os.PathLike[str] | None, driver: str) -> Context:
+        """The context for ``directory`` (started on first use; released by count)."""
+        key = (os.fspath(directory) if directory is not None else "", driver)
+        with self._lock:
+            entry = self._shared.get(key)
+            if entry is not None:
+                entry.references += 1
+                return entry.context
+            # The server allocates session ids 1..65535: keep a driver we start away from them.
+            invoker = driver == "invoker"
+            config = DriverConfig(
+                reserved_session_id_low=-1,
+                reserved_session_id_high=65535,
+                threading_mode="invoker" if invoker else DriverConfig().threading_mode,
+                # An idle connection's streams heartbeat and acknowledge less and less often (up to once
+                # a second): each datagram costs both hosts a system call and wakes an idle peer.
+                idle_heartbeat_max_ns=IDLE_DATAGRAM_MAX_NS,
+                idle_status_message_max_ns=IDLE_DATAGRAM_MAX_NS,
+            )
+            context = Context(
+                Path(directory) if directory is not None else None,
+                driver="embedded" if invoker else driver,  # type: ignore[arg-type]
+                driver_config=config,
+            )
+            self._shared[key] = _Shared(context, 1)
+            return context
+
+    def is_last(self, context: Context) -> bool:
+        """Whether releasing ``context`` now would close it."""
+        with self._lock:
+            return any(entry.context is context and entry.references == 1 for entry in self._shared.values())
+
+    def release(self, context: Context) -> None:
+        """Drop one reference; the last closes the context (and its embedded driver)."""
+        with self._lock:
+            for key, entry in list(self._shared.items()):
+                if entry.context is context:
+                    if entry.references > 1:
+                        entry.references -= 1
+                        return
+                    del self._shared[key]
+                    break
+            else:
+                return
+        context.close()
+
+    def invoke(self, context: Context) -> int:
+        """Run an invoker-mode driver's duty cycle unless one ran within ``INVOKE_GAP_S``, or within as
+        long as the last one took (many clients connecting at once in one process would otherwise each
+        run the same driver over and over, and a driver with many streams, whose cycle takes long, would
+        leave the application no time to answer what it brings)."""
+        if not context.is_invoker:
+            return 0
+        now = time.monotonic()
+        with self._lock:
+            entry = next((e for e in self._shared.values() if e.context is context), None)
+        if entry is not None and now < entry.next_invoke_s:
+            return 0
+        work = context.invoke()
+        end = time.monotonic()
+        if entry is not None:
+            entry.next_invoke_s = end + max(INVOKE_GAP_S - (end - now), end - now)
+        return work
+
+
+shared_contexts = SharedContexts()
+"""The process's one table of shared driver contexts."""
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` for a channel URI; IPv6 literals in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def udp_channel(**params: str | int | bool | None) -> str:
+    """A validated ``aeron:udp`` URI (``control_mode`` is written ``control-mode`` and so on)."""
+    clean = {name.replace("_", "-"): value for name, value in params.items() if value is not None}
+    return str(ChannelUri("udp", clean))
+
+
+IPC_MTU = 65504
+"""MTU of a connection's IPC streams: nothing travels over a network, so records up to 64 KiB are one
+frame (fewer fragments to write and reassemble; small messages still share a record)."""
+
+
+def ipc_channel(**params: str | int | bool | None) -> str:
+    """A validated ``aeron:ipc`` URI."""
+    clean = {name.replace("_", "-"): value for name, value in params.items() if value is not None}
+    return str(ChannelUri("ipc", clean))
+
+
+def parse_source(source_identity: str) -> tuple[str | None, int | None]:
+    """``(address, port)`` of an image's ``host:port`` / ``[v6]:port`` source; IPv4-mapped IPv6
+    addresses are shown as IPv4 (a dual-stack socket reports IPv4 peers that way)."""
+    text = source_identity.strip()
+    host, _, port_text = text.rpartition(":")
+    if not host:
+        return None, None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.startswith("::ffff:") and "." in host:
+        host = host[len("::ffff:") :]
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = None
+    return host, port
+
+
+def listen_host(address: str, *, ipv4: bool, ipv6: bool) -> str:
+    """The host a server binds for ``address`` (the seed's wildcards and localhost aliases)."""
+    if address in WILDCARD_ADDRESSES:
+        return "::" if ipv6 else "0.0.0.0"
+    if address in LOCALHOST_ALIASES:
+        return "::1" if ipv6 and not ipv4 else "127.0.0.1" if address != "::1" else "::1"
+    return address
+
+
+def is_local_host(host: str) -> bool:
+    """Loopback names and literals: candidates for automatic IPC."""
+    return host in LOCALHOST_ALIASES or host.startswith("127.")
+
+
+HANDSHAKE_POLL_LIMIT = 256
+"""Handshake packets a client or a server link takes per cycle; its handshake timers (retransmission,
+expiry) run only once fewer were waiting, so a packet already in the log is never treated as missing."""
+
+BUSY_CADENCE_NS = 1_000_000
+"""How soon a connection with output waiting (back-pressure) wants its next duty cycle."""
+
+
+def earliest(deadlines: Iterable[int | None], start: int | None) -> int | None:
+    """The smallest of ``start`` and ``deadlines``, ignoring None (no timer running)."""
+    best = start
+    for deadline in deadlines:
+        if deadline is not None and (best is None or deadline < best):
+            best = deadline
+    return best
+
+
+def close_quietly(*items: ExclusivePublication | Subscription) -> None:
+    """Close transport streams, logging (not raising) what the driver refuses: used on paths that
+    must go on (a connection ending, a server closing)."""
+    for item in items:
+        try:
+            item.close()
+        except DriverError as exc:
+            log.warning("closing %r: %s", item, exc)
+
+
+class Link:
+    """A machine's transport: a subscription it polls and a publication it offers to, with an outbox that
+    keeps, in order, what the publication refuses for now (back-pressure) until the next :meth:`send`.
+
+    ``on_fragment`` receives each whole message; ``poll_limit`` bounds the fragments taken per
+    :meth:`poll`; ``outbox_limit`` (None: unbounded) drops the oldest beyond it, for channels whose
+    peers retry (handshakes)."""
+
+    def __init__(
+        self,
+        publication: ExclusivePublication,
+        subscription: Subscription,
+        on_fragment: Callable[[memoryview, Header], None],
+        *,
+        poll_limit: int,
+        outbox_limit: int | None = None,
+    ) -> None:
+        self.publication = publication
+        self.subscription = subscription
+        self.poll_limit = poll_limit
+        self._assembler = FragmentAssembler(on_fragment)
+        self._outbox: deque[bytes | bytearray] = deque(maxlen=outbox_limit)
+        self.back_pressured = False
+        """The last :meth:`send` left something in the outbox because the publication was full."""
+
+    def __len__(self) -> int:
+        return len(self._outbox)
+
+    def poll(self) -> int:
+        """Take up to ``poll_limit`` fragments in; the number taken."""
+        return self.subscription.poll(self._assembler, self.poll_limit)
+
+    def send(self, packets: Iterable[bytes | bytearray] = ()) -> int:
+        """Queue ``packets`` behind what waits and offer in order; the number the publication took. A
+        closed publication (or one past its maximum position) drops what waits: nothing can take it."""
+        outbox = self._outbox
+        outbox.extend(packets)
+        offered = 0
+        self.back_pressured = False
+        publication = self.publication
+        while outbox:
+            result = publication.offer(outbox[0])
+            if result >= 0:
+                outbox.popleft()
+                offered += 1
+            elif result == ADMIN_ACTION:
+                continue
+            elif result in (CLOSED, MAX_POSITION_EXCEEDED):
+                outbox.clear()
+            else:
+                self.back_pressured = True
+                break
+        return offered
+
+    def close(self) -> None:
+        """Close both streams (see :func:`close_quietly`)."""
+        close_quietly(self.publication, self.subscription)
+
+
+class HandshakeMachine(Protocol):
+    """The handshake machines as :func:`handshake_cycle` drives them."""
+
+    @property
+    def deadline_ns(self) -> int | None: ...
+
+    def handle_timer(self, now_ns: int) -> None: ...
+
+    def messages_to_send(self) -> list[bytes]: ...
+
+
+def handshake_cycle(link: Link, machine: HandshakeMachine, now_ns: int) -> int:
+    """One duty cycle of a handshake machine (a server's link or a connecting client): packets in, then
+    its timers, then its answers out; the work done. Timers run only once the input is drained: answers
+    to every client share the channel, so under load the packet that keeps a handshake alive (or the
+    answer a client waits for) may be waiting in the log behind others."""
+    work = link.poll()
+    deadline = machine.deadline_ns
+    if deadline is not None and now_ns >= deadline and work < link.poll_limit:
+        machine.handle_timer(now_ns)
+    return work + link.send(machine.messages_to_send())
