@@ -24,6 +24,7 @@ from pathlib import Path
 import msgspec
 
 from slipstream.network import Client, ClientConfig, Connection, Server, ServerConfig
+from slipstream.testing import run_async
 
 
 class Base(msgspec.Struct):
@@ -134,4 +135,4 @@ if __name__ == "__main__":
     else:
         directory, address, port, *expiry = args
         coro = server(directory, address, int(port), *map(float, expiry))
-    asyncio.run(asyncio.wait_for(coro, 90))
+    run_async(coro, 90)

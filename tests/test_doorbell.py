@@ -37,6 +37,7 @@ from slipstream.logbuffer.layout import (
     PARKED_WORD_OFFSET,
     PARKING_SLOTS,
 )
+from slipstream.testing import run_async
 
 PEER = str(Path(__file__).with_name("doorbell_peer.py"))
 PARK_S = 5.0
@@ -196,7 +197,7 @@ def test_wait_ends_by_ring_or_by_timeout() -> None:
         finally:
             bell.close()
 
-    asyncio.run(asyncio.wait_for(main(), 30))
+    run_async(main(), 30)
 
 
 # -- the parking protocol against a real driver ------------------------------------------------------
@@ -272,7 +273,7 @@ def test_offer_and_claim_ring_a_parked_reader_in_this_process(context: Context) 
             assert bell.wakeups > before and bell.timeouts == 0
             assert pub._log.parked_word() == 0  # the reader cleared its byte when it woke
 
-    asyncio.run(asyncio.wait_for(main(), 60))
+    run_async(main(), 60)
     assert got == [b"offered", b"claimed"]
 
 
@@ -353,7 +354,7 @@ def parked_reader_wakes_on_another_process_offer(context: Context, channel: str,
             # Every round ended by a ring (the writer's), none by the 5 s safety timeout.
             assert bell.wakeups >= rounds and bell.timeouts == 0
 
-        asyncio.run(asyncio.wait_for(main(), 120))
+        run_async(main(), 120)
         assert len(got) == rounds
     finally:
         publisher.close()
@@ -472,7 +473,7 @@ def test_parked_server_is_rung_by_a_client_message(driver_dir: Path, mode: str) 
                         assert bell.timeouts > timeouts, "the message was handled, but not by a wake-up"
                 assert received == list(range(1, i + 1))
 
-        asyncio.run(asyncio.wait_for(main(), 120))
+        run_async(main(), 120)
     finally:
         stop.set()
         thread.join(30)

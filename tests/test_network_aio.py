@@ -37,6 +37,7 @@ from slipstream.network import (
     TooManyConnectionsForAddress,
     UnregisteredTypeError,
 )
+from slipstream.testing import run_async
 
 
 class Quote(msgspec.Struct):
@@ -62,8 +63,8 @@ def allocator_in_use(allocator: object) -> frozenset[int]:
     return frozenset(value() if callable(value) else value)
 
 
-def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+run = run_async
+"""Run a coroutine in a fresh loop, bounded (the other network test files import it from here)."""
 
 
 def free_ports(count: int) -> int:

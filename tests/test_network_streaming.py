@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import os
@@ -934,3 +935,62 @@ def test_closing_while_a_write_hangs_removes_the_file_under_it(tmp_path: Path) -
     finally:
         gate.set()
         link.close()
+
+
+def test_a_slow_disk_under_one_connection_never_stalls_another(
+    driver_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a real server and clients on one event loop: one client streams a 4 MiB file onto a disk
+    that takes 20 ms per write (about 1.3 s for its 64 chunks) while another pings the server. Writes run
+    on the loop's file worker, so the loop is never held for long and the pings keep coming back; were
+    they on the event loop, one poll of 64 chunks would hold every connection for that long."""
+    from slipstream.network import Client, Server
+    from slipstream.network.aio import endpoint
+    from slipstream.testing import run_async
+    from tests.test_network_aio import client_config, server_config
+
+    disk = Disk(delay=0.02)
+    monkeypatch.setattr(endpoint, "ThreadedStreamFiles", lambda wake: ThreadedStreamFiles(wake, files=disk))
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(4 * MiB))
+    spill = tmp_path / "spill"
+    spill.mkdir()
+
+    async def main() -> tuple[float, bytes, int]:
+        loop = asyncio.get_running_loop()
+        received: list[bytes] = []
+        held = 0.0
+
+        async def ticker() -> None:  # how long the loop is held: the lateness of a 5 ms sleep
+            nonlocal held
+            while True:
+                before = loop.time()
+                await asyncio.sleep(0.005)
+                held = max(held, loop.time() - before - 0.005)
+
+        config = server_config(driver_dir, enable_ipc=True, temp_directory=spill)
+        async with Server(config) as server, Client(client_config(driver_dir, enable_ipc=True)) as sender:
+            server.on_message(Path)(lambda connection, path: received.append(path.read_bytes()))
+            await server.bind_ipc()
+            async with Client(client_config(driver_dir, enable_ipc=True)) as pinger:
+                streaming = await sender.connect_ipc(timeout=10)
+                pinging = await pinger.connect_ipc(timeout=10)
+                await pinging.ping(5)
+                ticking = asyncio.ensure_future(ticker())
+                transfer = asyncio.ensure_future(streaming.send(source))
+                pings = 0
+                deadline = loop.time() + 30
+                while not received and loop.time() < deadline:
+                    await pinging.ping(5)
+                    pings += 1
+                    await asyncio.sleep(0.01)
+                await transfer
+                ticking.cancel()
+        return held, received[0] if received else b"", pings
+
+    held, data, pings = run_async(main(), 60)
+    print(f"loop held at most {held * 1e3:.1f} ms; {pings} pings during the transfer")
+    assert data == source.read_bytes(), "the file arrived whole"
+    assert disk.threads and threading.get_ident() not in disk.threads, "every write ran off the event loop"
+    assert held < 0.25, f"the event loop was held {held:.3f} s behind the slow disk"
+    assert pings >= 20, f"only {pings} pings came back while the file was written"

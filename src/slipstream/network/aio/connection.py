@@ -50,6 +50,7 @@ from ..events import (
     SyncTimedOut,
 )
 from ..listeners import Listeners
+from ..streamfiles import WRITE_BACKLOG_PAUSE
 from ..streaming import StreamFailed, StreamingError, StreamProgressed, StreamSent, StreamStarted
 from ..transport import BUSY_CADENCE_NS, Link
 from .rmi import RmiSession
@@ -342,7 +343,10 @@ class Connection:
         machine = self._machine
         liveness = machine.liveness_records
         work = 0
-        if not machine.closed:
+        streams = machine.streams
+        if not machine.closed and (streams is None or streams.write_backlog <= WRITE_BACKLOG_PAUSE):
+            # (Above the pause, the disk is behind: the peer waits, held back by the transport's flow
+            # control, until the file worker's wake says the backlog went down.)
             work = self._link.poll()
             if not work and not self._link.subscription.is_connected:
                 # The peer's publication is gone (closed, or silent past the image liveness): no CLOSE

@@ -12,8 +12,9 @@ import inspect
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ...client import Context, Counter, DriverError, ExclusivePublication, Subscription
 from ...files.counters import NETWORK_RECORDS_DROPPED_TYPE_ID
@@ -24,16 +25,17 @@ from ..errors import MessageDispatchError
 from ..events import Closed
 from ..frames import FRAME_OVERHEAD
 from ..listeners import Listeners
+from ..recording import EndpointRecording
 from ..registrations import Registrations
 from ..rmi import ObjectTable, RemoteCalls, RmiEndpoint, RmiRegistry, StreamsChannel
 from ..serialization import Serialization
 from ..session import RECORD_OVERHEAD, Records
 from ..store import SettingsStore
+from ..streamfiles import ThreadedStreamFiles
 from ..streaming import Streams
 from ..transport import earliest, shared_contexts
 from .connection import Connection
 from .poller import PollGroup
-from .recording import EndpointRecording
 from .transport import release_context_drained
 
 __all__ = ["CLOSE_GRACE_S", "Endpoint"]
@@ -52,6 +54,39 @@ F = TypeVar("F", bound=Callable[..., Any])
 def is_coroutine_result(result: object) -> bool:
     """Did a listener return something to await (an ``async def`` listener)?"""
     return inspect.isawaitable(result)
+
+
+class _LoopFiles:
+    """One worker thread per event loop for the file I/O of streamed messages (spill writes, reads of
+    files being sent), shared by the loop's servers and clients: a slow disk never stalls the loop."""
+
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopFiles]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        def wake() -> None:  # from the worker: the poller takes the finished I/O in
+            loop.call_soon_threadsafe(PollGroup.for_loop(loop).backoff.kick)
+
+        self.files = ThreadedStreamFiles(wake)
+        self.users = 0
+
+    @classmethod
+    def acquire(cls, loop: asyncio.AbstractEventLoop) -> ThreadedStreamFiles:
+        shared = cls._by_loop.get(loop)
+        if shared is None:
+            shared = cls._by_loop[loop] = _LoopFiles(loop)
+        shared.users += 1
+        return shared.files
+
+    @classmethod
+    def release(cls, loop: asyncio.AbstractEventLoop) -> None:
+        shared = cls._by_loop.get(loop)
+        if shared is not None:
+            shared.users -= 1
+            if shared.users <= 0:
+                del cls._by_loop[loop]
+                shared.files.close()
 
 
 class Endpoint:
@@ -86,6 +121,8 @@ class Endpoint:
         (each connection's ``stats`` splits its own by reason). Also a counter in the driver's counters
         file while the endpoint holds a driver, which ``slipstream stat`` shows as ``net records dropped``."""
         self._dropped_counter: Counter | None = None
+        self._files: ThreadedStreamFiles | None = None
+        """The loop's stream-file worker, from the first connection until ``close``."""
 
     # -- listener decorators ----------------------------------------------------------------------
 
@@ -196,7 +233,10 @@ class Endpoint:
             # A chunk's record fits one frame of the log (IPC: 64 KiB): read in place on the other side,
             # where a fragmented record would first be copied together by the assembler.
             chunk_record = min(chunk_record, publication.max_payload_length - RECORD_OVERHEAD)
+        if self._files is None:
+            self._files = _LoopFiles.acquire(asyncio.get_running_loop())
         streams = Streams(
+            files=self._files,
             chunk_payload=chunk_record - FRAME_OVERHEAD,
             spill_threshold=config.spill_threshold,
             max_stream_size=config.max_stream_size,
@@ -422,7 +462,12 @@ class Endpoint:
             self._group.add(self)
 
     async def _stop_poller(self) -> None:
+        """Stop polling and cancel listener tasks (after the connections were released): the file
+        worker of streamed messages goes too when no other endpoint of the loop uses it."""
         self._closing = True
+        if self._files is not None:
+            self._files = None
+            _LoopFiles.release(asyncio.get_running_loop())
         if self._polling:
             self._polling = False
             if self._group is not None:

@@ -10,7 +10,8 @@ bytes as they travel: type id and msgpack body) and a ``typed.<Type>`` row with 
 columns, on the connection's channel and stream, at the position of the record that carried it. The
 recorder itself is shared by every endpoint of the process recording into the same directory.
 Recording is off the receive path: a record is a tuple appended under a lock; files are written by
-the recorder's own thread.
+the recorder's own thread. It touches no event loop: any adapter's connections (:class:`Recorded`) can be
+recorded.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol
 
-from ...files.counters import (
+from ..client import ExclusivePublication, Subscription
+from ..files.counters import (
     RECEIVER_BYTES_LOST_TYPE_ID,
     RECEIVER_NAKS_SENT_TYPE_ID,
     SENDER_NAKS_RECEIVED_TYPE_ID,
     SENDER_RETRANSMITS_TYPE_ID,
     CountersReader,
 )
-from ...telemetry import (
+from ..telemetry import (
     CapturedMessage,
     ConnectionStats,
     KindSchema,
@@ -40,13 +43,42 @@ from ...telemetry import (
     handshake_rejected,
     typed_schema,
 )
-from ...telemetry.config import RecordingConfig, release
-from ...telemetry.records import CAPTURE_COLUMNS
-from ..admission import RejectReason
-from ..errors import SerializationError
-from ..events import Closed
-from .connection import Connection
-from ..transport import host_port
+from ..telemetry.config import RecordingConfig, release
+from ..telemetry.records import CAPTURE_COLUMNS
+from .admission import RejectReason
+from .connection import ConnectionMachine
+from .errors import SerializationError
+from .events import Closed
+from .transport import host_port
+
+
+class Recorded(Protocol):
+    """What recording reads of a connection (an adapter's ``Connection``)."""
+
+    id: int
+    tag: str
+    remote_address: str | None
+    remote_port: int | None
+    back_pressure_events: int
+
+    @property
+    def is_ipc(self) -> bool: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    @property
+    def machine(self) -> ConnectionMachine: ...
+
+    @property
+    def publication(self) -> ExclusivePublication: ...
+
+    @property
+    def subscription(self) -> Subscription: ...
+
+    @property
+    def received_position(self) -> tuple[int, int]: ...
+
 
 __all__ = ["EndpointRecording", "address_of", "cause_of", "reason_name"]
 
@@ -92,14 +124,14 @@ class _RepairCounters:
         """(registration id, type id) -> counter id, of every repair counter at the last scan."""
 
     @staticmethod
-    def _keys(connection: Connection) -> list[tuple[int, int]]:
+    def _keys(connection: Recorded) -> list[tuple[int, int]]:
         if connection.is_ipc:
             return []
         keys = [(connection.publication.registration_id, t) for t in _SENDER_TYPES]
         keys += [(image.correlation_id, t) for image in connection.subscription.images for t in _RECEIVER_TYPES]
         return keys
 
-    def refresh(self, connections: Iterable[Connection]) -> None:
+    def refresh(self, connections: Iterable[Recorded]) -> None:
         """Scan the counters file if some connection's counters are missing (sampler thread)."""
         index = self._index
         if all(key in index for connection in connections for key in self._keys(connection)):
@@ -108,7 +140,7 @@ class _RepairCounters:
         self._index = {(info.registration_id, info.type_id): info.counter_id for info in self._counters
                        if info.type_id in wanted}  # fmt: skip
 
-    def read(self, connection: Connection) -> dict[int, int]:
+    def read(self, connection: Recorded) -> dict[int, int]:
         """type id -> value of the connection's counters known so far."""
         counters, index = self._counters, self._index
         values: dict[int, int] = {}
@@ -127,7 +159,7 @@ class EndpointRecording:
         config: RecordingConfig,
         side: str,
         driver_directory: str | Path | None,
-        connections: Callable[[], Iterable[Connection]],
+        connections: Callable[[], Iterable[Recorded]],
         encode: Callable[[object], bytes],
         counters: CountersReader,
     ) -> None:
@@ -164,7 +196,7 @@ class EndpointRecording:
             )
         )  # fmt: skip
 
-    def connected(self, connection: Connection) -> None:
+    def connected(self, connection: Recorded) -> None:
         """The connection is up on this side."""
         self._record(
             connected(
@@ -174,7 +206,7 @@ class EndpointRecording:
             )
         )  # fmt: skip
 
-    def disconnected(self, connection: Connection, event: Closed) -> None:
+    def disconnected(self, connection: Recorded, event: Closed) -> None:
         """The connection ended: its final counters, then the event."""
         now = time.time_ns()
         self._record(self._stats(connection, now))
@@ -186,11 +218,11 @@ class EndpointRecording:
             )
         )  # fmt: skip
 
-    def round_trip(self, connection: Connection, round_trip_ns: int) -> None:
+    def round_trip(self, connection: Recorded, round_trip_ns: int) -> None:
         """A ping completed: one RTT sample (with the counters as they are now)."""
         self._record(self._stats(connection, time.time_ns(), round_trip_ns))
 
-    def message(self, connection: Connection, message: object) -> None:
+    def message(self, connection: Recorded, message: object) -> None:
         """Capture a received message (called only when :attr:`capture` is set)."""
         kind = type(message)
         typed = self._typed.get(kind)
@@ -212,7 +244,7 @@ class EndpointRecording:
             self.recorder.append(typed[0], (*base, *(getattr(message, name) for name in typed[1])))
 
     def _stats(
-        self, connection: Connection, now_ns: int, rtt_ns: int | None = None, repair: dict[int, int] | None = None
+        self, connection: Recorded, now_ns: int, rtt_ns: int | None = None, repair: dict[int, int] | None = None
     ) -> ConnectionStats:
         stats = connection.machine.stats
         if repair is None:
@@ -235,7 +267,7 @@ class EndpointRecording:
             side=self.side,
         )
 
-    def _streams(self, connection: Connection, now_ns: int, repair: dict[int, int]) -> list[StreamStats]:
+    def _streams(self, connection: Recorded, now_ns: int, repair: dict[int, int]) -> list[StreamStats]:
         """The connection's two streams as this side sees them: what it sends, what it receives."""
         stats = connection.machine.stats
         publication, subscription = connection.publication, connection.subscription
