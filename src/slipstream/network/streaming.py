@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 from .frames import FrameKind
 from .streamfiles import FileSource, InlineStreamFiles, SourceReader, SpillFile, SpillWriter, StreamFiles
@@ -86,6 +86,15 @@ _SENT_REMEMBERED: Final = 256
 # -- the machine --------------------------------------------------------------------------------------
 
 
+
+class Hasher(Protocol):
+    """A running SHA-256 (``hashlib.sha256()``), as a stream's checksum uses it."""
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
+
+    def digest(self) -> bytes: ...
+
+
 @dataclass(slots=True)
 class _Outgoing:
     stream_id: int
@@ -98,7 +107,7 @@ class _Outgoing:
     offset: int = 0
     started: bool = False
     next_progress: int = 0
-    hasher: hashlib._Hash = field(default_factory=hashlib.sha256)
+    hasher: Hasher = field(default_factory=hashlib.sha256)
 
 
 @dataclass(slots=True)
@@ -114,7 +123,7 @@ class _Incoming:
     next_progress: int = 0
     buffer: bytearray | None = None
     spill: SpillWriter | None = None
-    hasher: hashlib._Hash = field(default_factory=hashlib.sha256)
+    hasher: Hasher = field(default_factory=hashlib.sha256)
     digest: bytes = b""
     """Set by a checked end; the stream then waits for its file to be written and closed."""
 
