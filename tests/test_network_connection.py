@@ -3,6 +3,10 @@ expiry, CLOSE, and what happens to tampered, replayed and reordered records."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -16,9 +20,14 @@ from slipstream.network.events import (
     MessageReceived,
     PingAcknowledged,
     PingTimedOut,
+    RmiCallCompleted,
+    RmiCallFailed,
+    RmiFailure,
+    RmiRequestReceived,
     SyncCompleted,
     SyncTimedOut,
 )
+from slipstream.network.rmi import RemoteRef, RmiRegistry
 from slipstream.testing import ConnectionPair, LinkConditions
 
 
@@ -224,3 +233,129 @@ def test_hostile_records_never_raise(data: bytes) -> None:
     _FUZZ.b.receive(data, _FUZZ.clock.now_ns())
     assert _FUZZ.b.stats.records_dropped + _FUZZ.b.stats.frame_errors == before + 1
     assert not _FUZZ.b.take_events()
+
+
+# -- remote objects composed into the machine (issue 27) --------------------------------------------------
+
+
+class ICalc(Protocol):
+    def add(self, a: int, b: int) -> int: ...
+
+    def size_of(self, file: Path) -> int: ...
+
+    def export(self, size: int) -> Path: ...
+
+
+class Calc:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.seen: list[Path] = []
+
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def size_of(self, file: Path) -> int:
+        self.seen.append(file)
+        return len(file.read_bytes())
+
+    def export(self, size: int) -> Path:
+        path = self.tmp / f"export-{size}.bin"
+        path.write_bytes(b"x" * size)
+        return path
+
+
+def rmi_pair(tmp: Path, **kwargs: Any) -> tuple[ConnectionPair, RemoteRef, Calc]:
+    client, server = RmiRegistry([ICalc]), RmiRegistry([(ICalc, Calc)])
+    spill = tmp / "spill"
+    spill.mkdir(exist_ok=True)
+    pair = ConnectionPair(rmi=(client, server), temp_dir=str(spill), **kwargs)
+    calc = Calc(tmp)
+    assert pair.b.rmi is not None
+    ref = RemoteRef(0, pair.b.rmi.endpoint.objects.save(calc))
+    return pair, ref, calc
+
+
+def serve(pair: ConnectionPair, *, answer: bool = True) -> int:
+    """Run the host calls the server's machine handed out (as an adapter does); the number run."""
+    ran = 0
+    for event in list(pair.events_b):
+        if isinstance(event, RmiRequestReceived):
+            pair.events_b.remove(event)
+            if answer:
+                pair.b.complete_invocation(event.invocation_id, pair.b.invocation(event.invocation_id).call())
+            ran += 1
+    return ran
+
+
+def outcome(pair: ConnectionPair, call_id: int) -> RmiCallCompleted | RmiCallFailed:
+    (found,) = [e for e in pair.events_a if isinstance(e, (RmiCallCompleted, RmiCallFailed)) and e.call_id == call_id]
+    return found
+
+
+def test_remote_calls_run_inside_the_connection_machine_with_its_one_deadline(tmp_path: Path) -> None:
+    pair, ref, _ = rmi_pair(tmp_path)
+    call_id = pair.a.call(ref, "add", [2, 3], pair.clock.now_ns(), timeout_ns=1_000_000_000)
+    assert pair.a.deadline_ns == pair.clock.now_ns() + 1_000_000_000  # the call's timeout is the machine's
+    pair.pump()
+    assert serve(pair) == 1
+    pair.pump()
+    done = outcome(pair, call_id)
+    assert isinstance(done, RmiCallCompleted) and done.value == 5
+    # a call nobody answers times out on the manual clock, at its deadline exactly
+    late = pair.a.call(ref, "add", [1, 1], pair.clock.now_ns(), timeout_ns=500_000_000)
+    due = pair.a.deadline_ns
+    pair.pump()
+    assert serve(pair, answer=False) == 1 and due is not None
+    pair.pump(duration_ns=due - pair.clock.now_ns())
+    failed = outcome(pair, late)
+    assert isinstance(failed, RmiCallFailed) and failed.failure == RmiFailure.TIMED_OUT
+    assert pair.a.rmi is not None and pair.a.rmi.endpoint.in_flight == 0
+
+
+def test_calls_and_messages_keep_their_order_on_the_wire(tmp_path: Path) -> None:
+    pair, ref, _ = rmi_pair(tmp_path)
+    pair.a.send("before")
+    call_id = pair.a.call(ref, "add", [1, 2], pair.clock.now_ns())
+    pair.a.send("after")
+    pair.pump()
+    kinds = [type(e).__name__ for e in pair.events_b if isinstance(e, (MessageReceived, RmiRequestReceived))]
+    assert kinds == ["MessageReceived", "RmiRequestReceived", "MessageReceived"]
+    serve(pair)
+    pair.pump()
+    assert isinstance(outcome(pair, call_id), RmiCallCompleted)
+
+
+def test_path_arguments_and_results_travel_as_files_through_the_machine(tmp_path: Path) -> None:
+    pair, ref, calc = rmi_pair(tmp_path)
+    source = tmp_path / "argument.bin"
+    source.write_bytes(b"y" * 100_000)  # several chunks
+    call_id = pair.a.call(ref, "size_of", [source], pair.clock.now_ns(), timeout_ns=0)
+    pair.pump()
+    assert serve(pair) == 1  # handed out only once the file arrived whole
+    pair.pump()
+    done = outcome(pair, call_id)
+    assert isinstance(done, RmiCallCompleted) and done.value == 100_000
+    (copy,) = calc.seen
+    assert copy != source and not copy.exists()  # a temporary copy, removed once the call completed
+    assert not any(isinstance(e, MessageReceived) for e in pair.events_b)  # never a message
+    # a Path result: the caller gets its own copy, which it keeps
+    call_id = pair.a.call(ref, "export", [70_000], pair.clock.now_ns(), timeout_ns=0)
+    pair.pump()
+    serve(pair)
+    pair.pump()
+    result = outcome(pair, call_id)
+    assert isinstance(result, RmiCallCompleted) and isinstance(result.value, Path)
+    assert result.value.read_bytes() == b"x" * 70_000
+    pair.a.shutdown()
+    assert result.value.exists()  # the caller owns it, even after the connection is gone
+
+
+def test_an_abandoned_calls_result_file_is_removed_when_it_arrives(tmp_path: Path) -> None:
+    pair, ref, _ = rmi_pair(tmp_path)
+    call_id = pair.a.call(ref, "export", [50_000], pair.clock.now_ns(), timeout_ns=0)
+    pair.pump()
+    pair.a.abandon_call(call_id)  # the caller went away before the response
+    serve(pair)
+    pair.pump()
+    assert not [e for e in pair.events_a if getattr(e, "call_id", None) == call_id]
+    assert os.listdir(tmp_path / "spill") == []  # the result's copy was removed on arrival

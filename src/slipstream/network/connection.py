@@ -560,10 +560,12 @@ class ConnectionMachine:
     def take_rmi(self) -> None:
         """Move what remote objects have for us: frames into the batch (in call order), events into ours."""
         assert self.rmi is not None
-        for kind, request_id, payload in self.rmi.take_frames():
-            if not self.closed:
+        frames, events = self.rmi.take_output()
+        if not self.closed:
+            for kind, request_id, payload in frames:
                 self._append(kind, request_id, payload)
-        self._events += self.rmi.take_events()
+        if events:
+            self._events += events
 
     def take_events(self) -> list[Event | StreamEvent]:
         """Events since the last call, in order."""

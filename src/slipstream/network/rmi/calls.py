@@ -43,17 +43,13 @@ class RemoteCalls:
 
     # -- outputs ----------------------------------------------------------------------------------
 
-    def take_frames(self) -> list[OutFrame]:
-        """Frames to send, in the order of the calls and answers that made them."""
+    def take_output(self) -> tuple[list[OutFrame], list[RmiEvent | RmiRequestReceived]]:
+        """Frames to send, in the order of the calls and answers that made them, and the events since the
+        last call (call outcomes, host calls to run, objects received)."""
         self._collect()
         frames, self._frames = self._frames, []
-        return frames
-
-    def take_events(self) -> list[RmiEvent | RmiRequestReceived]:
-        """Events since the last call (call outcomes, host calls to run, objects received)."""
-        self._collect()
         events, self._events = self._events, []
-        return events
+        return frames, events
 
     @property
     def deadline_ns(self) -> int | None:

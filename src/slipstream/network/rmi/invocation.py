@@ -43,16 +43,16 @@ class Invocation:
     ) -> tuple[object, ...]:
         """``args`` with ``caller`` in the caller's slot (when given) and each RemoteRef resolved."""
         args = self.args
-        if (caller is not None and self.caller_slot >= 0) or (
-            resolve is not None and any(type(a) is RemoteRef for a in args)
-        ):
-            values = list(args)
-            if caller is not None and self.caller_slot >= 0:
-                values[self.caller_slot] = caller
-            if resolve is not None:
-                values = [resolve(a) if isinstance(a, RemoteRef) else a for a in values]
-            args = tuple(values)
-        return args
+        with_caller = caller is not None and self.caller_slot >= 0
+        with_refs = resolve is not None and self.spec is not None and bool(self.spec.ref_params)
+        if not (with_caller or with_refs):
+            return args  # the common call: its arguments as they arrived
+        values = list(args)
+        if with_caller:
+            values[self.caller_slot] = caller
+        if resolve is not None and with_refs:
+            values = [resolve(a) if isinstance(a, RemoteRef) else a for a in values]
+        return tuple(values)
 
     def call(self, caller: object = None, resolve: Callable[[RemoteRef], object] | None = None) -> object:
         """Run it (the result may be awaitable: the adapter awaits it, then calls ``complete``)."""
