@@ -217,6 +217,13 @@ class BufferedSessions(Generic[T]):
             if session is not None and not session.connected and session.expires_ns == when:
                 self._expire(key, session)
 
+    def expire(self, key: bytes) -> None:
+        """End ``key``'s disconnected session now, reporting what it held (its owner cannot wait
+        for it any longer); a connected or unknown session is left alone."""
+        session = self._sessions.get(key)
+        if session is not None and not session.connected:
+            self._expire(key, session)
+
     def _expire(self, key: bytes, session: _Session[T]) -> None:
         del self._sessions[key]
         self._events.append(SessionExpired(key, tuple(session.queue)))

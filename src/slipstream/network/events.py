@@ -265,3 +265,73 @@ Event = (
     | RmiRequestReceived
 )
 """Every event a network machine emits."""
+
+
+# -- the server's connection table (network.table) ---------------------------------------------------
+
+__all__ += [
+    "ConnectionReleased",
+    "ConnectionStarted",
+    "OpeningFailed",
+    "PortReassigned",
+    "SessionEnded",
+    "StartTimedOut",
+    "TableEvent",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PortReassigned:
+    """The driver refused the connection's publication on ``refused_port`` (most likely another
+    program holds that port): ask for it again on ``port``."""
+
+    connection_id: int
+    refused_port: int
+    port: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpeningFailed:
+    """The connection's streams could not be opened and the table gave up (its ids are released)."""
+
+    connection_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartTimedOut:
+    """The client's streams did not come up in time: close them (its ids go back after the release delay)."""
+
+    connection_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionStarted:
+    """The connection is up (``on_init``, ``on_connect`` are due). ``resumes``: the lost connection
+    whose buffered session continues here (its sends go to this one; its ``on_disconnect`` is due
+    now); ``queued``: what waited for the peer, to send first, in order."""
+
+    connection_id: int
+    resumes: int | None = None
+    queued: tuple[object, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnded:
+    """A lost connection's buffered session ended without its peer (expired, the server closed, or
+    its id went to a new connection): its ``on_disconnect`` is due; ``undelivered`` never left."""
+
+    connection_id: int
+    undelivered: tuple[object, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionReleased:
+    """The connection's ids and port went back to the allocators: whatever is still held for it goes."""
+
+    connection_id: int
+
+
+TableEvent = PortReassigned | OpeningFailed | StartTimedOut | ConnectionStarted | SessionEnded | ConnectionReleased
+"""What the server's connection table emits."""

@@ -4,7 +4,9 @@ Per bound port, clients publish handshake packets to the server's port, and hear
 dynamic MDC from its control port (a client behind NAT registers there from its own socket). An
 accepted client gets, for its connection, a stream to the server's port (its own stream and session
 ids) and a dynamic-MDC publication from a control port of its own; over IPC, streams with their own
-ids. Ids and ports go back to the allocators when the connection's publication has lingered out.
+ids. Each connection's lifecycle (streams opening, starting, up, lingering, its ids released, a lost
+peer's buffered session) is the sans-I/O :class:`~..table.ConnectionTable`; this adapter keeps the
+live objects by connection id and does the I/O the table's events ask for.
 """
 
 from __future__ import annotations
@@ -13,20 +15,30 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ...client import DriverError, ExclusivePublication, Header, Registration, Subscription
 from ...client.allocation import IdAllocator, PortAllocator
 from ..admission import AdmissionPolicy, IpFilterRule, RejectReason
-from ..buffered import BufferedSessions, BufferOverflowed, Hold, SessionExpired, SessionResumed
+from ..buffered import BufferedSessions, Hold
 from ..config import ServerConfig
 from ..errors import ServerError, UndeliveredError
-from ..events import ClientAccepted, Closed, Rejected
+from ..events import (
+    ClientAccepted,
+    Closed,
+    ConnectionReleased,
+    ConnectionStarted,
+    OpeningFailed,
+    PortReassigned,
+    Rejected,
+    SessionEnded,
+    StartTimedOut,
+)
 from ..handshake import ServerHandshake
 from ..rmi import ObjectTable
 from ..session import PlainRecords, RecordLayer, Records
+from ..table import ConnectionState, ConnectionTable
 from ..transport import (
     BUSY_CADENCE_NS,
     HANDSHAKE_IPC_REPLY_STREAM,
@@ -61,10 +73,6 @@ publication and a subscription per client is the slow part when hundreds connect
 OUTBOX_LIMIT = 4096
 """Handshake answers held while the handshake publication is back-pressured (the oldest go first;
 a client whose answer is lost retries)."""
-PORT_ATTEMPTS = 5
-"""Control ports tried for one connection when the driver cannot bind one (another socket holds it)."""
-RELEASE_DELAY_S = 1.0
-"""Ids and ports of a closed connection return to the pools after its publication lingered out."""
 SETTLE_STEP_S = 0.005
 """How often ``close`` looks again at connections still coming up."""
 
@@ -80,42 +88,65 @@ class _Link:
         port: int,
         publication: ExclusivePublication,
         subscription: Subscription,
-        on_packet: Callable[[_Link, memoryview, Header], None],
     ) -> None:
         self.machine = machine
         self.host = host
         self.port = port
         self.link = Link(
-            publication,
-            subscription,
-            lambda payload, header: on_packet(self, payload, header),
-            poll_limit=HANDSHAKE_POLL_LIMIT,
-            outbox_limit=OUTBOX_LIMIT,
+            publication, subscription, self._on_packet, poll_limit=HANDSHAKE_POLL_LIMIT, outbox_limit=OUTBOX_LIMIT
         )
 
+    def _on_packet(self, payload: memoryview, header: Header) -> None:
+        address: str | None = None
+        port: int | None = None
+        if self.host is not None:
+            image = self.link.subscription.image_by_session_id(header.session_id)
+            if image is None:
+                return
+            address, port = parse_source(image.source_identity)
+            if address is None:
+                return
+        now_ns = time.monotonic_ns()
+        self.machine.receive(bytes(payload), source=header.session_id, address=address, port=port, now_ns=now_ns)
+
+
+class _Links(list[_Link]):
+    """The server's handshake channels; to the connection table, their allocators as one (a connection
+    id names one channel's allocation: the channels share the session-id allocator)."""
+
+    def owner(self, connection_id: int) -> ServerHandshake | None:
+        return next((link.machine for link in self if connection_id in link.machine.connections), None)
+
+    def reallocate_port(self, connection_id: int) -> int | None:
+        machine = self.owner(connection_id)
+        return None if machine is None else machine.reallocate_port(connection_id)
+
+    def release(self, connection_id: int) -> bool:
+        machine = self.owner(connection_id)
+        return machine is not None and machine.release(connection_id)
+
 
 @dataclass(slots=True)
-class _Opening:
-    """An accepted handshake whose streams the driver is adding (awaited by polling, not blocking:
-    a burst of handshakes would otherwise stop the event loop for a driver round trip each)."""
+class _Pending:
+    """An accepted client's streams while the driver adds them (polled, not awaited: a burst of
+    handshakes would otherwise stop the event loop for a driver round trip each) and come up."""
 
     link: _Link
-    event: ClientAccepted
-    publication: Registration[ExclusivePublication]
+    accepted: ClientAccepted
     subscription: Registration[Subscription]
-    control_port: int | None
-    """The UDP control port the publication was asked for (None over IPC)."""
-    attempts: int = 1
+    publication: Registration[ExclusivePublication] | None = None
+    """None while the table decides what follows a refusal (another port, or giving up)."""
+    streams: tuple[ExclusivePublication, Subscription] | None = None
+    """Once both exist (the connection is STARTING)."""
 
-
-@dataclass(slots=True)
-class _Starting:
-    link: _Link
-    event: ClientAccepted
-    publication: ExclusivePublication
-    subscription: Subscription
-    deadline_ns: int
-    remote_port: int | None
+    def discard(self) -> None:
+        """Give up on the streams: what was asked is withdrawn, what exists is closed."""
+        if self.streams is not None:
+            close_quietly(*self.streams)
+            return
+        if self.publication is not None:
+            self.publication.cancel()
+        self.subscription.cancel()
 
 
 class Server(Endpoint):
@@ -139,22 +170,21 @@ class Server(Endpoint):
         self.sessions = IdAllocator(1, 65534)
         """Session ids of connections (both directions), the seed's range."""
         self.streams = IdAllocator(1, 65533)
-        self._links: list[_Link] = []
-        self._opening: list[_Opening] = []
-        self._starting: list[_Starting] = []
+        self._links = _Links()
+        sessions: BufferedSessions[object] | None = None
+        if config.buffered_sessions:
+            rules = () if config.buffered_rule is None else (config.buffered_rule,)
+            timeout_ns = int(config.buffered_timeout * 1e9)
+            sessions = BufferedSessions(timeout_ns=timeout_ns, capacity=config.buffered_capacity, rules=rules)
+        starting_ns = int(STARTING_FACTOR * config.handshake_timeout * 1e9)
+        self._table = ConnectionTable(allocations=self._links, starting_timeout_ns=starting_ns, sessions=sessions)
+        """Each connection's lifecycle; what follows keeps only the live objects, by connection id."""
+        self._pending: dict[int, _Pending] = {}
         self._connections: dict[int, Connection] = {}
-        self._owner: dict[int, _Link] = {}
+        self._lost: dict[int, Connection] = {}
+        """Lost connections whose buffered session waits for the peer (their on_disconnect is pending)."""
         self.rejected: list[Rejected] = []
         """Recent rejections (bounded), for operators and tests."""
-        self._buffered: BufferedSessions[object] | None = None
-        if config.buffered_sessions:
-            self._buffered = BufferedSessions(
-                timeout_ns=int(config.buffered_timeout * 1e9),
-                capacity=config.buffered_capacity,
-                rules=() if config.buffered_rule is None else (config.buffered_rule,),
-            )
-        self._waiting: dict[bytes, Connection] = {}
-        """Lost connections whose buffered session waits for the peer (their on_disconnect is pending)."""
         self.rmi = ObjectTable(self.rmi_registry, is_global=True)
         """Global remote objects every client reaches: ``server.rmi.save(obj) -> id``, ``save(obj, id)``,
         ``delete(obj_or_id)``; a client calls them through ``connection.rmi.get_global(Interface, id)``."""
@@ -198,80 +228,60 @@ class Server(Endpoint):
             raise ValueError(f"control_port must be in 1..65535 and differ from port: {control_port!r}")
         if any(link.port == port for link in self._links):
             raise ServerError(f"the server is already bound to port {port}")
-        context = self._acquire_context()
+        self._acquire_context()
         if config.enable_ipv4 or config.enable_ipv6:
             host = listen_host(config.listen_address, ipv4=config.enable_ipv4, ipv6=config.enable_ipv6)
             first, count = config.connection_ports or (port + 2, config.max_clients)
+            control = host_port(host, control_port)
+            answers = udp_channel(control=control, control_mode="dynamic", term_length=HANDSHAKE_TERM_LENGTH)
             ports = PortAllocator(first, min(count, 65536 - first))
-            subscription = context.add_subscription(udp_channel(endpoint=host_port(host, port)), HANDSHAKE_STREAM)
-            try:
-                publication = context.add_exclusive_publication(
-                    udp_channel(
-                        control=host_port(host, control_port),
-                        control_mode="dynamic",
-                        term_length=HANDSHAKE_TERM_LENGTH,
-                    ),
-                    HANDSHAKE_STREAM,
-                )
-            except BaseException:
-                subscription.close()
-                raise
-            self._add_link(subscription, publication, host, port, ports)
+            listen = udp_channel(endpoint=host_port(host, port))
+            self._add_link(host, port, ports, (listen, HANDSHAKE_STREAM), (answers, HANDSHAKE_STREAM))
         if config.enable_ipc:
-            await self._bind_ipc(port)
+            self._bind_ipc(port)
         self._start_poller()
 
     async def bind_ipc(self) -> None:
         """Listen over IPC only (clients use ``connect_ipc``)."""
         if not self.config.enable_ipc:
             raise ServerError("enable_ipc is False in this server's config")
-        self._acquire_context()
-        await self._bind_ipc(0)
+        self._bind_ipc(0)
         self._start_poller()
 
-    async def _bind_ipc(self, port: int) -> None:
-        context = self._acquire_context()
-        subscription = context.add_subscription(ipc_channel(), HANDSHAKE_IPC_STREAM + port)
-        try:
-            publication = context.add_exclusive_publication(ipc_channel(), HANDSHAKE_IPC_REPLY_STREAM + port)
-        except BaseException:
-            subscription.close()
-            raise
-        self._add_link(subscription, publication, None, port, None)
+    def _bind_ipc(self, port: int) -> None:
+        streams = (ipc_channel(), HANDSHAKE_IPC_STREAM + port), (ipc_channel(), HANDSHAKE_IPC_REPLY_STREAM + port)
+        self._add_link(None, port, None, *streams)
 
     def _add_link(
         self,
-        subscription: Subscription,
-        publication: ExclusivePublication,
         host: str | None,
         port: int,
         ports: PortAllocator | None,
+        subscription: tuple[str, int],
+        publication: tuple[str, int],
     ) -> None:
+        """A handshake channel: its subscription and publication (channel, stream id), and its machine."""
         config = self.config
-        ipv4_allowed = config.enable_ipv4
+        context = self._acquire_context()
+        listening = context.add_subscription(*subscription)
+        try:
+            answering = context.add_exclusive_publication(*publication)
+        except BaseException:
+            listening.close()
+            raise
 
         def admission(
             address: str | None, tag: str, public_key: bytes | None, current_total: int, current_for_address: int
         ) -> tuple[int, str] | None:
-            if address is not None and not ipv4_allowed and "." in address:
+            if address is not None and not config.enable_ipv4 and "." in address:
                 return int(RejectReason.NOT_PERMITTED), "IPv4 connections are not permitted"
-            counted = len(self._connections) + len(self._opening) + len(self._starting)
-            per_address = 0
-            if address is not None:
-                per_address = sum(1 for c in self._connections.values() if c.remote_address == address)
-                per_address += sum(1 for s in self._opening if s.event.address == address)
-                per_address += sum(1 for s in self._starting if s.event.address == address)
-            reason = self._policy.check(address, tag, public_key or bytes(32), counted, per_address)
-            if (
-                reason is None
-                and public_key is not None
-                and config.allowed_keys is not None
-                and public_key not in config.allowed_keys
-            ):
+            table = self._table  # its counts, not the machine's: lingering connections do not count
+            per_address = 0 if address is None else table.admitted_from(address)
+            reason = self._policy.check(address, tag, public_key or bytes(32), table.admitted, per_address)
+            allowed = config.allowed_keys
+            if reason is None and public_key is not None and allowed is not None and public_key not in allowed:
                 reason = RejectReason.KEY_NOT_ALLOWED
-            if reason is None:
-                return None
-            return int(reason), reason.message
+            return None if reason is None else (int(reason), reason.message)
 
         machine = ServerHandshake(
             app_id=config.app_id,
@@ -290,23 +300,9 @@ class Server(Endpoint):
             allow_plaintext=host is None and not config.encrypt_ipc,
             confirm_accept=True,
         )
-        self._links.append(_Link(machine, host, port, publication, subscription, self._on_handshake))
+        self._links.append(_Link(machine, host, port, answering, listening))
 
-    # -- handshakes -------------------------------------------------------------------------------
-
-    def _on_handshake(self, link: _Link, payload: memoryview, header: Header) -> None:
-        address: str | None = None
-        port: int | None = None
-        if link.host is not None:
-            image = link.link.subscription.image_by_session_id(header.session_id)
-            if image is None:
-                return
-            address, port = parse_source(image.source_identity)
-            if address is None:
-                return
-        link.machine.receive(
-            bytes(payload), source=header.session_id, address=address, port=port, now_ns=time.monotonic_ns()
-        )
+    # -- handshakes and the streams of accepted clients ---------------------------------------------
 
     def _handshake_cycle(self, link: _Link, now_ns: int) -> int:
         machine = link.machine
@@ -315,7 +311,7 @@ class Server(Endpoint):
             if isinstance(event, ClientAccepted):
                 if self._recording is not None:
                     self._recording.accepted(event.connection_id, event.address, event.port, event.tag)
-                self._accept(link, event)
+                self._accept(link, event, now_ns)
             elif isinstance(event, Rejected):
                 self.rejected.append(event)
                 del self.rejected[:-100]
@@ -324,226 +320,157 @@ class Server(Endpoint):
                 log.info("rejected %s: %s", event.address or "IPC", event.message)
         return work
 
-    def _add_publication(
-        self, link: _Link, event: ClientAccepted, control_port: int | None
-    ) -> Registration[ExclusivePublication]:
-        """The connection's publication: dynamic MDC to the client's control port over UDP."""
-        config = self.config
-        context = self._acquire_context()
+    def _accept(self, link: _Link, accepted: ClientAccepted, now_ns: int) -> None:
+        """Ask the driver for the connection's two streams; ``_check_pending`` takes the answers."""
+        self._table.open(accepted, now_ns)
         if link.host is None:
-            return context.async_add_exclusive_publication(
-                ipc_channel(session_id=event.server_session_id, term_length=config.ipc_term_length, mtu=IPC_MTU),
-                event.server_stream_id,
-            )
-        assert control_port is not None
-        return context.async_add_exclusive_publication(
-            udp_channel(
-                control=host_port(link.host, control_port),
-                control_mode="dynamic",
-                session_id=event.server_session_id,
-                term_length=config.term_length,
-                mtu=config.network_mtu,
-                linger=CONNECTION_LINGER,
-            ),
-            event.server_stream_id,
-        )
-
-    def _accept(self, link: _Link, event: ClientAccepted) -> None:
-        """Ask the driver for the connection's two streams; ``_check_opening`` takes the answers."""
-        config = self.config
-        context = self._acquire_context()
-        control_port = None if link.host is None else event.control_port
+            channel = ipc_channel(session_id=accepted.client_session_id)
+        else:
+            reliable = None if self.config.reliable else False
+            endpoint = host_port(link.host, link.port)
+            channel = udp_channel(endpoint=endpoint, session_id=accepted.client_session_id, reliable=reliable)
         try:
-            publication = self._add_publication(link, event, control_port)
-            try:
-                if link.host is not None:
-                    subscription = context.async_add_subscription(
-                        udp_channel(
-                            endpoint=host_port(link.host, link.port),
-                            session_id=event.client_session_id,
-                            reliable=None if config.reliable else False,
-                        ),
-                        event.client_stream_id,
-                    )
-                else:
-                    subscription = context.async_add_subscription(
-                        ipc_channel(session_id=event.client_session_id), event.client_stream_id
-                    )
-            except BaseException:
-                publication.cancel()
-                raise
+            subscription = self._acquire_context().async_add_subscription(channel, accepted.client_stream_id)
         except DriverError as exc:
-            log.warning("cannot open connection %d's streams: %s", event.connection_id, exc)
-            link.machine.release(event.connection_id)
+            self._table.open_failed(accepted.connection_id, str(exc), now_ns, publication=False)
             return
-        self._opening.append(_Opening(link, event, publication, subscription, control_port))
+        pending = self._pending[accepted.connection_id] = _Pending(link, accepted, subscription)
+        self._add_publication(pending, accepted.control_port, now_ns)
 
-    def _check_opening(self, now_ns: int) -> int:
-        work = 0
-        for opening in list(self._opening):
-            event = opening.event
-            try:
-                publication = opening.publication.poll()
-            except DriverError as exc:
-                port = None
-                if opening.control_port is not None and opening.attempts < PORT_ATTEMPTS:
-                    port = opening.link.machine.reallocate_port(event.connection_id)
-                if port is not None:  # the port is most likely held by another program on this host
-                    log.info("control port %d unavailable (%s): trying %d", opening.control_port, exc, port)
-                    opening.control_port = port
-                    opening.attempts += 1
-                    try:
-                        opening.publication = self._add_publication(opening.link, event, port)
-                        continue
-                    except DriverError as again:
-                        exc = again
-                self._fail_opening(opening, exc)
-                work += 1
-                continue
-            try:
-                subscription = opening.subscription.poll()
-            except DriverError as exc:
-                self._fail_opening(opening, exc)
-                work += 1
-                continue
-            if publication is None or subscription is None:
-                continue
-            self._opening.remove(opening)
-            work += 1
-            link = opening.link
-            self._owner[event.connection_id] = link
-            link.machine.accept(event.connection_id, now_ns)
-            self._starting.append(
-                _Starting(
-                    link,
-                    event,
-                    publication,
-                    subscription,
-                    now_ns + int(STARTING_FACTOR * self.config.handshake_timeout * 1e9),
-                    event.port,
-                )
+    def _add_publication(self, pending: _Pending, control_port: int, now_ns: int) -> None:
+        """The connection's publication: dynamic MDC to the client from ``control_port`` over UDP."""
+        config = self.config
+        host, accepted = pending.link.host, pending.accepted
+        session_id = accepted.server_session_id
+        if host is None:
+            channel = ipc_channel(session_id=session_id, term_length=config.ipc_term_length, mtu=IPC_MTU)
+        else:
+            control = host_port(host, control_port)
+            channel = udp_channel(
+                control=control, control_mode="dynamic", session_id=session_id,
+                term_length=config.term_length, mtu=config.network_mtu, linger=CONNECTION_LINGER,
+            )  # fmt: skip
+        try:
+            pending.publication = self._acquire_context().async_add_exclusive_publication(
+                channel, accepted.server_stream_id
             )
-        return work
+        except DriverError as exc:
+            pending.publication = None
+            self._table.open_failed(accepted.connection_id, str(exc), now_ns, publication=True)
 
-    def _fail_opening(self, opening: _Opening, error: DriverError | None) -> None:
-        """Give up on an accepted handshake's streams (``error``: why; None when the server closes)."""
-        self._opening.remove(opening)
-        opening.publication.cancel()
-        opening.subscription.cancel()
-        if error is not None:
-            log.warning("cannot open connection %d's streams: %s", opening.event.connection_id, error)
-        opening.link.machine.release(opening.event.connection_id)
-
-    def _check_starting(self, now_ns: int) -> int:
+    def _check_pending(self, now_ns: int) -> int:
+        """Streams the driver added (then the client is told: WELCOME), and streams that came up (a
+        refusal or a start is work the table's events count)."""
         work = 0
-        for starting in list(self._starting):
-            if starting.subscription.image_count > 0 and starting.publication.is_connected:
-                self._starting.remove(starting)
-                self._activate(starting, now_ns)
+        table = self._table
+        for connection_id, pending in list(self._pending.items()):
+            if pending.streams is None and pending.publication is not None:
+                try:
+                    publication = pending.publication.poll()
+                except DriverError as exc:  # its port is most likely held by another program on this host
+                    pending.publication = None
+                    table.open_failed(connection_id, str(exc), now_ns, publication=True)
+                    continue
+                try:
+                    subscription = pending.subscription.poll()
+                except DriverError as exc:
+                    table.open_failed(connection_id, str(exc), now_ns, publication=False)
+                    continue
+                if publication is None or subscription is None:
+                    continue
+                pending.streams = (publication, subscription)
+                pending.link.machine.accept(connection_id, now_ns)
+                table.opened(connection_id, now_ns)
                 work += 1
-            elif now_ns >= starting.deadline_ns:
-                self._starting.remove(starting)
-                log.info("connection %d: the client never came up", starting.event.connection_id)
-                close_quietly(starting.publication, starting.subscription)
-                self._release_later(starting.link, starting.event.connection_id)
-                work += 1
+            if pending.streams is not None:
+                publication, subscription = pending.streams
+                if subscription.image_count > 0 and publication.is_connected:
+                    table.started(connection_id, now_ns)  # its event counts as work
         return work
 
-    def _activate(self, starting: _Starting, now_ns: int) -> None:
-        connection = self._make_connection(starting)
+    def _run_table(self) -> int:
+        """Do what the connection table's events ask; the work done."""
+        work = 0
+        while events := self._table.take_events():
+            work += len(events)
+            for event in events:
+                match event:
+                    case PortReassigned(connection_id=connection_id, port=port):
+                        log.info("control port %d unavailable (%s): trying %d", event.refused_port, event.reason, port)
+                        if (pending := self._pending.get(connection_id)) is not None:
+                            self._add_publication(pending, port, time.monotonic_ns())
+                    case OpeningFailed(connection_id=connection_id, reason=reason):
+                        log.warning("cannot open connection %d's streams: %s", connection_id, reason)
+                    case StartTimedOut(connection_id=connection_id) | ConnectionReleased(connection_id=connection_id):
+                        if isinstance(event, StartTimedOut):
+                            log.info("connection %d: the client never came up", connection_id)
+                        if (pending := self._pending.pop(connection_id, None)) is not None:
+                            pending.discard()  # its streams, still asked for or coming up, are given up
+                    case ConnectionStarted():
+                        self._activate(event)
+                    case SessionEnded():
+                        self._session_ended(event)
+        return work
+
+    def _activate(self, event: ConnectionStarted) -> None:
+        pending = self._pending.pop(event.connection_id, None)
+        if pending is None:
+            return
+        connection = self._make_connection(pending)
         self._connections[connection.id] = connection
-        queued: list[object] = []
-        sessions = self._buffered
-        if sessions is not None:
-            key = connection.remote_public_key
-            wanted = sessions.wants_buffering(connection.remote_address, connection.tag)
-            queued = sessions.connected(key, now_ns, buffered=wanted)
-            self._session_events()
-            previous = self._waiting.pop(key, None)
-            if previous is not None:  # the session resumes here: the lost connection's end is reported now
-                previous.hand_over(connection)
-                self._fire_disconnect(previous)
-        connection.deliver(queued)  # what waited for this peer goes first, in order
+        previous = None if event.resumes is None else self._lost.pop(event.resumes, None)
+        if previous is not None:  # the session resumes here: the lost connection's end is reported now
+            log.info("buffered session resumed: %d queued messages delivered", len(event.queued))
+            previous.hand_over(connection)
+            self._fire_disconnect(previous)
+        connection.deliver(event.queued)  # what waited for this peer goes first, in order
         self._connection_up(connection)
 
-    async def _settle_starting(self) -> None:
-        """Before closing, wait for each starting connection that is half up (the client's stream reached
-        us, or our publication sees the client) until it is up, for at most the close timeout: that
-        client may count itself connected already. Its image of our publication comes up before
-        our publication hears its status message, and our subscription learns of its stream a moment
-        after its publication connected. Once up, the connection is closed like any other: the client
-        hears CLOSE (else it would wait out its expiry) and ``on_connect`` / ``on_disconnect`` run here
-        as they did there."""
-
-        def half_up() -> bool:
-            return any((s.subscription.image_count > 0) != s.publication.is_connected for s in self._starting)
-
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.close_timeout
-        while half_up() and loop.time() < deadline:
-            self.wake()
-            await asyncio.sleep(SETTLE_STEP_S)
+    def _make_connection(self, pending: _Pending) -> Connection:
+        accepted = pending.accepted
+        assert pending.streams is not None
+        pending.link.machine.forget(accepted.pending_key)
+        records: Records = PlainRecords()
+        if not accepted.plaintext:
+            records = RecordLayer(accepted.send_key, accepted.receive_key)
+        return self._new_connection(
+            records,
+            int(self.config.connection_expiry * 1e9),
+            *pending.streams,
+            connection_id=accepted.connection_id,
+            remote_address=accepted.address,
+            remote_port=accepted.port,
+            tag=accepted.tag,
+            remote_public_key=accepted.remote_public_key,
+            global_objects=self.rmi,
+        )
 
     # -- buffered sessions --------------------------------------------------------------------------
 
     def _session_waits(self, connection: Connection, event: Closed) -> bool:
-        sessions = self._buffered
-        if sessions is None:
-            return False
-        key = connection.remote_public_key
-        if not event.expired:
-            sessions.ended(key)  # only a lost peer is waited for; a deliberate close ends the session
-            return False
-        if not sessions.disconnected(key, time.monotonic_ns()):
-            return False
-        self._waiting[key] = connection
-        return True
+        waits = self._table.ended(connection.id, time.monotonic_ns(), lost=event.expired)
+        if waits:
+            self._lost[connection.id] = connection
+        return waits
 
     def hold(self, connection: Connection, message: object) -> Hold:
-        sessions = self._buffered
-        key = connection.remote_public_key
-        if sessions is None or self._waiting.get(key) is not connection:
-            return Hold.CLOSED
-        if sessions.enqueue(key, message):
-            return Hold.QUEUED
-        self._session_events()
-        return Hold.FULL
+        if self._lost.get(connection.id) is not connection:
+            return Hold.CLOSED  # no session waits for it (or its id went to another connection)
+        return self._table.hold(connection.id, message)
 
-    def _session_events(self) -> None:
-        assert self._buffered is not None
-        for event in self._buffered.take_events():
-            if isinstance(event, SessionExpired):
-                connection = self._waiting.pop(event.key, None)
-                if connection is None:
-                    continue
-                if event.undelivered:
-                    self.report_error(connection, UndeliveredError(
-                        f"connection {connection.id}: the peer did not come back within "
-                        f"{self.config.buffered_timeout:g} s; {len(event.undelivered)} messages were not delivered",
-                        event.undelivered,
-                    ))  # fmt: skip
-                self._fire_disconnect(connection)
-            elif isinstance(event, BufferOverflowed):
-                pass  # the sender is told at once: ``send`` raises UndeliveredError, ``send_nowait`` says why
-            elif isinstance(event, SessionResumed):
-                log.info("buffered session resumed: %d queued messages delivered", event.delivered)
+    def _session_ended(self, event: SessionEnded) -> None:
+        connection = self._lost.pop(event.connection_id, None)
+        if connection is None:
+            return
+        if event.undelivered:
+            self.report_error(connection, UndeliveredError(
+                f"connection {connection.id}: the peer did not come back within "
+                f"{self.config.buffered_timeout:g} s; {len(event.undelivered)} messages were not delivered",
+                event.undelivered,
+            ))  # fmt: skip
+        self._fire_disconnect(connection)
 
-    def _make_connection(self, starting: _Starting) -> Connection:
-        event = starting.event
-        starting.link.machine.forget(event.pending_key)
-        records: Records = PlainRecords() if event.plaintext else RecordLayer(event.send_key, event.receive_key)
-        return self._new_connection(
-            records,
-            int(self.config.connection_expiry * 1e9),
-            starting.publication,
-            starting.subscription,
-            connection_id=event.connection_id,
-            remote_address=event.address,
-            remote_port=starting.remote_port,
-            tag=event.tag,
-            remote_public_key=event.remote_public_key,
-            global_objects=self.rmi,
-        )
+    # -- the poller -------------------------------------------------------------------------------
 
     def _live_connections(self) -> list[Connection]:
         return list(self._connections.values())
@@ -551,84 +478,80 @@ class Server(Endpoint):
     def next_deadline_ns(self, now_ns: int) -> int | None:
         """The connections' timers, the handshakes' (answers waiting for room: soon), streams coming
         up (soon: checked at the busy cadence, never by spinning, which would starve an embedded driver
-        thread of the GIL it needs to set them up) and the buffered sessions' expiry."""
+        thread of the GIL it needs to set them up) and the table's (starts, releases, sessions)."""
         due = super().next_deadline_ns(now_ns)
-        if self._starting or self._opening:
+        if self._pending:
             due = earliest((now_ns + BUSY_CADENCE_NS,), due)
         for link in self._links:
             due = earliest((now_ns + BUSY_CADENCE_NS if len(link.link) else link.machine.deadline_ns,), due)
-        if self._buffered is not None:
-            due = earliest((self._buffered.deadline_ns,), due)
-        return due
+        return earliest((self._table.deadline_ns,), due)
 
     def _release_connection(self, connection: Connection) -> None:
         self._connections.pop(connection.id, None)
-        link = self._owner.get(connection.id)
-        self._close_streams_later(
-            connection, None if link is None else (lambda: self._release_later(link, connection.id))
-        )
+        self._close_streams_later(connection, functools.partial(self._streams_closed, connection.id))
 
-    def _release_later(self, link: _Link, connection_id: int) -> None:
-        def release() -> None:
-            self._owner.pop(connection_id, None)
-            link.machine.release(connection_id)
-
-        try:
-            asyncio.get_running_loop().call_later(RELEASE_DELAY_S, release)
-        except RuntimeError:
-            release()
-
-    # -- the poller -------------------------------------------------------------------------------
+    def _streams_closed(self, connection_id: int) -> None:
+        self._table.streams_closed(connection_id, time.monotonic_ns())
+        self.wake()  # the release delay runs from now: the poller must see the new deadline
 
     def duty_cycle(self, now_ns: int) -> int:
         work = 0
-        sessions = self._buffered
-        if sessions is not None and (deadline := sessions.deadline_ns) is not None and now_ns >= deadline:
-            sessions.handle_timer(now_ns)
-            self._session_events()
         if not self._closing:  # a client accepted while closing would miss the CLOSE
             for link in self._links:
                 work += self._handshake_cycle(link, now_ns)
-        if self._opening:
-            work += self._check_opening(now_ns)
-        if self._starting:
-            work += self._check_starting(now_ns)
+        if self._pending:
+            work += self._check_pending(now_ns)  # first: a client up at its starting deadline is up
+        if (deadline := self._table.deadline_ns) is not None and now_ns >= deadline:
+            self._table.handle_timer(now_ns)
+        work += self._run_table()
         for connection in list(self._connections.values()):
             work += connection.poll(now_ns)
         return work
 
+    async def _settle_starting(self) -> None:
+        """Before closing, wait (at most the close timeout) until each starting connection that is half up
+        is up: its client may count itself connected already (its image of our publication comes up
+        before our publication hears its status message). Closed like any other, it hears CLOSE instead
+        of waiting out its expiry, and ``on_connect`` / ``on_disconnect`` run here as they did there."""
+
+        def half_up() -> bool:
+            streams = [pending.streams for pending in self._pending.values() if pending.streams is not None]
+            return any((sub.image_count > 0) != publication.is_connected for publication, sub in streams)
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.close_timeout
+        while half_up() and loop.time() < deadline:
+            self.wake()
+            await asyncio.sleep(SETTLE_STEP_S)
+
     async def close(self) -> None:
         """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
         self._closing = True  # no handshakes from now on
-        for opening in list(self._opening):  # not accepted yet: the client hears nothing, and retries or gives up
-            self._fail_opening(opening, None)
+        table = self._table
+        for connection_id in table.ids(ConnectionState.OPENING):  # the client hears nothing: retries or gives up
+            table.cancel(connection_id, time.monotonic_ns())
+        self._run_table()
         await self._settle_starting()
-        if self._starting:
-            self._check_starting(time.monotonic_ns())  # a client that is up must hear CLOSE too
-        for starting in list(self._starting):
-            if starting.publication.is_connected:
+        self._check_pending(time.monotonic_ns())  # a client that is up must hear CLOSE too
+        self._run_table()
+        for connection_id, pending in list(self._pending.items()):
+            if pending.streams is not None and pending.streams[0].is_connected:
                 # The client may be up though our side has not seen its image yet: tell it too.
-                self._starting.remove(starting)
-                connection = self._make_connection(starting)
+                del self._pending[connection_id]
+                connection = self._make_connection(pending)
                 connection.close_now("server closing", notify=False)
-                link = starting.link
-                self._close_streams_later(connection, functools.partial(self._release_later, link, connection.id))
+                table.ended(connection_id, time.monotonic_ns(), lost=False)
+                self._close_streams_later(connection, functools.partial(self._streams_closed, connection_id))
         for connection in list(self._connections.values()):
             connection.close_now("server closing")
         await self._wait_closings()
-        if self._buffered is not None:
-            self._buffered.close()  # sessions still waiting end now: what they held is reported
-            self._session_events()
+        table.close(time.monotonic_ns())  # waiting sessions end (what they held is reported); every id goes back
+        self._run_table()
         await self._stop_poller()
-        for starting in self._starting:
-            close_quietly(starting.publication, starting.subscription)
-            starting.link.machine.release(starting.event.connection_id)
-        self._starting.clear()
         for link in self._links:
             link.link.close()
             for connection_id in list(link.machine.connections):
                 link.machine.release(connection_id)
-        self._owner.clear()
         self._stop_recording()
         await self._release_context_drained()
         self.store.close()
