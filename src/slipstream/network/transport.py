@@ -10,8 +10,10 @@ adapter (``aio/``) and a blocking one drive the same links.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -32,6 +34,7 @@ from ..client import (
     Subscription,
 )
 from .config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES
+from .errors import ClientError
 
 __all__ = [
     "BUSY_CADENCE_NS",
@@ -51,6 +54,7 @@ __all__ = [
     "is_local_host",
     "listen_host",
     "parse_source",
+    "resolve_host",
     "shared_contexts",
     "udp_channel",
 ]
@@ -206,6 +210,29 @@ def listen_host(address: str, *, ipv4: bool, ipv6: bool) -> str:
     if address in LOCALHOST_ALIASES:
         return "::1" if ipv6 and not ipv4 else "127.0.0.1" if address != "::1" else "::1"
     return address
+
+
+def resolve_host(host: str, *, ipv4: bool, ipv6: bool) -> str:
+    """The address to connect to for ``host`` (a localhost alias, a literal, or a name looked up in the
+    enabled family); ClientError when it cannot be, or is of a disabled family."""
+    if host in LOCALHOST_ALIASES:
+        if host == "::1" or (ipv6 and not ipv4):
+            return "::1"
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        family = socket.AF_INET6 if ipv6 and not ipv4 else socket.AF_INET
+        try:
+            infos = socket.getaddrinfo(host, None, family, socket.SOCK_DGRAM)
+        except OSError as exc:
+            raise ClientError(f"cannot resolve {host!r}: {exc}") from None
+        return str(infos[0][4][0])
+    if address.version == 4 and not ipv4:
+        raise ClientError(f"{host} is IPv4 but enable_ipv4 is False")
+    if address.version == 6 and not ipv6:
+        raise ClientError(f"{host} is IPv6 but enable_ipv6 is False")
+    return host
 
 
 def is_local_host(host: str) -> bool:

@@ -5,26 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-import socket
 import time
 
 from ...client import Header
-from ..admission import RejectReason
 from ..config import LOCALHOST_ALIASES, ClientConfig
-from ..errors import (
-    ClientError,
-    ClientRejected,
-    ConnectionNotPermitted,
-    ConnectTimeout,
-    RegistrationMismatch,
-    ServerFull,
-    ServerKeyChanged,
-    TooManyConnectionsForAddress,
-)
+from ..errors import ClientError, ConnectTimeout
 from ..events import HandshakeCompleted, HandshakeTimedOut, Rejected
-from ..handshake import BAD_APP_ID, KEY_CHANGED, REGISTRATION_MISMATCH_LOCAL, ClientHandshake
+from ..handshake import ClientHandshake, rejection_error
 from ..session import PlainRecords, RecordLayer, Records
 from ..transport import (
     HANDSHAKE_IPC_REPLY_STREAM,
@@ -38,6 +26,7 @@ from ..transport import (
     host_port,
     ipc_channel,
     is_local_host,
+    resolve_host,
     shared_contexts,
     udp_channel,
 )
@@ -51,23 +40,6 @@ log = logging.getLogger("slipstream.network.client")
 
 IPC_PROBE_S = 0.5
 """How long automatic IPC waits for a server on this host before falling back to UDP."""
-
-
-def rejection_error(event: Rejected, where: str) -> ClientRejected:
-    """The exception for a server's (or our own) rejection reason."""
-    text = f"{where}: {event.message}"
-    reason = event.reason
-    if reason == KEY_CHANGED:
-        return ServerKeyChanged(text)
-    if reason in (REGISTRATION_MISMATCH_LOCAL, BAD_APP_ID, int(RejectReason.REGISTRATION_MISMATCH)):
-        return RegistrationMismatch(text)
-    if reason == int(RejectReason.SERVER_FULL):
-        return ServerFull(text)
-    if reason == int(RejectReason.TOO_MANY_FOR_ADDRESS):
-        return TooManyConnectionsForAddress(text)
-    if reason in (int(RejectReason.NOT_PERMITTED), int(RejectReason.KEY_NOT_ALLOWED), int(RejectReason.BAD_TAG)):
-        return ConnectionNotPermitted(text)
-    return ClientRejected(text)
 
 
 class Client(Endpoint):
@@ -115,7 +87,7 @@ class Client(Endpoint):
                 return connection
         if not udp:
             raise ConnectTimeout(f"no IPC server for port {port} answered within {timeout_s:g} s")
-        address = self._resolve(host)
+        address = resolve_host(host, ipv4=self.config.enable_ipv4, ipv6=self.config.enable_ipv6)
         connection = await self._attempt(address, port, control_port, deadline, probe=False)
         assert connection is not None
         return connection
@@ -140,27 +112,6 @@ class Client(Endpoint):
         if host is None:
             return await self.connect_ipc(timeout_s)
         return await self.connect(host, port, control_port, timeout_s)
-
-    def _resolve(self, host: str) -> str:
-        config = self.config
-        if host in LOCALHOST_ALIASES:
-            if host == "::1" or (config.enable_ipv6 and not config.enable_ipv4):
-                return "::1"
-            return "127.0.0.1"
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            family = socket.AF_INET6 if config.enable_ipv6 and not config.enable_ipv4 else socket.AF_INET
-            try:
-                infos = socket.getaddrinfo(host, None, family, socket.SOCK_DGRAM)
-            except OSError as exc:
-                raise ClientError(f"cannot resolve {host!r}: {exc}") from None
-            return str(infos[0][4][0])
-        if address.version == 4 and not config.enable_ipv4:
-            raise ClientError(f"{host} is IPv4 but enable_ipv4 is False")
-        if address.version == 6 and not config.enable_ipv6:
-            raise ClientError(f"{host} is IPv6 but enable_ipv6 is False")
-        return host
 
     async def _attempt(
         self, host: str | None, port: int, control_port: int | None, deadline: float, *, probe: bool
@@ -365,7 +316,7 @@ class Client(Endpoint):
             addresses |= {"127.0.0.1", "::1"}
         else:
             with contextlib.suppress(ClientError):
-                addresses.add(self._resolve(host))
+                addresses.add(resolve_host(host, ipv4=self.config.enable_ipv4, ipv6=self.config.enable_ipv6))
         removed = False
         for address in addresses:
             removed = self.store.remove_pin(address) or removed

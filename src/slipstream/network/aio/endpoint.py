@@ -10,29 +10,20 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
-import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-from ...client import Context, Counter, DriverError, ExclusivePublication, Subscription
-from ...files.counters import NETWORK_RECORDS_DROPPED_TYPE_ID
+from ...client import Context, ExclusivePublication, Subscription
 from ..buffered import Hold
 from ..config import ClientConfig, ServerConfig
-from ..connection import ConnectionMachine
+from ..endpoint import EndpointCore
 from ..errors import MessageDispatchError
 from ..events import Closed
-from ..frames import FRAME_OVERHEAD
-from ..listeners import Listeners
 from ..recording import EndpointRecording
-from ..registrations import Registrations
-from ..rmi import ObjectTable, RemoteCalls, RmiEndpoint, RmiRegistry, StreamsChannel
-from ..serialization import Serialization
-from ..session import RECORD_OVERHEAD, Records
-from ..store import SettingsStore
+from ..rmi import ObjectTable
+from ..session import Records
 from ..streamfiles import ThreadedStreamFiles
-from ..streaming import Streams
 from ..transport import earliest, shared_contexts
 from .connection import Connection
 from .poller import PollGroup
@@ -43,13 +34,7 @@ __all__ = ["CLOSE_GRACE_S", "Endpoint"]
 CLOSE_GRACE_S = 0.05
 """After the CLOSE frame was handed to the transport, how long before its publication is closed."""
 
-ONE_FRAME_CHUNKS_FROM = 16 * 1024
-"""A frame payload (the MTU less the header) from which a stream's chunks are cut to fit one frame."""
-
 log = logging.getLogger("slipstream.network")
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 def is_coroutine_result(result: object) -> bool:
     """Did a listener return something to await (an ``async def`` listener)?"""
@@ -89,24 +74,11 @@ class _LoopFiles:
                 shared.files.close()
 
 
-class Endpoint:
-    """Base of Server and Client: listener decorators and the machinery behind them."""
-
-    _role = "endpoint"
+class Endpoint(EndpointCore):
+    """Base of Server and Client: the machinery behind the listeners, on the event loop."""
 
     def __init__(self, config: ServerConfig | ClientConfig) -> None:
-        self.config = config
-        self.listeners = Listeners()
-        self.serialization = Serialization(config.messages)
-        self.rmi_registry = RmiRegistry(config.interfaces, messages=self.serialization, exceptions=config.exceptions)
-        """The RMI interfaces (and this side's implementations) and exception types of the config."""
-        self.registrations = Registrations(self.serialization, self.rmi_registry)
-        """What the handshake compares with the peer's: message types and RMI interfaces."""
-        path = config.store_path(self._role)
-        if path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self.store = SettingsStore(path)
-        self.private_key, self.public_key = self.store.identity()
+        super().__init__(config)
         self._context: Context | None = None
         self._polling = False
         self._closings: set[asyncio.Task[None]] = set()
@@ -116,45 +88,8 @@ class Endpoint:
         """Set once ``close`` began (a server then answers no more handshakes)."""
         self._recording: EndpointRecording | None = None
         """Set while recording (``config.recording``): from the first bind or connect until ``close``."""
-        self.records_dropped = 0
-        """Records this endpoint's connections dropped, unopened: tampered, replayed, forged or malformed
-        (each connection's ``stats`` splits its own by reason). Also a counter in the driver's counters
-        file while the endpoint holds a driver, which ``slipstream stat`` shows as ``net records dropped``."""
-        self._dropped_counter: Counter | None = None
         self._files: ThreadedStreamFiles | None = None
         """The loop's stream-file worker, from the first connection until ``close``."""
-
-    # -- listener decorators ----------------------------------------------------------------------
-
-    def on_init(self, listener: F) -> F:
-        """Decorator: ``listener(connection)`` before ``on_connect``, for per-connection set-up."""
-        self.listeners.init.append(listener)
-        return listener
-
-    def on_connect(self, listener: F) -> F:
-        """Decorator: ``listener(connection)`` when a connection is up."""
-        self.listeners.connect.append(listener)
-        return listener
-
-    def on_disconnect(self, listener: F) -> F:
-        """Decorator: ``listener(connection)`` once per connection when it ends."""
-        self.listeners.disconnect.append(listener)
-        return listener
-
-    def on_error(self, listener: F) -> F:
-        """Decorator: ``listener(connection_or_None, exception)`` for listener failures, messages
-        nobody listens for, and messages that failed to decode."""
-        self.listeners.error.append(listener)
-        return listener
-
-    def on_message(self, kind: type) -> Callable[[F], F]:
-        """Decorator: ``listener(connection, message)`` for messages of ``kind`` (and subclasses)."""
-
-        def register(listener: F) -> F:
-            self.listeners.add_message(kind, listener)
-            return listener
-
-        return register
 
     # -- running listeners ------------------------------------------------------------------------
 
@@ -223,37 +158,10 @@ class Endpoint:
         remote_public_key: bytes,
         global_objects: ObjectTable | None,
     ) -> Connection:
-        """A connection over its two streams, its machine sized to the publication, with streaming for
-        large messages and files and remote objects."""
-        config = self.config
-        now_ns = time.monotonic_ns()
-        max_record = publication.max_message_length
-        chunk_record = max_record - RECORD_OVERHEAD
-        if publication.max_payload_length >= ONE_FRAME_CHUNKS_FROM:
-            # A chunk's record fits one frame of the log (IPC: 64 KiB): read in place on the other side,
-            # where a fragmented record would first be copied together by the assembler.
-            chunk_record = min(chunk_record, publication.max_payload_length - RECORD_OVERHEAD)
+        """A connection over its two streams (its machine: ``_new_machine``)."""
         if self._files is None:
             self._files = _LoopFiles.acquire(asyncio.get_running_loop())
-        streams = Streams(
-            files=self._files,
-            chunk_payload=chunk_record - FRAME_OVERHEAD,
-            spill_threshold=config.spill_threshold,
-            max_stream_size=config.max_stream_size,
-            temp_dir=None if config.temp_directory is None else os.fspath(config.temp_directory),
-        )
-        rmi = RmiEndpoint(self.rmi_registry, global_objects=global_objects, files=StreamsChannel(streams))
-        machine = ConnectionMachine(
-            records=records,
-            serialization=self.serialization,
-            now_ns=now_ns,
-            expiry_ns=expiry_ns,
-            batch_limit=publication.max_payload_length - RECORD_OVERHEAD,
-            max_record=max_record,
-            wall_offset_ns=time.time_ns() - now_ns,
-            streams=streams,
-            rmi=RemoteCalls(rmi, streams),
-        )
+        machine = self._new_machine(records, expiry_ns, publication, self._files, global_objects)
         return Connection(
             owner=self,
             connection_id=connection_id,
@@ -264,8 +172,8 @@ class Endpoint:
             remote_port=remote_port,
             tag=tag,
             remote_public_key=remote_public_key,
-            send_timeout=config.send_timeout,
-            rmi_timeout=config.rmi_timeout,
+            send_timeout=self.config.send_timeout,
+            rmi_timeout=self.config.rmi_timeout,
             track_position=self._recording is not None and self._recording.capture,
         )
 
@@ -369,12 +277,6 @@ class Endpoint:
         session), refused because that queue is full, or closed (nothing waits for the peer)."""
         return Hold.CLOSED
 
-    def record_dropped(self, connection: Connection) -> None:
-        """A connection dropped a record it could not open (counted in its stats too)."""
-        self.records_dropped += 1
-        if self._dropped_counter is not None:
-            self._dropped_counter.set(self.records_dropped)
-
     def round_trip(self, connection: Connection, round_trip_ns: int) -> None:
         """A ping of ``connection`` completed (recorded as an RTT sample when recording)."""
         if self._recording is not None:
@@ -436,23 +338,6 @@ class Endpoint:
             context, self._context = self._context, None
             self._close_dropped_counter()
             await release_context_drained(context)
-
-    def _add_dropped_counter(self, context: Context) -> None:
-        """The ``records_dropped`` counter in the driver's counters file (a context may be shared: each
-        endpoint has its own, keyed by its public key). Not having one never stops the endpoint."""
-        label = f"net records dropped: {self._role} {self.config.app_id} pid {os.getpid()} {self.public_key[:4].hex()}"
-        try:
-            counter = context.add_counter(NETWORK_RECORDS_DROPPED_TYPE_ID, label, self.public_key)
-        except DriverError as exc:
-            log.warning("no records-dropped counter in %s: %s", context.directory, exc)
-            return
-        counter.set(self.records_dropped)
-        self._dropped_counter = counter
-
-    def _close_dropped_counter(self) -> None:
-        counter, self._dropped_counter = self._dropped_counter, None
-        if counter is not None:
-            counter.close()
 
     def _start_poller(self) -> None:
         if not self._polling:

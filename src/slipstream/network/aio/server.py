@@ -18,9 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ...client import DriverError, ExclusivePublication, Header, Registration, Subscription
-from ...client.allocation import IdAllocator, PortAllocator
-from ..admission import AdmissionPolicy, IpFilterRule, RejectReason
+from ...client import DriverError, ExclusivePublication, Registration, Subscription
+from ...client.allocation import PortAllocator
 from ..buffered import BufferedSessions, Hold
 from ..config import ServerConfig
 from ..errors import ServerError, UndeliveredError
@@ -35,7 +34,7 @@ from ..events import (
     SessionEnded,
     StartTimedOut,
 )
-from ..handshake import ServerHandshake
+from ..listening import HandshakeChannel, HandshakeChannels, admission_check
 from ..rmi import ObjectTable
 from ..session import PlainRecords, RecordLayer, Records
 from ..table import ConnectionState, ConnectionTable
@@ -43,17 +42,14 @@ from ..transport import (
     BUSY_CADENCE_NS,
     HANDSHAKE_IPC_REPLY_STREAM,
     HANDSHAKE_IPC_STREAM,
-    HANDSHAKE_POLL_LIMIT,
     HANDSHAKE_STREAM,
     IPC_MTU,
-    Link,
     close_quietly,
     earliest,
     handshake_cycle,
     host_port,
     ipc_channel,
     listen_host,
-    parse_source,
     udp_channel,
 )
 from .connection import Connection
@@ -70,60 +66,8 @@ client that is slow to poll from being lapped while many others handshake."""
 STARTING_FACTOR = 3
 """An accepted client's streams may take this many handshake timeouts to come up (setting up a
 publication and a subscription per client is the slow part when hundreds connect at once)."""
-OUTBOX_LIMIT = 4096
-"""Handshake answers held while the handshake publication is back-pressured (the oldest go first;
-a client whose answer is lost retries)."""
 SETTLE_STEP_S = 0.005
 """How often ``close`` looks again at connections still coming up."""
-
-
-class _Link:
-    """One handshake channel (UDP port or IPC): its machine and its transport (answers the handshake
-    publication refuses for now wait in the link's outbox, the oldest dropped past OUTBOX_LIMIT)."""
-
-    def __init__(
-        self,
-        machine: ServerHandshake,
-        host: str | None,
-        port: int,
-        publication: ExclusivePublication,
-        subscription: Subscription,
-    ) -> None:
-        self.machine = machine
-        self.host = host
-        self.port = port
-        self.link = Link(
-            publication, subscription, self._on_packet, poll_limit=HANDSHAKE_POLL_LIMIT, outbox_limit=OUTBOX_LIMIT
-        )
-
-    def _on_packet(self, payload: memoryview, header: Header) -> None:
-        address: str | None = None
-        port: int | None = None
-        if self.host is not None:
-            image = self.link.subscription.image_by_session_id(header.session_id)
-            if image is None:
-                return
-            address, port = parse_source(image.source_identity)
-            if address is None:
-                return
-        now_ns = time.monotonic_ns()
-        self.machine.receive(bytes(payload), source=header.session_id, address=address, port=port, now_ns=now_ns)
-
-
-class _Links(list[_Link]):
-    """The server's handshake channels; to the connection table, their allocators as one (a connection
-    id names one channel's allocation: the channels share the session-id allocator)."""
-
-    def owner(self, connection_id: int) -> ServerHandshake | None:
-        return next((link.machine for link in self if connection_id in link.machine.connections), None)
-
-    def reallocate_port(self, connection_id: int) -> int | None:
-        machine = self.owner(connection_id)
-        return None if machine is None else machine.reallocate_port(connection_id)
-
-    def release(self, connection_id: int) -> bool:
-        machine = self.owner(connection_id)
-        return machine is not None and machine.release(connection_id)
 
 
 @dataclass(slots=True)
@@ -131,7 +75,7 @@ class _Pending:
     """An accepted client's streams while the driver adds them (polled, not awaited: a burst of
     handshakes would otherwise stop the event loop for a driver round trip each) and come up."""
 
-    link: _Link
+    link: HandshakeChannel
     accepted: ClientAccepted
     subscription: Registration[Subscription]
     publication: Registration[ExclusivePublication] | None = None
@@ -159,18 +103,10 @@ class Server(Endpoint):
             raise TypeError(f"Server needs a ServerConfig, not {type(config).__name__}")
         super().__init__(config)
         self.config: ServerConfig = config
-        self._policy = AdmissionPolicy(
-            max_clients=config.max_clients,
-            max_connections_per_address=config.per_address_limit,
-            rules=[IpFilterRule(rule) for rule in config.ip_filters],
-            filter_callback=config.filter,
-            allowed_keys=None,
-            max_tag_length=config.max_tag_length,
-        )
-        self.sessions = IdAllocator(1, 65534)
+        self._links = HandshakeChannels(config, self.registrations, self.private_key)
+        self.sessions = self._links.sessions
         """Session ids of connections (both directions), the seed's range."""
-        self.streams = IdAllocator(1, 65533)
-        self._links = _Links()
+        self.streams = self._links.streams
         sessions: BufferedSessions[object] | None = None
         if config.buffered_sessions:
             rules = () if config.buffered_rule is None else (config.buffered_rule,)
@@ -261,50 +197,16 @@ class Server(Endpoint):
         publication: tuple[str, int],
     ) -> None:
         """A handshake channel: its subscription and publication (channel, stream id), and its machine."""
-        config = self.config
-        context = self._acquire_context()
-        listening = context.add_subscription(*subscription)
-        try:
-            answering = context.add_exclusive_publication(*publication)
-        except BaseException:
-            listening.close()
-            raise
-
-        def admission(
-            address: str | None, tag: str, public_key: bytes | None, current_total: int, current_for_address: int
-        ) -> tuple[int, str] | None:
-            if address is not None and not config.enable_ipv4 and "." in address:
-                return int(RejectReason.NOT_PERMITTED), "IPv4 connections are not permitted"
-            table = self._table  # its counts, not the machine's: lingering connections do not count
-            per_address = 0 if address is None else table.admitted_from(address)
-            reason = self._policy.check(address, tag, public_key or bytes(32), table.admitted, per_address)
-            allowed = config.allowed_keys
-            if reason is None and public_key is not None and allowed is not None and public_key not in allowed:
-                reason = RejectReason.KEY_NOT_ALLOWED
-            return None if reason is None else (int(reason), reason.message)
-
-        machine = ServerHandshake(
-            app_id=config.app_id,
-            static_private=self.private_key,
-            description=self.registrations.description(),
-            describe_difference=self.registrations.first_difference,
-            admission=admission,
-            sessions=self.sessions,
-            streams=self.streams,
-            ports=ports,
-            timeout_ns=int(config.handshake_timeout * 1e9),
-            connection_expiry_ns=int(config.connection_expiry * 1e9),
-            max_pending=config.max_pending_handshakes,
-            handshakes_per_second=config.handshakes_per_second,
-            now_ns=time.monotonic_ns(),
-            allow_plaintext=host is None and not config.encrypt_ipc,
-            confirm_accept=True,
-        )
-        self._links.append(_Link(machine, host, port, answering, listening))
+        table = self._table  # its counts, not the machines': lingering connections do not count
+        admission = admission_check(self.config, lambda: table.admitted, table.admitted_from)
+        self._links.open(
+            self._acquire_context(), admission, host=host, port=port, ports=ports,
+            subscription=subscription, publication=publication,
+        )  # fmt: skip
 
     # -- handshakes and the streams of accepted clients ---------------------------------------------
 
-    def _handshake_cycle(self, link: _Link, now_ns: int) -> int:
+    def _handshake_cycle(self, link: HandshakeChannel, now_ns: int) -> int:
         machine = link.machine
         work = handshake_cycle(link.link, machine, now_ns)
         for event in machine.take_events():
@@ -320,7 +222,7 @@ class Server(Endpoint):
                 log.info("rejected %s: %s", event.address or "IPC", event.message)
         return work
 
-    def _accept(self, link: _Link, accepted: ClientAccepted, now_ns: int) -> None:
+    def _accept(self, link: HandshakeChannel, accepted: ClientAccepted, now_ns: int) -> None:
         """Ask the driver for the connection's two streams; ``_check_pending`` takes the answers."""
         self._table.open(accepted, now_ns)
         if link.host is None:
@@ -548,10 +450,7 @@ class Server(Endpoint):
         table.close(time.monotonic_ns())  # waiting sessions end (what they held is reported); every id goes back
         self._run_table()
         await self._stop_poller()
-        for link in self._links:
-            link.link.close()
-            for connection_id in list(link.machine.connections):
-                link.machine.release(connection_id)
+        self._links.close()
         self._stop_recording()
         await self._release_context_drained()
         self.store.close()

@@ -28,7 +28,7 @@ and ``server`` the two machines):
 
 from __future__ import annotations
 
-from .client import ClientHandshake, ClientState
+from .client import ClientHandshake, ClientState, rejection_error
 from .packets import (
     BAD_APP_ID,
     KEY_CHANGED,
@@ -58,4 +58,5 @@ __all__ = [
     "done_digest",
     "packet_nonce",
     "reject_packet",
+    "rejection_error",
 ]

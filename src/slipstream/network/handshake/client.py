@@ -9,10 +9,20 @@ import os
 from collections.abc import Callable
 from enum import Enum
 
-from ..errors import NoiseError
+from ..admission import RejectReason
+from ..errors import (
+    ClientRejected,
+    ConnectionNotPermitted,
+    NoiseError,
+    RegistrationMismatch,
+    ServerFull,
+    ServerKeyChanged,
+    TooManyConnectionsForAddress,
+)
 from ..events import HandshakeCompleted, HandshakeTimedOut, Rejected
 from ..noise import HandshakeState
 from .packets import (
+    BAD_APP_ID,
     HANDSHAKE_EXPIRED,
     HEADER,
     KEY_CHANGED,
@@ -265,3 +275,21 @@ class ClientHandshake:
         """What happened since the last call (at most one event: the outcome)."""
         events, self._events = self._events, []
         return events
+
+
+def rejection_error(event: Rejected, where: str) -> ClientRejected:
+    """The exception a client raises for a rejection: the server's reason code, or one of its own
+    (a changed key, different registrations); ``where`` names the server in the message."""
+    text = f"{where}: {event.message}"
+    reason = event.reason
+    if reason == KEY_CHANGED:
+        return ServerKeyChanged(text)
+    if reason in (REGISTRATION_MISMATCH_LOCAL, BAD_APP_ID, int(RejectReason.REGISTRATION_MISMATCH)):
+        return RegistrationMismatch(text)
+    if reason == int(RejectReason.SERVER_FULL):
+        return ServerFull(text)
+    if reason == int(RejectReason.TOO_MANY_FOR_ADDRESS):
+        return TooManyConnectionsForAddress(text)
+    if reason in (int(RejectReason.NOT_PERMITTED), int(RejectReason.KEY_NOT_ALLOWED), int(RejectReason.BAD_TAG)):
+        return ConnectionNotPermitted(text)
+    return ClientRejected(text)
