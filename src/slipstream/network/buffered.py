@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final, Generic, TypeVar
 
+from .events import BufferedEvent, BufferOverflowed, SessionExpired, SessionResumed
+
 __all__ = [
     "DEFAULT_BUFFERED_TIMEOUT_NS",
     "DEFAULT_CAPACITY",
@@ -49,33 +51,6 @@ class Hold(Enum):
     """No buffered session waits for the peer: the message cannot go anywhere."""
 
 
-@dataclass(frozen=True, slots=True)
-class BufferOverflowed(Generic[T]):
-    """``message`` for the disconnected peer ``key`` did not fit its queue and was not queued."""
-
-    key: bytes
-    message: T
-    queued: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class SessionExpired(Generic[T]):
-    """The peer did not come back in time (or the sessions were closed): these messages were never delivered."""
-
-    key: bytes
-    undelivered: tuple[T, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionResumed:
-    """The peer reconnected within the timeout; ``delivered`` queued messages were handed back."""
-
-    key: bytes
-    delivered: int
-
-
-BufferedEvent = BufferOverflowed[T] | SessionExpired[T] | SessionResumed
 
 
 @dataclass(slots=True)

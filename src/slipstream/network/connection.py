@@ -53,7 +53,7 @@ from .events import (
 from .frames import FRAME_OVERHEAD, FrameKind, encode_frame_into
 from .rmi import DEFAULT_TIMEOUT_NS, FILE_STREAM_MARK, Invocation, MethodSpec, RemoteCalls, RemoteRef
 from .session import RECORD_OVERHEAD, PlainRecords, Records
-from .streaming import SpillFile, StreamCompleted, StreamEvent, StreamFailed, Streams, StreamStarted
+from .streaming import SpillFile, StreamCompleted, StreamFailed, Streams, StreamStarted
 
 __all__ = ["RECORD_OVERHEAD", "ConnectionMachine", "ConnectionStats", "PlainRecords", "Records"]
 
@@ -134,7 +134,7 @@ class ConnectionMachine:
         self.closed = False
         self._batch = bytearray()
         self._sealed: list[bytes | bytearray] = []
-        self._events: list[Event | StreamEvent] = []
+        self._events: list[Event] = []
         self.streams = streams
         """Large messages and files (None: a frame larger than one record raises MessageTooLarge)."""
         self.rmi = rmi
@@ -567,7 +567,7 @@ class ConnectionMachine:
         if events:
             self._events += events
 
-    def take_events(self) -> list[Event | StreamEvent]:
+    def take_events(self) -> list[Event]:
         """Events since the last call, in order."""
         events, self._events = self._events, []
         return events

@@ -221,3 +221,10 @@ __all__ += [
     "RmiError",
     "RmiRequestRefused",
 ]
+
+
+class StreamingError(NetworkError):
+    """A stream cannot be sent (closed, file unreadable, bad arguments)."""
+
+
+__all__ += ["StreamingError"]

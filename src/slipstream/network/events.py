@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Generic, TypeVar
+
+from .frames import FrameKind
+
+T = TypeVar("T")
 
 __all__ = [
     "ClientAccepted",
@@ -29,6 +34,17 @@ __all__ = [
     "RmiObjectReceived",
     "RmiOnewayFailed",
     "RmiRequestReceived",
+    "BufferOverflowed",
+    "BufferedEvent",
+    "SessionExpired",
+    "SessionResumed",
+    "StreamCompleted",
+    "StreamEvent",
+    "StreamFailed",
+    "StreamFailure",
+    "StreamProgressed",
+    "StreamSent",
+    "StreamStarted",
     "SyncCompleted",
     "SyncTimedOut",
 ]
@@ -245,26 +261,124 @@ class RmiRequestReceived:
 RmiEvent = RmiCallCompleted | RmiCallFailed | RmiOnewayFailed | RmiObjectReceived
 """What the RMI endpoint itself emits."""
 
-Event = (
-    HandshakeCompleted
-    | ClientAccepted
-    | Rejected
-    | HandshakeTimedOut
-    | MessageReceived
-    | MessageDecodeFailed
-    | SyncCompleted
-    | SyncTimedOut
-    | PingAcknowledged
-    | PingTimedOut
-    | KeepaliveSent
-    | Closed
-    | RmiCallCompleted
-    | RmiCallFailed
-    | RmiOnewayFailed
-    | RmiObjectReceived
-    | RmiRequestReceived
-)
-"""Every event a network machine emits."""
+
+# -- streams (large messages and files) -------------------------------------------------------------
+
+
+class StreamFailure(IntEnum):
+    """Why a stream failed."""
+
+    SENDER_ABORTED = 1
+    """The sender gave up (closed, file changed or unreadable)."""
+    REFUSED = 2
+    """The receiver refused it (too large, too many, idle, bad data) and told the sender."""
+    CONNECTION_LOST = 3
+    CHUNK_MISSING = 4
+    """A chunk arrived at an offset other than the next expected one."""
+    CHECKSUM_MISMATCH = 5
+    SIZE_MISMATCH = 6
+    TOO_LARGE = 7
+    TOO_MANY = 8
+    TIMED_OUT = 9
+    """No chunk for the idle timeout."""
+    SPILL_FAILED = 10
+    """The temporary file could not be written (or the disk fell too far behind)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStarted:
+    """An incoming stream was announced and accepted (``kind``/``request_id``: the frame it carries)."""
+
+    stream_id: int
+    total: int
+    is_file: bool
+    name: str
+    kind: int = FrameKind.MESSAGE
+    request_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamProgressed:
+    """Bytes so far of a stream (incoming or outgoing), every ``progress_step`` bytes and at the end."""
+
+    stream_id: int
+    done: int
+    total: int
+    incoming: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCompleted:
+    """An incoming stream arrived whole and checked (size and SHA-256).
+
+    ``payload`` holds it when it stayed in memory; otherwise ``path`` names the temporary file, which
+    the receiver removes on :meth:`Streams.release` or close. The connection treats the payload as one
+    frame of ``kind``/``request_id`` (a file is a message whose value is the path).
+    """
+
+    stream_id: int
+    kind: int
+    request_id: int
+    size: int
+    sha256: bytes
+    payload: bytes | None
+    path: str | None
+    is_file: bool
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSent:
+    """An outgoing stream's last frame was handed out."""
+
+    stream_id: int
+    size: int
+    sha256: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFailed:
+    """A stream failed; its resources (buffers, temporary file, open file) are already freed (or, with a
+    threaded provider, their removal queued behind the file's pending writes)."""
+
+    stream_id: int
+    failure: StreamFailure
+    detail: str
+    incoming: bool
+
+
+StreamEvent = StreamStarted | StreamProgressed | StreamCompleted | StreamSent | StreamFailed
+
+# -- buffered sessions (network.buffered) ------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class BufferOverflowed(Generic[T]):
+    """``message`` for the disconnected peer ``key`` did not fit its queue and was not queued."""
+
+    key: bytes
+    message: T
+    queued: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionExpired(Generic[T]):
+    """The peer did not come back in time (or the sessions were closed): these messages were never delivered."""
+
+    key: bytes
+    undelivered: tuple[T, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionResumed:
+    """The peer reconnected within the timeout; ``delivered`` queued messages were handed back."""
+
+    key: bytes
+    delivered: int
+
+
+BufferedEvent = BufferOverflowed[T] | SessionExpired[T] | SessionResumed
+"""What a server's buffered sessions report (``T``: the application's message type)."""
 
 
 # -- the server's connection table (network.table) ---------------------------------------------------
@@ -335,3 +449,27 @@ class ConnectionReleased:
 
 TableEvent = PortReassigned | OpeningFailed | StartTimedOut | ConnectionStarted | SessionEnded | ConnectionReleased
 """What the server's connection table emits."""
+
+Event = (
+    HandshakeCompleted
+    | ClientAccepted
+    | Rejected
+    | HandshakeTimedOut
+    | MessageReceived
+    | MessageDecodeFailed
+    | SyncCompleted
+    | SyncTimedOut
+    | PingAcknowledged
+    | PingTimedOut
+    | KeepaliveSent
+    | Closed
+    | RmiCallCompleted
+    | RmiCallFailed
+    | RmiOnewayFailed
+    | RmiObjectReceived
+    | RmiRequestReceived
+    | StreamEvent
+    | BufferedEvent[object]
+    | TableEvent
+)
+"""Every event a network machine emits (one vocabulary: a machine's ``take_events`` returns a list of these)."""

@@ -11,7 +11,8 @@ or response) or the contents of a file travel as:
   sender under the sender's stream id) a UTF-8 reason.
 
 Kept apart from :mod:`.streaming` (the machine) so that module stays one idea and under the size rule;
-everything here is re-exported from there.
+everything here is re-exported from there, with the stream events (in :mod:`.events`, beside every other
+machine's) and :class:`StreamingError` (in :mod:`.errors`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,16 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
 
-from .errors import NetworkError
-from .frames import FrameKind
+from .errors import StreamingError
+from .events import (
+    StreamCompleted,
+    StreamEvent,
+    StreamFailed,
+    StreamFailure,
+    StreamProgressed,
+    StreamSent,
+    StreamStarted,
+)
 
 __all__ = [
     "StreamCompleted",
@@ -64,92 +73,6 @@ def reason_of(payload: bytes) -> str:
     return bytes(payload[1 : 1 + MAX_REASON]).decode("utf-8", "replace")
 
 
-class StreamingError(NetworkError):
-    """A stream cannot be sent (closed, file unreadable, bad arguments)."""
-
-
-class StreamFailure(IntEnum):
-    """Why a stream failed."""
-
-    SENDER_ABORTED = 1
-    """The sender gave up (closed, file changed or unreadable)."""
-    REFUSED = 2
-    """The receiver refused it (too large, too many, idle, bad data) and told the sender."""
-    CONNECTION_LOST = 3
-    CHUNK_MISSING = 4
-    """A chunk arrived at an offset other than the next expected one."""
-    CHECKSUM_MISMATCH = 5
-    SIZE_MISMATCH = 6
-    TOO_LARGE = 7
-    TOO_MANY = 8
-    TIMED_OUT = 9
-    """No chunk for the idle timeout."""
-    SPILL_FAILED = 10
-    """The temporary file could not be written (or the disk fell too far behind)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStarted:
-    """An incoming stream was announced and accepted (``kind``/``request_id``: the frame it carries)."""
-
-    stream_id: int
-    total: int
-    is_file: bool
-    name: str
-    kind: int = FrameKind.MESSAGE
-    request_id: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StreamProgressed:
-    """Bytes so far of a stream (incoming or outgoing), every ``progress_step`` bytes and at the end."""
-
-    stream_id: int
-    done: int
-    total: int
-    incoming: bool
-
-
-@dataclass(frozen=True, slots=True)
-class StreamCompleted:
-    """An incoming stream arrived whole and checked (size and SHA-256).
-
-    ``payload`` holds it when it stayed in memory; otherwise ``path`` names the temporary file, which
-    the receiver removes on :meth:`Streams.release` or close. The connection treats the payload as one
-    frame of ``kind``/``request_id`` (a file is a message whose value is the path).
-    """
-
-    stream_id: int
-    kind: int
-    request_id: int
-    size: int
-    sha256: bytes
-    payload: bytes | None
-    path: str | None
-    is_file: bool
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class StreamSent:
-    """An outgoing stream's last frame was handed out."""
-
-    stream_id: int
-    size: int
-    sha256: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class StreamFailed:
-    """A stream failed; its resources (buffers, temporary file, open file) are already freed (or, with a
-    threaded provider, their removal queued behind the file's pending writes)."""
-
-    stream_id: int
-    failure: StreamFailure
-    detail: str
-    incoming: bool
-
-
 @dataclass(slots=True)
 class StreamStats:
     """Counters of one connection's streams (bad frames are counted, never raised)."""
@@ -162,5 +85,4 @@ class StreamStats:
     spilled_streams: int = 0
 
 
-StreamEvent = StreamStarted | StreamProgressed | StreamCompleted | StreamSent | StreamFailed
 OutFrame = tuple[int, int, bytes | bytearray]

@@ -18,7 +18,7 @@ from ..network.noise import generate_keypair
 from ..network.rmi import ObjectTable, RemoteCalls, RmiEndpoint, RmiRegistry, StreamsChannel
 from ..network.serialization import Serialization
 from ..network.session import RecordLayer
-from ..network.streaming import StreamEvent, Streams
+from ..network.streaming import Streams
 from .clock import ManualClock
 from .network import InMemoryNetwork, LinkConditions
 
@@ -242,8 +242,8 @@ class ConnectionPair:
             streams=streams,
             temp_dir=temp_dir,
         )
-        self.events_a: list[Event | StreamEvent] = []
-        self.events_b: list[Event | StreamEvent] = []
+        self.events_a: list[Event] = []
+        self.events_b: list[Event] = []
         self.wire: list[tuple[str, bytes]] = []
         """Every record put on the network, as (``"a"`` or ``"b"``, bytes): for tamper/replay tests."""
         self.network.bind(CLIENT, functools.partial(_deliver, self.a))

@@ -29,6 +29,7 @@ from ..errors import (
     RmiConnectionClosed,
     RmiError,
     RmiRequestRefused,
+    StreamingError,
 )
 from ..events import RmiCallCompleted, RmiCallFailed, RmiEvent, RmiFailure, RmiObjectReceived, RmiOnewayFailed
 from ..frames import FrameKind
@@ -570,5 +571,7 @@ def exception_from(event: RmiCallFailed, registry: RmiRegistry) -> BaseException
         return RmiConnectionClosed(f"the connection closed before {event.method} returned: {event.message}")
     if event.failure == RmiFailure.REFUSED:
         return RmiRequestRefused(f"the remote refused {event.method}: {event.message}")
+    if event.failure == RmiFailure.FILE_FAILED:
+        return StreamingError(event.message)
     return RmiError(f"bad response to {event.method}: {event.message}")
 
