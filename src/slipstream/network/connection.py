@@ -514,7 +514,7 @@ class ConnectionMachine:
     ) -> int:
         """Call ``method`` on the peer's object ``ref`` (see :meth:`RmiEndpoint.call`); the call id that
         ``RmiCallCompleted`` or ``RmiCallFailed`` will name (0: fire-and-forget)."""
-        call_id = self._remote().call(ref, method, args, now_ns, timeout_ns=timeout_ns, oneway=oneway)
+        call_id = self._remote().endpoint.call(ref, method, args, now_ns, timeout_ns=timeout_ns, oneway=oneway)
         self.take_rmi()
         return call_id
 

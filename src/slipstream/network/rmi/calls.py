@@ -11,17 +11,13 @@ adapter takes it with :meth:`RemoteCalls.invocation`, runs it, and answers with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ..events import RmiCallCompleted, RmiCallFailed, RmiEvent, RmiRequestReceived
 from ..frames import FrameKind
 from ..streaming import Streams
 from .endpoint import RmiEndpoint
 from .files import RmiFiles
 from .invocation import Invocation
-from .objects import RemoteRef
-from .registry import MethodSpec
-from .wire import DEFAULT_TIMEOUT_NS, FileRef, OutFrame
+from .wire import FileRef, OutFrame
 
 __all__ = ["RemoteCalls"]
 
@@ -103,19 +99,6 @@ class RemoteCalls:
             self.files.failed(stream_id, reason)
 
     # -- the caller's side ------------------------------------------------------------------------
-
-    def call(
-        self,
-        ref: RemoteRef,
-        method: MethodSpec | str,
-        args: Sequence[object],
-        now_ns: int,
-        *,
-        timeout_ns: int = DEFAULT_TIMEOUT_NS,
-        oneway: bool = False,
-    ) -> int:
-        """See :meth:`RmiEndpoint.call`."""
-        return self.endpoint.call(ref, method, args, now_ns, timeout_ns=timeout_ns, oneway=oneway)
 
     def abandon(self, call_id: int) -> None:
         """The caller of ``call_id`` went away: its outcome is dropped, a result file removed."""
