@@ -1,5 +1,6 @@
 """The poller: one task per event loop runs the duty cycle of every server and client on it, and waits
-without spinning when they are idle (parked on the doorbells of the logs they read)."""
+without spinning when they are idle (parked on the doorbells of the logs they read). When to cycle and
+how to wait is decided by :class:`~..pacing.Pacer`; this module carries its decisions out."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
 from ...client import Context
 from ...client.aio import Parking
 from ...files.doorbell import Doorbell
+from ..pacing import Pacer, Run, Sleep, Wake
 from ..transport import earliest
 from .transport import IdleBackoff, input_pending
 
@@ -38,13 +39,8 @@ class Polled(Protocol):
         """Tell the ``on_error`` listeners."""
 
 
-UNPARKED_PAUSE_MAX_S = 0.1
-"""The longest pause of a poller that nothing would wake for some input: an image without a parking
-slot (no doorbell), or an invoker-mode driver's input left out of the wait (a cycle left it unread).
-Only the pause's end lets it see a message there."""
-
-BUSY_NAP_EVERY_NS = 1_000_000
-"""A poller busy this long without a pause naps once, when an embedded driver thread shares its GIL."""
+Parked = tuple[Parking, list[Doorbell], list[int]]
+"""A parking, the doorbells it rings and the invoker-mode drivers' input descriptors."""
 
 
 class PollGroup:
@@ -57,6 +53,7 @@ class PollGroup:
         self.loop = loop
         self.endpoints: list[Polled] = []
         self.backoff = IdleBackoff()
+        self.pacer = Pacer(self.backoff)
         self.task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -100,68 +97,42 @@ class PollGroup:
             context.invoke()
 
     async def _run(self) -> None:
-        backoff = self.backoff
-        parked: tuple[Parking, list[Doorbell], list[int]] | None = None
-        woken_by: Sequence[int] = ()
-        mute_inputs = False
-        rechecked = False
-        busy_since_ns: int | None = None
+        """Cycle, and carry out what the pacer decides; the parking is held across pauses that time out."""
+        pacer, backoff = self.pacer, self.backoff
+        parked: Parked | None = None
+        inputs: list[int] = []  # what the last park listened to
         try:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
                 work = self._cycle(now_ns)
-                # Input a cycle leaves unread must not wake us in a loop: the next wait leaves it out.
-                # But a datagram may also have come in just after the driver read its socket: one more
-                # cycle tells the two apart (muted, that message would wait out the pause).
-                mute_inputs = bool(woken_by) and not work and input_pending(woken_by)
-                if mute_inputs and not rechecked:
-                    rechecked = True
+                unread = pacer.woken_by_input and not work and input_pending(inputs)
+                step = pacer.cycled(now_ns, work, threaded=self._threaded(), unread_input=unread)
+                if work and parked is not None:
+                    parked[0].unpark()
+                    parked = None
+                if isinstance(step, Run):
                     continue
-                rechecked = False
-                woken_by = ()
-                if work:
-                    if parked is not None:
-                        parked[0].unpark()
-                        parked = None
-                    backoff.reset()
-                    if busy_since_ns is None:
-                        busy_since_ns = now_ns
-                    elif now_ns - busy_since_ns >= BUSY_NAP_EVERY_NS:
-                        busy_since_ns = now_ns
-                        if self._threaded():
-                            # Each loop turn lets go of the GIL for a moment (the selector's poll) and
-                            # takes it straight back, before a waiting thread can wake: an embedded
-                            # driver thread would starve (for seconds on a loaded machine), and with it
-                            # the data this loop is busy with. A nap now and then lets it in.
-                            time.sleep(backoff.nap_s)
-                    await asyncio.sleep(0)
-                    continue
-                busy_since_ns = None
-                pause = backoff.next_pause(now_ns / 1e9)
-                if pause is not None and pause > backoff.max_sleep_s:
-                    pause = self._until_due(pause, now_ns)  # a long pause ends by the next timer
-                if pause is None:
-                    await backoff.idle(now_ns / 1e9, nap=self._threaded())  # still yielding: no pause yet
+                if not isinstance(step, Sleep):
+                    await backoff.take(step)
                     continue
                 if parked is None:
                     parked = self._park()
-                    if parked is None:
-                        # some image has no parking slot: a timed pause, and a short one (no ring ends it)
-                        await backoff.sleep(min(pause, UNPARKED_PAUSE_MAX_S))
-                        continue
-                    if parked[0].ready():
+                    if parked is not None and parked[0].ready():
                         continue  # appended before our bytes were visible: the next cycle takes it
-                inputs: Sequence[int] = parked[2]
-                if mute_inputs:  # nothing wakes us for the driver's input: keep the pause short
-                    inputs, pause = (), min(pause, UNPARKED_PAUSE_MAX_S)
-                outcome = await backoff.park(parked[1], pause, inputs)
-                if outcome != "timeout":
-                    # Rung, kicked or input: images or endpoints may have changed, so park afresh next
-                    # time. A pause that timed out stays parked: no re-parking on every pause.
+                due_ns = self._due_ns(now_ns) if step.long else None
+                pause = pacer.park_or_sleep(step, now_ns, due_ns, can_park=parked is not None)
+                if isinstance(pause, Sleep):
+                    await backoff.take(pause)
+                    continue
+                assert parked is not None  # the pacer parks only a poller that could
+                inputs = parked[2] if pause.listen_inputs else []
+                wake = await backoff.park(parked[1], pause.seconds, inputs)
+                pacer.woke(wake)
+                if wake != Wake.TIMEOUT:
+                    # Images or endpoints may have changed: park afresh next time. A pause that timed
+                    # out stays parked: no re-parking on every pause.
                     parked[0].unpark()
                     parked = None
-                if outcome == "input":
-                    woken_by = inputs
         finally:
             if parked is not None:
                 parked[0].unpark()
@@ -184,30 +155,29 @@ class PollGroup:
                 endpoint.report_error(None, exc)
         return work
 
-    def _until_due(self, pause_s: float, now_ns: int) -> float:
-        """``pause_s``, cut short to end when the earliest timer of the endpoints' connections or of an
-        invoker-mode driver's streams (heartbeats, status messages, NAKs) is due, or to the back-off's
-        short pause while such a driver has data in flight; never below that short pause (a timer
-        already due gets a cycle soon, not a spin). The driver's periodic chores (client liveness,
-        counters) run at the pause's end: they may be late, nothing is lost."""
-        short = self.backoff.max_sleep_s
+    def _due_ns(self, now_ns: int) -> int | None:
+        """When the earliest timer of the endpoints' connections or of an invoker-mode driver's streams
+        (heartbeats, status messages, NAKs) is due; ``now_ns`` while such a driver has data in flight."""
         invokers = [context for context in self._contexts() if context.is_invoker]
         if any(context.invoker_busy() for context in invokers):
-            return short
+            return now_ns
         due = earliest((endpoint.next_deadline_ns(now_ns) for endpoint in self.endpoints), None)
-        due = earliest((context.invoker_deadline_ns() for context in invokers), due)
-        if due is None:
-            return pause_s
-        return min(pause_s, max(short, (due - now_ns) / 1e9))
+        return earliest((context.invoker_deadline_ns() for context in invokers), due)
+
+    def _until_due(self, pause_s: float, now_ns: int) -> float:
+        """``pause_s`` as a long pause would be cut to the next timer (see ``Pacer.until_due``)."""
+        return self.pacer.until_due(pause_s, now_ns, self._due_ns(now_ns))
 
     def _threaded(self) -> bool:
-        """Whether an embedded driver thread shares our GIL (then a spinning poller naps for it)."""
-        return any(
-            (context := endpoint.context) is not None and context.is_embedded and not context.is_invoker
-            for endpoint in self.endpoints
-        )
+        """Whether an embedded driver thread shares our GIL (then a spinning poller naps for it). Asked
+        every cycle: a plain loop, no generator."""
+        for endpoint in self.endpoints:
+            context = endpoint.context
+            if context is not None and context.is_embedded and not context.is_invoker:
+                return True
+        return False
 
-    def _park(self) -> tuple[Parking, list[Doorbell], list[int]] | None:
+    def _park(self) -> Parked | None:
         """Park every subscription of the endpoints' contexts on the contexts' doorbells, for the idle
         pauses; None (nothing left parked) when some image has no parking slot: the caller then sleeps.
 
