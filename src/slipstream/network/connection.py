@@ -514,8 +514,10 @@ class ConnectionMachine:
     ) -> int:
         """Call ``method`` on the peer's object ``ref`` (see :meth:`RmiEndpoint.call`); the call id that
         ``RmiCallCompleted`` or ``RmiCallFailed`` will name (0: fire-and-forget)."""
-        call_id = self._remote().endpoint.call(ref, method, args, now_ns, timeout_ns=timeout_ns, oneway=oneway)
-        self.take_rmi()
+        endpoint = self._remote().endpoint
+        call_id = endpoint.call(ref, method, args, now_ns, timeout_ns=timeout_ns, oneway=oneway)
+        for kind, request_id, payload in endpoint.take_frames():  # a call makes frames, never events
+            self._append(kind, request_id, payload)
         return call_id
 
     def create(self, interface: type, args: Sequence[object], now_ns: int, *, timeout_ns: int) -> int:
@@ -536,7 +538,9 @@ class ConnectionMachine:
 
     def invocation(self, invocation_id: int) -> Invocation:
         """The host call a ``RmiRequestReceived`` names, to run (KeyError once answered or closed)."""
-        return self._remote().invocation(invocation_id)
+        if self.rmi is None:
+            raise KeyError(invocation_id)
+        return self.rmi.invocation(invocation_id)
 
     def complete_invocation(self, invocation_id: int, result: object) -> None:
         """Answer a host call with its result (a no-op once the connection closed)."""
@@ -561,7 +565,7 @@ class ConnectionMachine:
         """Move what remote objects have for us: frames into the batch (in call order), events into ours."""
         assert self.rmi is not None
         frames, events = self.rmi.take_output()
-        if not self.closed:
+        if frames and not self.closed:
             for kind, request_id, payload in frames:
                 self._append(kind, request_id, payload)
         if events:

@@ -295,8 +295,9 @@ class RmiSession:
     def _run(self, invocation_id: int) -> None:
         """Run a host call; a coroutine method becomes a task answered when it finishes."""
         machine = self.machine
+        invocation = machine.invocation(invocation_id)
         try:
-            result = machine.invocation(invocation_id).call(self.caller, self._resolve)
+            result = invocation.call(self.caller, self._resolve)
         except Exception as exc:
             machine.fail_invocation(invocation_id, exc)
         else:
@@ -306,7 +307,8 @@ class RmiSession:
                 task.add_done_callback(self._tasks.discard)
                 return
             machine.complete_invocation(invocation_id, result)
-        self._flush()
+        if not invocation.oneway:  # a fire-and-forget call is answered by nothing (a failure: on_error)
+            self._flush()
 
     async def _finish(self, invocation_id: int, awaitable: Awaitable[Any]) -> None:
         try:

@@ -41,10 +41,16 @@ class RemoteCalls:
 
     def take_output(self) -> tuple[list[OutFrame], list[RmiEvent | RmiRequestReceived]]:
         """Frames to send, in the order of the calls and answers that made them, and the events since the
-        last call (call outcomes, host calls to run, objects received)."""
-        self._collect()
-        frames, self._frames = self._frames, []
-        events, self._events = self._events, []
+        last call (call outcomes, host calls to run, objects received). Called after every input and call,
+        so the common case (nothing, or one frame) costs no more than a look."""
+        files = self.files
+        if self.endpoint.has_output or (files is not None and files.has_output):
+            self._collect()
+        frames, events = self._frames, self._events
+        if frames:
+            self._frames = []
+        if events:
+            self._events = []
         return frames, events
 
     @property
@@ -138,7 +144,7 @@ class RemoteCalls:
     def _collect(self) -> None:
         """Take in what the endpoint and the files have: a ``Path`` result waits for its file first,
         held calls whose files came are run, refused ones answered."""
-        endpoint, files, events = self.endpoint, self.files, self._events
+        endpoint, files = self.endpoint, self.files
         while True:
             self._frames += endpoint.take_frames()
             outcomes: list[RmiEvent] = endpoint.take_events()
@@ -158,4 +164,4 @@ class RemoteCalls:
                 elif isinstance(event, RmiCallCompleted) and type(event.value) is FileRef and files is not None:
                     files.await_result(event.call_id, event.value)
                 else:
-                    events.append(event)
+                    self._events.append(event)
