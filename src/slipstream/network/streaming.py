@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
 
 from .frames import FrameKind
 from .streamfiles import FileSource, InlineStreamFiles, SourceReader, SpillFile, SpillWriter, StreamFiles
@@ -39,6 +39,7 @@ from .streamwire import (
     OFFSET,
     START,
     End,
+    Hasher,
     OutFrame,
     StreamCompleted,
     StreamEvent,
@@ -85,14 +86,6 @@ _SENT_REMEMBERED: Final = 256
 
 # -- the machine --------------------------------------------------------------------------------------
 
-
-
-class Hasher(Protocol):
-    """A running SHA-256 (``hashlib.sha256()``), as a stream's checksum uses it."""
-
-    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
-
-    def digest(self) -> bytes: ...
 
 
 @dataclass(slots=True)
@@ -201,6 +194,8 @@ class Streams:
     def deadline_ns(self) -> int | None:
         """When the quietest incoming stream times out (None without incoming streams), or 0 (due) when
         file I/O finished and :meth:`handle_timer` has outcomes to take in."""
+        if not (self._incoming or self._finishing or self._starved):
+            return None  # the common case (asked with every deadline of the connection): nothing built
         if self._io_due():
             return 0
         if not self._incoming:
@@ -236,9 +231,10 @@ class Streams:
 
     @property
     def write_backlog(self) -> int:
-        """Bytes of incoming streams handed to their files and not yet written (0 with the inline
-        default). An adapter stops polling its subscription while this exceeds
-        :data:`~.streamfiles.WRITE_BACKLOG_PAUSE`; ``max_write_backlog`` caps it in any case."""
+        """Bytes of incoming streams handed to their files and not yet written (0 inline). An adapter stops
+        polling while this exceeds :data:`~.streamfiles.WRITE_BACKLOG_PAUSE`; ``max_write_backlog`` caps it."""
+        if not (self._incoming or self._finishing):
+            return 0  # (asked with every poll of the connection: without streams, nothing is built)
         return sum(s.spill.backlog for s in self._spilling() if s.spill is not None)
 
     # -- sending ----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final
+from typing import Final, Protocol
 
 from .errors import StreamingError
 from .events import (
@@ -34,6 +34,7 @@ from .events import (
 )
 
 __all__ = [
+    "Hasher",
     "StreamCompleted",
     "StreamEvent",
     "StreamFailed",
@@ -86,3 +87,11 @@ class StreamStats:
 
 
 OutFrame = tuple[int, int, bytes | bytearray]
+
+
+class Hasher(Protocol):
+    """A running SHA-256 (``hashlib.sha256()``), as a stream's checksum uses it."""
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
+
+    def digest(self) -> bytes: ...

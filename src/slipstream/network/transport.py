@@ -288,12 +288,13 @@ class Link:
         self.subscription = subscription
         self.poll_limit = poll_limit
         self._assembler = FragmentAssembler(on_fragment)
-        self._outbox: deque[bytes | bytearray] = deque(maxlen=outbox_limit)
+        self.outbox: deque[bytes | bytearray] = deque(maxlen=outbox_limit)
+        """What waits for room in the publication, oldest first."""
         self.back_pressured = False
         """The last :meth:`send` left something in the outbox because the publication was full."""
 
     def __len__(self) -> int:
-        return len(self._outbox)
+        return len(self.outbox)
 
     def poll(self) -> int:
         """Take up to ``poll_limit`` fragments in; the number taken."""
@@ -302,7 +303,7 @@ class Link:
     def send(self, packets: Iterable[bytes | bytearray] = ()) -> int:
         """Queue ``packets`` behind what waits and offer in order; the number the publication took. A
         closed publication (or one past its maximum position) drops what waits: nothing can take it."""
-        outbox = self._outbox
+        outbox = self.outbox
         outbox.extend(packets)
         offered = 0
         self.back_pressured = False

@@ -266,7 +266,7 @@ class Connection:
         if self._machine.closed:
             self.last_refusal = self._owner.hold(self, message).value
             return False
-        if len(self._link) >= BACKLOG_LIMIT:
+        if len(self._link.outbox) >= BACKLOG_LIMIT:
             self.last_refusal = "back-pressured"
             return False
         self._send(message)
@@ -284,7 +284,7 @@ class Connection:
                 return
             if verdict is Hold.FULL:
                 raise UndeliveredError(f"connection {self.id}: the buffered session's queue is full", (message,))
-        if len(self._link) >= BACKLOG_LIMIT:
+        if len(self._link.outbox) >= BACKLOG_LIMIT:
             await self._wait_room()
         self._send(message)
 
@@ -297,7 +297,7 @@ class Connection:
         session's successor carries it; a closed connection raises ConnectionClosedError)."""
         if self._successor is not None:
             return await self._successor.send_sync(message, timeout)
-        if len(self._link) >= BACKLOG_LIMIT:
+        if len(self._link.outbox) >= BACKLOG_LIMIT:
             await self._wait_room()
         timeout_s = self.send_timeout if timeout is None else timeout
         sync_id = self._machine.send_sync(message, time.monotonic_ns(), int(timeout_s * 1e9))
@@ -358,7 +358,7 @@ class Connection:
         if deadline is not None and now_ns >= deadline:
             machine.handle_timer(now_ns)
             self._process_events()
-        if self._link or machine.has_pending:
+        if self._link.outbox or machine.has_pending:
             work += self.flush()
         if machine.liveness_records != liveness:
             return max(0, work - (machine.liveness_records - liveness))
@@ -367,7 +367,7 @@ class Connection:
     def next_deadline_ns(self, now_ns: int) -> int | None:
         """When :meth:`poll` is next due if nothing arrives: the machine's timers, or soon while output
         waits (back-pressure clears without waking anyone)."""
-        if self._link or self._machine.has_pending:
+        if self._link.outbox or self._machine.has_pending:
             return now_ns + BUSY_CADENCE_NS
         return self._machine.deadline_ns
 
@@ -378,12 +378,12 @@ class Connection:
         packets: list[bytes | bytearray] = []
         if machine.has_pending:
             # Streams are read as the transport drains: at most a few chunks wait beyond its buffer.
-            room = max(0, STREAM_BACKLOG - len(link)) * machine.max_payload
+            room = max(0, STREAM_BACKLOG - len(link.outbox)) * machine.max_payload
             packets = machine.messages_to_send(time.monotonic_ns(), room)
         offered = link.send(packets)
         if link.back_pressured:
             self.back_pressure_events += 1
-        if len(link) < BACKLOG_LIMIT and not self._room.is_set():
+        if len(link.outbox) < BACKLOG_LIMIT and not self._room.is_set():
             self._room.set()
         return offered
 
@@ -425,7 +425,7 @@ class Connection:
         the driver to send them, close the streams and remove temporary files not yet released."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + close_timeout
-        while self._link and loop.time() < deadline:
+        while self._link.outbox and loop.time() < deadline:
             self.flush()
             await asyncio.sleep(0.005)
         await asyncio.sleep(grace_s)
@@ -436,7 +436,7 @@ class Connection:
 
     async def _wait_room(self) -> None:
         deadline = self._loop.time() + self.send_timeout
-        while len(self._link) >= BACKLOG_LIMIT:
+        while len(self._link.outbox) >= BACKLOG_LIMIT:
             if self._machine.closed:
                 raise ConnectionClosedError("the connection is closed")
             self._room.clear()

@@ -55,6 +55,7 @@ class PollGroup:
         self.backoff = IdleBackoff()
         self.pacer = Pacer(self.backoff)
         self.task: asyncio.Task[None] | None = None
+        self._threaded_now = False
 
     @classmethod
     def for_loop(cls, loop: asyncio.AbstractEventLoop) -> PollGroup:
@@ -92,9 +93,12 @@ class PollGroup:
     def _invoke_drivers(self) -> None:
         """One duty cycle of each invoker-mode driver the endpoints use (a no-op for the others). Its
         own chores (heartbeats, status messages) do not count as work, or an idle endpoint would never
-        park."""
+        park. Notes on the way whether an embedded driver thread shares our GIL (one pass per cycle)."""
+        threaded = False
         for context in self._contexts():
             context.invoke()
+            threaded = threaded or (context.is_embedded and not context.is_invoker)
+        self._threaded_now = threaded
 
     async def _run(self) -> None:
         """Cycle, and carry out what the pacer decides; the parking is held across pauses that time out."""
@@ -169,13 +173,9 @@ class PollGroup:
         return self.pacer.until_due(pause_s, now_ns, self._due_ns(now_ns))
 
     def _threaded(self) -> bool:
-        """Whether an embedded driver thread shares our GIL (then a spinning poller naps for it). Asked
-        every cycle: a plain loop, no generator."""
-        for endpoint in self.endpoints:
-            context = endpoint.context
-            if context is not None and context.is_embedded and not context.is_invoker:
-                return True
-        return False
+        """Whether an embedded driver thread shares our GIL (then a spinning poller naps for it), as the
+        last cycle found it."""
+        return self._threaded_now
 
     def _park(self) -> Parked | None:
         """Park every subscription of the endpoints' contexts on the contexts' doorbells, for the idle
