@@ -295,7 +295,10 @@ class RmiSession:
     def _run(self, invocation_id: int) -> None:
         """Run a host call; a coroutine method becomes a task answered when it finishes."""
         machine = self.machine
-        invocation = machine.invocation(invocation_id)
+        try:
+            invocation = machine.invocation(invocation_id)
+        except KeyError:  # the connection closed since (an earlier listener closed it): nothing to answer
+            return
         try:
             result = invocation.call(self.caller, self._resolve)
         except Exception as exc:
