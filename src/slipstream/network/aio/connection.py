@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ...client import ExclusivePublication, Header, Subscription
@@ -50,6 +49,7 @@ from ..events import (
     SyncTimedOut,
 )
 from ..listeners import Listeners
+from ..results import Ping, Transfer
 from ..streamfiles import WRITE_BACKLOG_PAUSE
 from ..streaming import StreamFailed, StreamingError, StreamProgressed, StreamSent, StreamStarted
 from ..transport import BUSY_CADENCE_NS, Link
@@ -97,27 +97,6 @@ class ConnectionOwner(Protocol):
 
     def hold(self, connection: Connection, message: object) -> Hold:
         """A message for a closed connection: queued for a buffered session's peer, or not."""
-
-
-@dataclass(frozen=True, slots=True)
-class Transfer:
-    """A large message or file on its way: bytes so far of ``total`` (``name``: a file's name)."""
-
-    stream_id: int
-    incoming: bool
-    done: int
-    total: int
-    name: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    """A ping's result, as the seed's ``Ping``: seconds. ``outbound``/``inbound`` use each side's
-    wall clock, so they include the difference between the two clocks."""
-
-    round_trip: float
-    outbound: float
-    inbound: float
 
 
 class Connection:

@@ -70,80 +70,23 @@ class _RemoteMethod:
 
 
 class Proxy(ProxyBase):
-    """A remote object: ``await proxy.method(args)`` calls it on the side that hosts it.
+    """A remote object: ``await proxy.method(args)`` calls it on the side that hosts it (see
+    :class:`~slipstream.network.rmi.ProxyBase`: timeouts, fire-and-forget twins)."""
 
-    Only the interface's methods exist on a proxy (anything else is an AttributeError here and could
-    not be called remotely anyway). ``rmi_timeout`` (seconds, default 3, 0 = forever) bounds each call;
-    :meth:`rmi_async` gives a fire-and-forget twin whose calls send no reply and never raise.
-    """
-
-    __slots__ = ("_rmi_oneway", "_rmi_session", "_rmi_spec", "_rmi_timeout_ns")
+    __slots__ = ("_rmi_session",)
 
     def __init__(
         self, session: RmiSession, ref: RemoteRef, *, oneway: bool = False, timeout_ns: int = DEFAULT_TIMEOUT_NS
     ) -> None:
-        super().__init__(session.endpoint, ref)
+        super().__init__(session.endpoint, ref, oneway=oneway, timeout_ns=timeout_ns)
         object.__setattr__(self, "_rmi_session", session)
-        object.__setattr__(self, "_rmi_spec", session.endpoint.registry.interfaces[ref.interface_id])
-        object.__setattr__(self, "_rmi_oneway", oneway)
-        object.__setattr__(self, "_rmi_timeout_ns", timeout_ns)
 
-    def __getattr__(self, name: str) -> _RemoteMethod:
-        spec = object.__getattribute__(self, "_rmi_spec")
-        method = spec.by_name.get(name)
-        if method is None:
-            raise AttributeError(f"{spec.name} has no remote method {name!r}")
-        return _RemoteMethod(
-            object.__getattribute__(self, "_rmi_session"),
-            self.rmi_ref,
-            method,
-            object.__getattribute__(self, "_rmi_oneway"),
-            object.__getattribute__(self, "_rmi_timeout_ns"),
-        )
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name == "rmi_timeout":
-            Proxy.rmi_timeout.__set__(self, value)  # type: ignore[attr-defined]
-            return
-        raise AttributeError(f"a proxy has no attribute {name!r} to set")
-
-    @property
-    def rmi_timeout(self) -> float:
-        """Seconds each call waits for its response (0 = forever)."""
-        return float(object.__getattribute__(self, "_rmi_timeout_ns")) / 1e9
-
-    @rmi_timeout.setter
-    def rmi_timeout(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError(f"rmi_timeout must not be negative: {seconds}")
-        object.__setattr__(self, "_rmi_timeout_ns", int(seconds * 1e9))
+    def _remote_method(self, method: MethodSpec, oneway: bool, timeout_ns: int) -> _RemoteMethod:
+        return _RemoteMethod(object.__getattribute__(self, "_rmi_session"), self.rmi_ref, method, oneway, timeout_ns)
 
     def _twin(self, oneway: bool) -> Proxy:
-        return Proxy(
-            object.__getattribute__(self, "_rmi_session"),
-            self.rmi_ref,
-            oneway=oneway,
-            timeout_ns=object.__getattribute__(self, "_rmi_timeout_ns"),
-        )
-
-    def rmi_async(self) -> Proxy:
-        """A fire-and-forget twin of this proxy (same object, calls get no reply)."""
-        return self._twin(True)
-
-    def rmi_sync(self) -> Proxy:
-        """A twin whose calls wait for their results (the default mode)."""
-        return self._twin(False)
-
-    def __repr__(self) -> str:
-        spec = object.__getattribute__(self, "_rmi_spec")
-        ref = self.rmi_ref
-        return f"<proxy {spec.name}:{'global:' if ref.is_global else ''}{ref.object_id}>"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Proxy) and self.rmi_ref == other.rmi_ref
-
-    def __hash__(self) -> int:
-        return hash(self.rmi_ref)
+        timeout_ns = object.__getattribute__(self, "_rmi_timeout_ns")
+        return Proxy(object.__getattribute__(self, "_rmi_session"), self.rmi_ref, oneway=oneway, timeout_ns=timeout_ns)
 
 
 class RmiSession:

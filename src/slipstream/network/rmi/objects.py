@@ -9,13 +9,13 @@ proxy passed back as an argument goes home as a reference to the real object.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from ..errors import InterfaceError, ObjectIdInUse
-from .wire import MAX_OBJECT_ID, MIN_OBJECT_ID
+from .wire import DEFAULT_TIMEOUT_NS, MAX_OBJECT_ID, MIN_OBJECT_ID
 
 if TYPE_CHECKING:
-    from .registry import RmiRegistry
+    from .registry import InterfaceSpec, MethodSpec, RmiRegistry
 
 __all__ = ["ObjectTable", "ProxyBase", "RemoteRef"]
 
@@ -29,18 +29,34 @@ class RemoteRef:
     is_global: bool = False
 
 
-class ProxyBase:
-    """What a proxy is to the core: a :class:`RemoteRef` and the endpoint it belongs to.
+class _Registered(Protocol):
+    """An endpoint as a proxy needs it: where the interfaces are."""
 
-    The adapters subclass it. Its state lives in ``_rmi_*`` slots, because every public name of a proxy
-    is a remote method's; the two read-only properties below are the only names the core uses.
+    @property
+    def registry(self) -> RmiRegistry: ...
+
+
+class ProxyBase:
+    """A remote object as every adapter's proxy is one: a :class:`RemoteRef`, the endpoint it belongs
+    to, its interface, its call timeout and whether its calls are fire-and-forget.
+
+    Only the interface's methods exist on a proxy (anything else is an AttributeError here and could not
+    be called remotely anyway); ``proxy.method`` is the adapter's (:meth:`_remote_method`: an awaitable
+    call for asyncio). State lives in ``_rmi_*`` slots, because every other public name of a proxy is a
+    remote method's. ``rmi_timeout`` (seconds, default 3, 0 = forever) bounds each call; :meth:`rmi_async`
+    gives a fire-and-forget twin whose calls send no reply and never raise.
     """
 
-    __slots__ = ("_rmi_endpoint", "_rmi_ref")
+    __slots__ = ("_rmi_endpoint", "_rmi_oneway", "_rmi_ref", "_rmi_spec", "_rmi_timeout_ns")
 
-    def __init__(self, endpoint: object, ref: RemoteRef) -> None:
+    def __init__(
+        self, endpoint: _Registered, ref: RemoteRef, *, oneway: bool = False, timeout_ns: int = DEFAULT_TIMEOUT_NS
+    ) -> None:
         object.__setattr__(self, "_rmi_endpoint", endpoint)
         object.__setattr__(self, "_rmi_ref", ref)
+        object.__setattr__(self, "_rmi_spec", endpoint.registry.interfaces[ref.interface_id])
+        object.__setattr__(self, "_rmi_oneway", oneway)
+        object.__setattr__(self, "_rmi_timeout_ns", timeout_ns)
 
     @property
     def rmi_ref(self) -> RemoteRef:
@@ -52,6 +68,63 @@ class ProxyBase:
     def rmi_endpoint(self) -> object:
         """The RMI endpoint (one connection's) this proxy calls through."""
         return object.__getattribute__(self, "_rmi_endpoint")
+
+    @property
+    def rmi_timeout(self) -> float:
+        """Seconds each call waits for its response (0 = forever)."""
+        return float(object.__getattribute__(self, "_rmi_timeout_ns")) / 1e9
+
+    @rmi_timeout.setter
+    def rmi_timeout(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"rmi_timeout must not be negative: {seconds}")
+        object.__setattr__(self, "_rmi_timeout_ns", int(seconds * 1e9))
+
+    def __getattr__(self, name: str) -> object:
+        spec: InterfaceSpec = object.__getattribute__(self, "_rmi_spec")
+        method = spec.by_name.get(name)
+        if method is None:
+            raise AttributeError(f"{spec.name} has no remote method {name!r}")
+        oneway: bool = object.__getattribute__(self, "_rmi_oneway")
+        return self._remote_method(method, oneway, object.__getattribute__(self, "_rmi_timeout_ns"))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "rmi_timeout":
+            ProxyBase.rmi_timeout.__set__(self, value)  # type: ignore[attr-defined]
+            return
+        raise AttributeError(f"a proxy has no attribute {name!r} to set")
+
+    def _remote_method(self, method: MethodSpec, oneway: bool, timeout_ns: int) -> object:
+        """``proxy.method``, as the adapter calls it."""
+        raise AttributeError(f"a bare reference cannot call {method.qualname}")
+
+    def _twin(self, oneway: bool) -> ProxyBase:
+        """The same proxy, with calls that wait for their results or not."""
+        return type(self)(
+            object.__getattribute__(self, "_rmi_endpoint"),
+            self.rmi_ref,
+            oneway=oneway,
+            timeout_ns=object.__getattribute__(self, "_rmi_timeout_ns"),
+        )
+
+    def rmi_async(self) -> ProxyBase:
+        """A fire-and-forget twin of this proxy (same object, calls get no reply)."""
+        return self._twin(True)
+
+    def rmi_sync(self) -> ProxyBase:
+        """A twin whose calls wait for their results (the default mode)."""
+        return self._twin(False)
+
+    def __repr__(self) -> str:
+        spec: InterfaceSpec = object.__getattribute__(self, "_rmi_spec")
+        ref = self.rmi_ref
+        return f"<proxy {spec.name}:{'global:' if ref.is_global else ''}{ref.object_id}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProxyBase) and self.rmi_ref == other.rmi_ref
+
+    def __hash__(self) -> int:
+        return hash(self.rmi_ref)
 
 
 _identity: Final = id
