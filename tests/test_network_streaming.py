@@ -945,12 +945,12 @@ def test_a_slow_disk_under_one_connection_never_stalls_another(
     on the loop's file worker, so the loop is never held for long and the pings keep coming back; were
     they on the event loop, one poll of 64 chunks would hold every connection for that long."""
     from slipstream.network import Client, Server
-    from slipstream.network.aio import endpoint
+    from slipstream.network import streamfiles
     from slipstream.testing import run_async
     from tests.test_network_aio import client_config, server_config
 
     disk = Disk(delay=0.02)
-    monkeypatch.setattr(endpoint, "ThreadedStreamFiles", lambda wake: ThreadedStreamFiles(wake, files=disk))
+    monkeypatch.setattr(streamfiles, "ThreadedStreamFiles", lambda wake: ThreadedStreamFiles(wake, files=disk))
     source = tmp_path / "big.bin"
     source.write_bytes(os.urandom(4 * MiB))
     spill = tmp_path / "spill"

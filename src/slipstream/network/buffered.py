@@ -49,6 +49,8 @@ class Hold(Enum):
     FULL = "the buffered session's queue is full"
     CLOSED = "closed"
     """No buffered session waits for the peer: the message cannot go anywhere."""
+    RECONNECTING = "reconnecting"
+    """A client is connecting to the same server again: ``send`` waits for the new connection."""
 
 
 

@@ -221,6 +221,10 @@ class ServerConfig(_EndpointConfig):
     """How long a lost client's session waits for it (the seed's 120 s)."""
     buffered_capacity: int = 10_000
     """Messages queued per waiting session; beyond it ``send`` raises UndeliveredError."""
+    rebind: bool = True
+    """When the media driver is lost, restart the embedded one (or wait for the external one to come
+    back) and bind the same UDP ports and IPC streams again (``server.is_bound`` says where it stands);
+    lost clients' buffered sessions wait for them meanwhile."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -276,6 +280,7 @@ class ServerConfig(_EndpointConfig):
         _check_type("buffered_capacity", self.buffered_capacity, int)
         if self.buffered_capacity < 0:
             raise ConfigError(f"buffered_capacity must not be negative: {self.buffered_capacity}")
+        _check_type("rebind", self.rebind, bool)
 
     @property
     def per_address_limit(self) -> int:
@@ -295,6 +300,14 @@ class ClientConfig(_EndpointConfig):
     """Accept a server whose key differs from the pinned one (and re-pin it)."""
     connect_timeout: float = 30.0
     """Default timeout of ``connect``."""
+    reconnect: bool = True
+    """After a connection is lost (the server went silent past the expiry, its stream ended, or the media
+    driver was lost; not after a close), connect again to the same server, waiting 0.05 s, then twice as
+    long after each failure up to ``reconnect_max_delay``, until it works or ``close`` is called (an
+    embedded driver that died is restarted, an external one waited for). ``await send`` on the lost
+    connection waits (up to ``send_timeout``) and goes out on the new one."""
+    reconnect_max_delay: float = 5.0
+    """The longest wait between two reconnection attempts, in seconds."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -307,3 +320,5 @@ class ClientConfig(_EndpointConfig):
                 raise ConfigError(f"port must be in 1..65534: {self.port}")
         _check_type("allow_key_change", self.allow_key_change, bool)
         _positive("connect_timeout", self.connect_timeout)
+        _check_type("reconnect", self.reconnect, bool)
+        _positive("reconnect_max_delay", self.reconnect_max_delay)

@@ -228,3 +228,17 @@ class StreamingError(NetworkError):
 
 
 __all__ += ["StreamingError"]
+
+
+class ErrorsSuppressed(NetworkError):
+    """Repeats of an error that were counted, not reported, so that a flood reaches ``on_error`` as the
+    first occurrence and then this count (``count`` errors of type ``type_name``, the last ``last``)."""
+
+    def __init__(self, message: str, type_name: str, count: int, last: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.count = count
+        self.last = last
+
+
+__all__ += ["ErrorsSuppressed"]

@@ -13,17 +13,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from ..client import Context, ExclusivePublication, Header, Subscription
+from ..client import Context, DriverError, ExclusivePublication, Header, Registration, Subscription
 from ..client.allocation import IdAllocator, PortAllocator
 from .admission import AdmissionPolicy, IpFilterRule, RejectReason
 from .config import ServerConfig
+from .events import ClientAccepted
 from .handshake import AdmissionCheck, ServerHandshake
 from .registrations import Registrations
-from .transport import HANDSHAKE_POLL_LIMIT, Link, parse_source
+from .table import ConnectionTable
+from .transport import (
+    HANDSHAKE_POLL_LIMIT,
+    IPC_MTU,
+    Link,
+    close_quietly,
+    host_port,
+    ipc_channel,
+    parse_source,
+    udp_channel,
+)
 
-__all__ = ["OUTBOX_LIMIT", "HandshakeChannel", "HandshakeChannels", "admission_check"]
+__all__ = [
+    "CONNECTION_LINGER",
+    "OUTBOX_LIMIT",
+    "AcceptedStreams",
+    "HandshakeChannel",
+    "HandshakeChannels",
+    "Pending",
+    "admission_check",
+]
 
+CONNECTION_LINGER = "500ms"
+"""How long a closed connection's publication lingers for the client to take its last records."""
 OUTBOX_LIMIT = 4096
 """Handshake answers held while the handshake publication is back-pressured (the oldest go first;
 a client whose answer is lost retries)."""
@@ -166,3 +188,114 @@ class HandshakeChannels(list[HandshakeChannel]):
             channel.link.close()
             for connection_id in list(channel.machine.connections):
                 channel.machine.release(connection_id)
+
+
+@dataclass(slots=True)
+class Pending:
+    """An accepted client's streams while the driver adds them (polled, not awaited: a burst of
+    handshakes would otherwise stop the event loop for a driver round trip each) and come up."""
+
+    link: HandshakeChannel
+    accepted: ClientAccepted
+    subscription: Registration[Subscription]
+    publication: Registration[ExclusivePublication] | None = None
+    """None while the table decides what follows a refusal (another port, or giving up)."""
+    streams: tuple[ExclusivePublication, Subscription] | None = None
+    """Once both exist (the connection is STARTING)."""
+
+    def discard(self) -> None:
+        """Give up on the streams: what was asked is withdrawn, what exists is closed."""
+        if self.streams is not None:
+            close_quietly(*self.streams)
+            return
+        if self.publication is not None:
+            self.publication.cancel()
+        self.subscription.cancel()
+
+
+class AcceptedStreams(dict[int, Pending]):
+    """The streams of accepted clients while the driver adds them (polled, not awaited: a burst of
+    handshakes would otherwise stop the adapter for a driver round trip each) and until they are up, by
+    connection id; what becomes of each is the connection table's (fed here: ``open_failed``,
+    ``opened``, ``started``)."""
+
+    def __init__(self, config: ServerConfig, table: ConnectionTable) -> None:
+        super().__init__()
+        self.config = config
+        self.table = table
+
+    def open(self, context: Context, link: HandshakeChannel, accepted: ClientAccepted, now_ns: int) -> None:
+        """Ask the driver for an accepted client's two streams (the table opened its connection); the
+        answers come with :meth:`poll`."""
+        if link.host is None:
+            channel = ipc_channel(session_id=accepted.client_session_id)
+        else:
+            reliable = None if self.config.reliable else False
+            endpoint = host_port(link.host, link.port)
+            channel = udp_channel(endpoint=endpoint, session_id=accepted.client_session_id, reliable=reliable)
+        try:
+            subscription = context.async_add_subscription(channel, accepted.client_stream_id)
+        except DriverError as exc:
+            self.table.open_failed(accepted.connection_id, str(exc), now_ns, publication=False)
+            return
+        self[accepted.connection_id] = Pending(link, accepted, subscription)
+        self.reopen(context, accepted.connection_id, accepted.control_port, now_ns)
+
+    def reopen(self, context: Context, connection_id: int, control_port: int, now_ns: int) -> None:
+        """The connection's publication (again, on another control port, after a refusal): dynamic MDC to
+        the client from ``control_port`` over UDP."""
+        pending = self.get(connection_id)
+        if pending is None:
+            return
+        config = self.config
+        host, accepted = pending.link.host, pending.accepted
+        session_id = accepted.server_session_id
+        if host is None:
+            channel = ipc_channel(session_id=session_id, term_length=config.ipc_term_length, mtu=IPC_MTU)
+        else:
+            control = host_port(host, control_port)
+            channel = udp_channel(
+                control=control, control_mode="dynamic", session_id=session_id,
+                term_length=config.term_length, mtu=config.network_mtu, linger=CONNECTION_LINGER,
+            )  # fmt: skip
+        try:
+            pending.publication = context.async_add_exclusive_publication(channel, accepted.server_stream_id)
+        except DriverError as exc:
+            pending.publication = None
+            self.table.open_failed(accepted.connection_id, str(exc), now_ns, publication=True)
+
+    def poll(self, now_ns: int) -> int:
+        """Streams the driver added (then the client is told: WELCOME), and streams that came up (a
+        refusal or a start is work the table's events count)."""
+        work = 0
+        table = self.table
+        for connection_id, pending in list(self.items()):
+            if pending.streams is None and pending.publication is not None:
+                try:
+                    publication = pending.publication.poll()
+                except DriverError as exc:  # its port is most likely held by another program on this host
+                    pending.publication = None
+                    table.open_failed(connection_id, str(exc), now_ns, publication=True)
+                    continue
+                try:
+                    subscription = pending.subscription.poll()
+                except DriverError as exc:
+                    table.open_failed(connection_id, str(exc), now_ns, publication=False)
+                    continue
+                if publication is None or subscription is None:
+                    continue
+                pending.streams = (publication, subscription)
+                pending.link.machine.accept(connection_id, now_ns)
+                table.opened(connection_id, now_ns)
+                work += 1
+            if pending.streams is not None:
+                publication, subscription = pending.streams
+                if subscription.image_count > 0 and publication.is_connected:
+                    table.started(connection_id, now_ns)  # its event counts as work
+        return work
+
+    def half_up(self) -> bool:
+        """Whether a connection's client may count itself connected while we do not see it up yet (its
+        image of our publication comes up before our publication hears its status message)."""
+        streams = [pending.streams for pending in self.values() if pending.streams is not None]
+        return any((sub.image_count > 0) != publication.is_connected for publication, sub in streams)

@@ -1,11 +1,14 @@
-"""What a connection's calls give back, whatever the adapter: a ping's times and a streamed transfer's
-progress. Pure data."""
+"""What a connection's calls give back, whatever the adapter: a ping's times, a streamed transfer's
+progress, and its counters. Pure data."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Ping", "Transfer"]
+from .connection import ConnectionMachine
+from .events import StreamFailed, StreamProgressed, StreamSent, StreamStarted
+
+__all__ = ["Ping", "Transfer", "Transfers", "connection_stats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,3 +30,47 @@ class Ping:
     round_trip: float
     outbound: float
     inbound: float
+
+
+class Transfers(dict[tuple[bool, int], Transfer]):
+    """Large messages and files in flight, by (incoming, stream id): bytes so far and total, as the
+    connection's stream events say."""
+
+    def record(self, event: StreamStarted | StreamProgressed | StreamSent | StreamFailed) -> str | None:
+        """Take ``event`` in; for a stream that failed, what to report (the side, the id and why)."""
+        if isinstance(event, StreamStarted):
+            self[(True, event.stream_id)] = Transfer(event.stream_id, True, 0, event.total, event.name)
+        elif isinstance(event, StreamProgressed):
+            key = (event.incoming, event.stream_id)
+            name = self[key].name if key in self else ""
+            if event.done < event.total:
+                self[key] = Transfer(event.stream_id, event.incoming, event.done, event.total, name)
+            else:
+                self.pop(key, None)  # all bytes in (incoming: delivered with the message)
+        elif isinstance(event, StreamSent):
+            self.pop((False, event.stream_id), None)
+        else:
+            self.pop((event.incoming, event.stream_id), None)
+            side = "incoming" if event.incoming else "outgoing"
+            return f"{side} stream {event.stream_id} failed ({event.failure.name.lower()}): {event.detail}"
+        return None
+
+
+def connection_stats(machine: ConnectionMachine, back_pressure_events: int) -> dict[str, int]:
+    """A connection's counters: messages and records both ways, and records dropped (tampered, replayed...)."""
+    records = machine.records
+    stats = machine.stats
+    return {
+        "messages_sent": stats.messages_sent,
+        "messages_received": stats.messages_received,
+        "records_sent": stats.records_sent,
+        "records_received": stats.records_received,
+        "bytes_sent": stats.bytes_sent,
+        "bytes_received": stats.bytes_received,
+        "back_pressure_events": back_pressure_events,
+        "records_dropped": stats.records_dropped,
+        "decode_errors": stats.decode_errors,
+        "rejected_malformed": int(getattr(records, "rejected_malformed", 0)),
+        "rejected_tampered": int(getattr(records, "rejected_tampered", 0)),
+        "rejected_replayed": int(getattr(records, "rejected_replayed", 0)),
+    }

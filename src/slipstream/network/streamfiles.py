@@ -35,10 +35,11 @@ import mmap
 import os
 import tempfile
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 __all__ = [
     "DEFAULT_READ_AHEAD",
@@ -50,7 +51,9 @@ __all__ = [
     "SpillFile",
     "SpillWriter",
     "StreamFiles",
+    "SharedStreamFiles",
     "ThreadedStreamFiles",
+    "shared_stream_files",
 ]
 
 log = logging.getLogger(__name__)
@@ -315,6 +318,40 @@ class ThreadedStreamFiles:
             log.warning("the stream file worker did not stop within %g s", timeout)
             for writer in writers:
                 writer.unlink()
+
+
+class SharedStreamFiles:
+    """One :class:`ThreadedStreamFiles` per key (an adapter's event loop), shared by the key's endpoints
+    and closed with the last of them: one worker thread per loop, however many servers and clients."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shared: weakref.WeakKeyDictionary[object, list[Any]] = weakref.WeakKeyDictionary()
+
+    def acquire(self, key: object, wake: Callable[[], None]) -> ThreadedStreamFiles:
+        """The files of ``key`` (``wake`` is its worker's, when it is made now)."""
+        with self._lock:
+            entry = self._shared.get(key)
+            if entry is None:
+                entry = self._shared[key] = [ThreadedStreamFiles(wake), 0]
+            entry[1] += 1
+            files: ThreadedStreamFiles = entry[0]
+            return files
+
+    def release(self, key: object) -> None:
+        """One user of ``key``'s files is done; the last closes them."""
+        with self._lock:
+            entry = self._shared.get(key)
+            if entry is None or entry[1] > 1:
+                if entry is not None:
+                    entry[1] -= 1
+                return
+            del self._shared[key]
+        entry[0].close()
+
+
+shared_stream_files = SharedStreamFiles()
+"""The process's stream-file workers, by event loop."""
 
 
 class _Worker:

@@ -28,6 +28,7 @@ from ..client import (
     CLOSED,
     MAX_POSITION_EXCEEDED,
     DriverError,
+    DriverLostError,
     ExclusivePublication,
     FragmentAssembler,
     Header,
@@ -263,6 +264,8 @@ def close_quietly(*items: ExclusivePublication | Subscription) -> None:
     for item in items:
         try:
             item.close()
+        except DriverLostError:
+            pass  # the driver that held it is gone: there is nothing left to close
         except DriverError as exc:
             log.warning("closing %r: %s", item, exc)
 

@@ -9,9 +9,10 @@ import logging
 import time
 
 from ...client import Header
+from ..buffered import Hold
 from ..config import LOCALHOST_ALIASES, ClientConfig
 from ..errors import ClientError, ConnectTimeout
-from ..events import HandshakeCompleted, HandshakeTimedOut, Rejected
+from ..events import Closed, HandshakeCompleted, HandshakeTimedOut, Rejected
 from ..handshake import ClientHandshake, rejection_error
 from ..session import PlainRecords, RecordLayer, Records
 from ..transport import (
@@ -53,8 +54,11 @@ class Client(Endpoint):
         super().__init__(config)
         self.config: ClientConfig = config
         self.connection: Connection | None = None
-        """The current connection (None before connecting and after it ended)."""
+        """The current connection (None before connecting, while reconnecting, and after it ended)."""
         self._last_target: tuple[str | None, int, int | None, float | None] | None = None
+        self._lost: Connection | None = None
+        """The lost connection whose sends wait for the next one (``ClientConfig.reconnect``)."""
+        self._reconnecting: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Client:
         return self
@@ -108,6 +112,10 @@ class Client(Endpoint):
             raise ClientError("reconnect() before any connect()")
         if self.connection is not None and not self.connection.is_closed:
             await self.connection.close()
+        return await self._connect_again()
+
+    async def _connect_again(self) -> Connection:
+        assert self._last_target is not None
         host, port, control_port, timeout_s = self._last_target
         if host is None:
             return await self.connect_ipc(timeout_s)
@@ -283,12 +291,15 @@ class Client(Endpoint):
         )
         self.connection = connection
         self._start_poller()
+        if self._lost is not None:  # what waited for a new connection goes on this one
+            self._lost.hand_over(connection)
+            self._lost = None
         self._connection_up(connection)
         return connection
 
     # -- running ----------------------------------------------------------------------------------
 
-    def duty_cycle(self, now_ns: int) -> int:
+    def _cycle(self, now_ns: int) -> int:
         connection = self.connection
         if connection is None:
             return 0
@@ -302,6 +313,28 @@ class Client(Endpoint):
         if self.connection is connection:
             self.connection = None
         self._close_streams_later(connection)
+
+    # -- after a fault ------------------------------------------------------------------------------
+
+    def connection_ended(self, connection: Connection, event: Closed) -> None:
+        super().connection_ended(connection, event)
+        if event.expired and self.config.reconnect and not self._closing and self._last_target is not None:
+            self._lost = connection  # lost, not closed: connect again (``recovery``)
+            if self._reconnecting is None:
+                self._reconnecting = asyncio.ensure_future(self._reconnect())
+
+    def hold(self, connection: Connection, message: object) -> Hold:
+        return Hold.RECONNECTING if connection is self._lost else Hold.CLOSED
+
+    async def _reconnect(self) -> None:
+        """Connect again until it works, ``close`` is called, or the server refuses us for good."""
+        try:
+            await self._retry(self._connect_again, self.config.reconnect_max_delay)
+        finally:
+            self._reconnecting = None
+            if self._lost is not None and (self._closing or self.connection is None):
+                self._lost.hand_over(None)  # no new connection will come: its waiting sends fail
+                self._lost = None
 
     def _release_if_idle(self) -> None:
         if self.connection is None and not self._polling:
@@ -324,6 +357,9 @@ class Client(Endpoint):
 
     async def close(self) -> None:
         """Close the connection (the server hears CLOSE at once) and release the driver."""
+        self._closing = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
         connection = self.connection
         if connection is not None:
             connection.close_now("client closing")

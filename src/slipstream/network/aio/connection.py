@@ -49,13 +49,13 @@ from ..events import (
     SyncTimedOut,
 )
 from ..listeners import Listeners
-from ..results import Ping, Transfer
+from ..results import Ping, Transfers, connection_stats
 from ..streamfiles import WRITE_BACKLOG_PAUSE
 from ..streaming import StreamFailed, StreamingError, StreamProgressed, StreamSent, StreamStarted
 from ..transport import BUSY_CADENCE_NS, Link
 from .rmi import RmiSession
 
-__all__ = ["BACKLOG_LIMIT", "Connection", "ConnectionOwner", "Ping", "Transfer"]
+__all__ = ["BACKLOG_LIMIT", "Connection", "ConnectionOwner"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,6 +66,8 @@ STREAM_BACKLOG = 4
 large message or file costs in memory beyond the transport's own buffer."""
 _SEAL_FLUSH = 8
 """Records sealed within one loop step after which ``send`` offers them at once."""
+DRIVER_LOST = "driver lost"
+"""Why a connection ended when its media driver went away (``Closed.reason``, ``last_refusal``)."""
 _RMI_EVENTS = (RmiRequestReceived, RmiCallCompleted, RmiCallFailed, RmiObjectReceived, RmiOnewayFailed)
 
 
@@ -136,7 +138,7 @@ class Connection:
         """Times the transport refused a record for now (it waited in the backlog)."""
         self.listeners = Listeners()
         """This connection's own listeners (``on_message``, ``on_disconnect``)."""
-        self.transfers: dict[tuple[bool, int], Transfer] = {}
+        self.transfers = Transfers()
         """Large messages and files in flight, by (incoming, stream id): bytes so far and total."""
         self._owner = owner
         self._machine = machine
@@ -153,6 +155,11 @@ class Connection:
         self._now_ns = time.monotonic_ns()
         self._successor: Connection | None = None
         """The connection that took over this one's buffered session (sends go there)."""
+        self._held: list[object] | None = None
+        """Events that wait while ``on_init`` runs (None: none wait)."""
+        self._end_reason = ""
+        self._handed_over = asyncio.Event()
+        """Set when a successor takes over (or no successor will come): sends that wait for one go on."""
         self._track_position = track_position
         """Follow the session id and position of each record received (for captured messages)."""
         self._session_id = 0
@@ -203,22 +210,7 @@ class Connection:
     @property
     def stats(self) -> dict[str, int]:
         """Counters: messages and records both ways, and records dropped (tampered, replayed...)."""
-        records = self._machine.records
-        machine = self._machine.stats
-        return {
-            "messages_sent": machine.messages_sent,
-            "messages_received": machine.messages_received,
-            "records_sent": machine.records_sent,
-            "records_received": machine.records_received,
-            "bytes_sent": machine.bytes_sent,
-            "bytes_received": machine.bytes_received,
-            "back_pressure_events": self.back_pressure_events,
-            "records_dropped": machine.records_dropped,
-            "decode_errors": machine.decode_errors,
-            "rejected_malformed": int(getattr(records, "rejected_malformed", 0)),
-            "rejected_tampered": int(getattr(records, "rejected_tampered", 0)),
-            "rejected_replayed": int(getattr(records, "rejected_replayed", 0)),
-        }
+        return connection_stats(self._machine, self.back_pressure_events)
 
     def on_message(self, kind: type) -> Callable[[F], F]:
         """Decorator: ``listener(connection, message)`` for messages of ``kind`` on this connection."""
@@ -243,7 +235,9 @@ class Connection:
             self.last_refusal = self._successor.last_refusal
             return sent
         if self._machine.closed:
-            self.last_refusal = self._owner.hold(self, message).value
+            verdict = self._owner.hold(self, message)
+            lost = self._end_reason == DRIVER_LOST and verdict is not Hold.QUEUED
+            self.last_refusal = DRIVER_LOST if lost else verdict.value
             return False
         if len(self._link.outbox) >= BACKLOG_LIMIT:
             self.last_refusal = "back-pressured"
@@ -263,6 +257,8 @@ class Connection:
                 return
             if verdict is Hold.FULL:
                 raise UndeliveredError(f"connection {self.id}: the buffered session's queue is full", (message,))
+            if verdict is Hold.RECONNECTING:
+                return await (await self._successor_within(self.send_timeout)).send(message)
         if len(self._link.outbox) >= BACKLOG_LIMIT:
             await self._wait_room()
         self._send(message)
@@ -379,9 +375,38 @@ class Connection:
             self._ended = True
             self._machine.take_events()
 
-    def hand_over(self, successor: Connection) -> None:
-        """A buffered session resumed on ``successor``: sends through this connection go there."""
+    def hand_over(self, successor: Connection | None) -> None:
+        """A buffered session resumed on ``successor`` (or a client connected again): sends through this
+        connection go there. None: no successor will come (sends that waited for one fail)."""
         self._successor = successor
+        self._handed_over.set()
+
+    async def _successor_within(self, seconds: float) -> Connection:
+        """The connection that takes over, once there is one (SendTimeout after ``seconds``)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._handed_over.wait(), seconds)
+        if self._successor is not None:
+            return self._successor
+        if self._handed_over.is_set():
+            raise ConnectionClosedError(f"connection {self.id} is closed and no new connection will come")
+        raise SendTimeout(f"connection {self.id}: no new connection within {seconds:g} s")
+
+    def lose(self, reason: str) -> None:
+        """The transport under this connection is gone (its media driver was lost): it ends now, as a
+        lost peer does (``Closed(expired=True)``), sending nothing."""
+        self._machine.lost(reason)
+        self._process_events()
+
+    def hold_messages(self) -> None:
+        """Keep what arrives (messages, remote calls) undispatched until :meth:`release_messages`."""
+        if self._held is None:
+            self._held = []
+
+    def release_messages(self) -> None:
+        """Dispatch what was held, in order, then go on as usual."""
+        held, self._held = self._held, None
+        for event in held or ():
+            self._on_event(event)
 
     def deliver(self, messages: Iterable[object]) -> None:
         """Send what waited for this connection's peer (a buffered session's queue), in order, before
@@ -463,7 +488,10 @@ class Connection:
         events = self._machine.take_events()
         while events:
             for event in events:
-                self._on_event(event)
+                if self._held is not None and isinstance(event, (MessageReceived, *_RMI_EVENTS)):
+                    self._held.append(event)  # on_init still runs
+                else:
+                    self._on_event(event)
             events = self._machine.take_events()
 
     def _on_event(self, event: object) -> None:
@@ -504,6 +532,7 @@ class Connection:
         if self._ended:
             return
         self._ended = True
+        self._end_reason = event.reason
         error = ConnectionClosedError(f"connection {self.id} is closed")
         for futures in (self._syncs, self._pings):
             for future in futures.values():
@@ -515,21 +544,6 @@ class Connection:
         self._owner.connection_ended(self, event)
 
     def _on_stream_event(self, event: StreamStarted | StreamProgressed | StreamSent | StreamFailed) -> None:
-        transfers = self.transfers
-        if isinstance(event, StreamStarted):
-            transfers[(True, event.stream_id)] = Transfer(event.stream_id, True, 0, event.total, event.name)
-        elif isinstance(event, StreamProgressed):
-            key = (event.incoming, event.stream_id)
-            name = transfers[key].name if key in transfers else ""
-            if event.done < event.total:
-                transfers[key] = Transfer(event.stream_id, event.incoming, event.done, event.total, name)
-            else:
-                transfers.pop(key, None)  # all bytes in (incoming: delivered with the message)
-        elif isinstance(event, StreamSent):
-            transfers.pop((False, event.stream_id), None)
-        else:
-            transfers.pop((event.incoming, event.stream_id), None)
-            side = "incoming" if event.incoming else "outgoing"
-            why = f"({event.failure.name.lower()}): {event.detail}"
-            error = StreamingError(f"connection {self.id}: {side} stream {event.stream_id} failed {why}")
-            self._owner.report_error(self, error)
+        failure = self.transfers.record(event)
+        if failure is not None:
+            self._owner.report_error(self, StreamingError(f"connection {self.id}: {failure}"))

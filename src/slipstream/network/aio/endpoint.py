@@ -8,24 +8,27 @@ them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
-import weakref
-from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
-from ...client import Context, ExclusivePublication, Subscription
+from ...client import Context, DriverError, DriverLostError, ExclusivePublication, Subscription
 from ..buffered import Hold
 from ..config import ClientConfig, ServerConfig
 from ..endpoint import EndpointCore
-from ..errors import MessageDispatchError
+from ..errors import ErrorsSuppressed, MessageDispatchError, NetworkError
 from ..events import Closed
 from ..recording import EndpointRecording
+from ..recovery import PERMANENT, RetryDelays, driver_available
+from ..reporting import ErrorLimiter
 from ..rmi import ObjectTable
 from ..session import Records
-from ..streamfiles import ThreadedStreamFiles
+from ..streamfiles import ThreadedStreamFiles, shared_stream_files
 from ..transport import earliest, shared_contexts
-from .connection import Connection
+from .connection import DRIVER_LOST, Connection
 from .poller import PollGroup
 from .transport import release_context_drained
 
@@ -39,39 +42,6 @@ log = logging.getLogger("slipstream.network")
 def is_coroutine_result(result: object) -> bool:
     """Did a listener return something to await (an ``async def`` listener)?"""
     return inspect.isawaitable(result)
-
-
-class _LoopFiles:
-    """One worker thread per event loop for the file I/O of streamed messages (spill writes, reads of
-    files being sent), shared by the loop's servers and clients: a slow disk never stalls the loop."""
-
-    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopFiles]] = (
-        weakref.WeakKeyDictionary()
-    )
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        def wake() -> None:  # from the worker: the poller takes the finished I/O in
-            loop.call_soon_threadsafe(PollGroup.for_loop(loop).backoff.kick)
-
-        self.files = ThreadedStreamFiles(wake)
-        self.users = 0
-
-    @classmethod
-    def acquire(cls, loop: asyncio.AbstractEventLoop) -> ThreadedStreamFiles:
-        shared = cls._by_loop.get(loop)
-        if shared is None:
-            shared = cls._by_loop[loop] = _LoopFiles(loop)
-        shared.users += 1
-        return shared.files
-
-    @classmethod
-    def release(cls, loop: asyncio.AbstractEventLoop) -> None:
-        shared = cls._by_loop.get(loop)
-        if shared is not None:
-            shared.users -= 1
-            if shared.users <= 0:
-                del cls._by_loop[loop]
-                shared.files.close()
 
 
 class Endpoint(EndpointCore):
@@ -90,6 +60,13 @@ class Endpoint(EndpointCore):
         """Set while recording (``config.recording``): from the first bind or connect until ``close``."""
         self._files: ThreadedStreamFiles | None = None
         """The loop's stream-file worker, from the first connection until ``close``."""
+        self._limiter = ErrorLimiter()
+
+    @property
+    def errors_suppressed(self) -> int:
+        """Errors counted instead of reported to ``on_error``: repeats of one kind from one source
+        (``on_error`` hears the first, then an ErrorsSuppressed with the count)."""
+        return self._limiter.suppressed
 
     # -- running listeners ------------------------------------------------------------------------
 
@@ -137,12 +114,26 @@ class Endpoint(EndpointCore):
         self._fire(self.listeners.disconnect, connection)
 
     def _connection_up(self, connection: Connection) -> None:
-        """Run ``on_init`` then ``on_connect``."""
+        """Run ``on_init``, and once it finished (awaited when async) ``on_connect``; the connection's
+        messages wait meanwhile, so per-connection set-up never races them."""
         if self._recording is not None:
             self._recording.connected(connection)
-        self._fire(self.listeners.init, connection)
-        if not connection.is_closed:
-            self._fire(self.listeners.connect, connection)
+        initializing = self._fire(self.listeners.init, connection)
+        if not initializing:
+            if not connection.is_closed:
+                self._fire(self.listeners.connect, connection)
+            return
+        connection.hold_messages()
+
+        async def connect() -> None:
+            await asyncio.gather(*initializing, return_exceptions=True)
+            if not connection.is_closed:
+                self._fire(self.listeners.connect, connection)
+            connection.release_messages()
+
+        task = asyncio.ensure_future(connect())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _new_connection(
         self,
@@ -159,8 +150,13 @@ class Endpoint(EndpointCore):
         global_objects: ObjectTable | None,
     ) -> Connection:
         """A connection over its two streams (its machine: ``_new_machine``)."""
-        if self._files is None:
-            self._files = _LoopFiles.acquire(asyncio.get_running_loop())
+        if self._files is None:  # one worker per loop; it wakes the poller from its thread
+            loop = asyncio.get_running_loop()
+
+            def wake() -> None:
+                loop.call_soon_threadsafe(PollGroup.for_loop(loop).backoff.kick)
+
+            self._files = shared_stream_files.acquire(loop, wake)
         machine = self._new_machine(records, expiry_ns, publication, self._files, global_objects)
         return Connection(
             owner=self,
@@ -215,7 +211,21 @@ class Endpoint(EndpointCore):
     # -- for connections and the poller -----------------------------------------------------------
 
     def report_error(self, connection: Connection | None, error: BaseException) -> None:
-        """Tell the ``on_error`` listeners (logged when there is none)."""
+        """Tell the ``on_error`` listeners (logged when there is none), once per kind of error from one
+        connection in a while (``reporting.ErrorLimiter``: repeats are counted, then reported as one)."""
+        if self._limiter.admit(None if connection is None else connection.id, error, time.monotonic_ns()):
+            self._tell(connection, error)
+
+    def _report_suppressed(self, now_ns: int, source: int | None = None) -> None:
+        """The counts of errors suppressed in windows that ended (or all of ``source``'s)."""
+        limiter = self._limiter
+        for summary in limiter.take_summaries(now_ns) if source is None else limiter.forget(source):
+            where = "the endpoint" if summary.source is None else f"connection {summary.source}"
+            seconds = limiter.window_ns / 1e9
+            text = f"{where}: {summary.count} more {summary.type_name} not reported in {seconds:g} s: {summary.last}"
+            self._tell(None, ErrorsSuppressed(text, summary.type_name, summary.count, summary.last))
+
+    def _tell(self, connection: Connection | None, error: BaseException) -> None:
         if not self.listeners.error:
             log.error("%s: %s (no on_error listener)", connection, error, exc_info=error)
             return
@@ -268,6 +278,7 @@ class Endpoint(EndpointCore):
         unless a buffered session keeps its peer waiting."""
         if self._recording is not None:
             self._recording.disconnected(connection, event)
+        self._report_suppressed(time.monotonic_ns(), connection.id)
         self._release_connection(connection)
         if not self._session_waits(connection, event):
             self._fire_disconnect(connection)
@@ -299,13 +310,63 @@ class Endpoint(EndpointCore):
         return self._context
 
     def duty_cycle(self, now_ns: int) -> int:
-        """One duty cycle of this endpoint's handshakes and connections; the work done."""
+        """One duty cycle of this endpoint's handshakes and connections; the work done. A lost driver
+        ends it all at once (``_driver_lost``), whatever the endpoint was doing."""
+        context = self._context
+        if context is not None and context.driver_error is not None:
+            self._driver_lost(context)
+            return 1
+        due = self._limiter.deadline_ns
+        if due is not None and now_ns >= due:
+            self._report_suppressed(now_ns)
+        return self._cycle(now_ns)
+
+    def _cycle(self, now_ns: int) -> int:
         raise NotImplementedError
 
     def next_deadline_ns(self, now_ns: int) -> int | None:
         """When the duty cycle is next due if nothing arrives (how long an idle poller may park): the
-        earliest timer of the connections; None when none runs."""
-        return earliest((connection.next_deadline_ns(now_ns) for connection in self._live_connections()), None)
+        earliest timer of the connections and of error summaries; None when none runs."""
+        due = earliest((connection.next_deadline_ns(now_ns) for connection in self._live_connections()), None)
+        return earliest((self._limiter.deadline_ns,), due)
+
+    def _driver_lost(self, context: Context) -> None:
+        """The media driver is gone: everything it carried ends now, each connection once (``on_disconnect``,
+        cause ``driver lost``), ``on_error`` hears it once, and the poller stops spinning on a dead driver;
+        then a subclass recovers (``_recover``)."""
+        self._stop_polling()
+        self._context = None
+        with contextlib.suppress(Exception):  # the counter lived in the dead driver's files
+            self._close_dropped_counter()
+        self._stop_recording()
+        error = DriverLostError(f"the media driver in {context.directory} was lost: {context.driver_error}")
+        self.report_error(None, error)
+        for connection in list(self._live_connections()):
+            connection.lose(DRIVER_LOST)
+        shared_contexts.release(context)
+        self._recover()
+
+    def _recover(self) -> None:
+        """After a lost driver: a client reconnects, a server binds again (when their configs say so)."""
+
+    async def _retry(self, attempt: Callable[[], Awaitable[object]], max_delay_s: float) -> bool:
+        """``attempt`` after a fault, again and again (``recovery.RetryDelays``), until it works (True), the
+        endpoint closes, or a refusal no attempt can change (False); each failure goes to ``on_error``."""
+        delays = RetryDelays(max_delay_s)
+        while not self._closing:
+            await asyncio.sleep(delays.next())
+            if not driver_available(self.config.driver_directory, self.config.driver):
+                continue  # an external driver that is not back yet: attaching would block the loop
+            try:
+                await attempt()
+            except PERMANENT as exc:
+                self.report_error(None, exc)
+                return False
+            except (NetworkError, DriverError, OSError) as exc:
+                self.report_error(None, exc)
+                continue
+            return True
+        return False
 
     # -- the driver context and the poller --------------------------------------------------------
 
@@ -339,6 +400,12 @@ class Endpoint(EndpointCore):
             self._close_dropped_counter()
             await release_context_drained(context)
 
+    def _stop_polling(self) -> None:
+        if self._polling:
+            self._polling = False
+            if self._group is not None:
+                self._group.remove(self)
+
     def _start_poller(self) -> None:
         if not self._polling:
             self._polling = True
@@ -352,11 +419,8 @@ class Endpoint(EndpointCore):
         self._closing = True
         if self._files is not None:
             self._files = None
-            _LoopFiles.release(asyncio.get_running_loop())
-        if self._polling:
-            self._polling = False
-            if self._group is not None:
-                self._group.remove(self)
+            shared_stream_files.release(asyncio.get_running_loop())
+        self._stop_polling()
         for pending in list(self._tasks):
             pending.cancel()
         self._tasks.clear()

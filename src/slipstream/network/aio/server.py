@@ -15,10 +15,8 @@ import asyncio
 import functools
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from ...client import DriverError, ExclusivePublication, Registration, Subscription
 from ...client.allocation import PortAllocator
 from ..buffered import BufferedSessions, Hold
 from ..config import ServerConfig
@@ -34,7 +32,7 @@ from ..events import (
     SessionEnded,
     StartTimedOut,
 )
-from ..listening import HandshakeChannel, HandshakeChannels, admission_check
+from ..listening import AcceptedStreams, HandshakeChannel, HandshakeChannels, Pending, admission_check
 from ..rmi import ObjectTable
 from ..session import PlainRecords, RecordLayer, Records
 from ..table import ConnectionState, ConnectionTable
@@ -43,8 +41,6 @@ from ..transport import (
     HANDSHAKE_IPC_REPLY_STREAM,
     HANDSHAKE_IPC_STREAM,
     HANDSHAKE_STREAM,
-    IPC_MTU,
-    close_quietly,
     earliest,
     handshake_cycle,
     host_port,
@@ -59,38 +55,16 @@ __all__ = ["Server"]
 
 log = logging.getLogger("slipstream.network.server")
 
-CONNECTION_LINGER = "500ms"
 HANDSHAKE_TERM_LENGTH = 1024 * 1024
 """The all-clients handshake channel is broadcast (MDC, max flow control): a generous term keeps a
 client that is slow to poll from being lapped while many others handshake."""
 STARTING_FACTOR = 3
 """An accepted client's streams may take this many handshake timeouts to come up (setting up a
 publication and a subscription per client is the slow part when hundreds connect at once)."""
+REBIND_MAX_DELAY_S = 5.0
+"""The longest wait between two attempts to bind again after a lost driver."""
 SETTLE_STEP_S = 0.005
 """How often ``close`` looks again at connections still coming up."""
-
-
-@dataclass(slots=True)
-class _Pending:
-    """An accepted client's streams while the driver adds them (polled, not awaited: a burst of
-    handshakes would otherwise stop the event loop for a driver round trip each) and come up."""
-
-    link: HandshakeChannel
-    accepted: ClientAccepted
-    subscription: Registration[Subscription]
-    publication: Registration[ExclusivePublication] | None = None
-    """None while the table decides what follows a refusal (another port, or giving up)."""
-    streams: tuple[ExclusivePublication, Subscription] | None = None
-    """Once both exist (the connection is STARTING)."""
-
-    def discard(self) -> None:
-        """Give up on the streams: what was asked is withdrawn, what exists is closed."""
-        if self.streams is not None:
-            close_quietly(*self.streams)
-            return
-        if self.publication is not None:
-            self.publication.cancel()
-        self.subscription.cancel()
 
 
 class Server(Endpoint):
@@ -104,6 +78,8 @@ class Server(Endpoint):
         super().__init__(config)
         self.config: ServerConfig = config
         self._links = HandshakeChannels(config, self.registrations, self.private_key)
+        self._bindings: list[tuple[Any, ...]] = []
+        self._rebinding: asyncio.Task[None] | None = None
         self.sessions = self._links.sessions
         """Session ids of connections (both directions), the seed's range."""
         self.streams = self._links.streams
@@ -115,7 +91,7 @@ class Server(Endpoint):
         starting_ns = int(STARTING_FACTOR * config.handshake_timeout * 1e9)
         self._table = ConnectionTable(allocations=self._links, starting_timeout_ns=starting_ns, sessions=sessions)
         """Each connection's lifecycle; what follows keeps only the live objects, by connection id."""
-        self._pending: dict[int, _Pending] = {}
+        self._pending = AcceptedStreams(config, self._table)
         self._connections: dict[int, Connection] = {}
         self._lost: dict[int, Connection] = {}
         """Lost connections whose buffered session waits for the peer (their on_disconnect is pending)."""
@@ -170,8 +146,8 @@ class Server(Endpoint):
             first, count = config.connection_ports or (port + 2, config.max_clients)
             control = host_port(host, control_port)
             answers = udp_channel(control=control, control_mode="dynamic", term_length=HANDSHAKE_TERM_LENGTH)
-            ports = PortAllocator(first, min(count, 65536 - first))
             listen = udp_channel(endpoint=host_port(host, port))
+            ports = (first, min(count, 65536 - first))
             self._add_link(host, port, ports, (listen, HANDSHAKE_STREAM), (answers, HANDSHAKE_STREAM))
         if config.enable_ipc:
             self._bind_ipc(port)
@@ -188,21 +164,54 @@ class Server(Endpoint):
         streams = (ipc_channel(), HANDSHAKE_IPC_STREAM + port), (ipc_channel(), HANDSHAKE_IPC_REPLY_STREAM + port)
         self._add_link(None, port, None, *streams)
 
-    def _add_link(
-        self,
-        host: str | None,
-        port: int,
-        ports: PortAllocator | None,
-        subscription: tuple[str, int],
-        publication: tuple[str, int],
-    ) -> None:
-        """A handshake channel: its subscription and publication (channel, stream id), and its machine."""
+    def _add_link(self, *binding: Any) -> None:
+        """A handshake channel: ``(host, port, (first, count) of connection ports or None, subscription,
+        publication)``, each stream a (channel, stream id); remembered, to bind again after a lost driver."""
+        host, port, ports, subscription, publication = binding
         table = self._table  # its counts, not the machines': lingering connections do not count
         admission = admission_check(self.config, lambda: table.admitted, table.admitted_from)
+        allocator = None if ports is None else PortAllocator(*ports)
         self._links.open(
-            self._acquire_context(), admission, host=host, port=port, ports=ports,
+            self._acquire_context(), admission, host=host, port=port, ports=allocator,
             subscription=subscription, publication=publication,
         )  # fmt: skip
+        if binding not in self._bindings:
+            self._bindings.append(binding)
+
+    @property
+    def is_bound(self) -> bool:
+        """Listening now: bound, and not waiting for a lost media driver to come back."""
+        return bool(self._links) and self._context is not None
+
+    def _recover(self) -> None:
+        """The driver was lost: streams coming up are given up, the channels are gone; bind them again
+        on the next driver (``ServerConfig.rebind``), lost clients' sessions waiting meanwhile."""
+        now_ns = time.monotonic_ns()
+        for state in (ConnectionState.OPENING, ConnectionState.STARTING):
+            for connection_id in self._table.ids(state):
+                self._table.cancel(connection_id, now_ns)
+        self._run_table()
+        self._links.close()
+        self._links.clear()
+        if self.config.rebind and not self._closing and self._rebinding is None:
+            self._rebinding = asyncio.ensure_future(self._rebind())
+
+    async def _rebind(self) -> None:
+        try:
+            if await self._retry(self._bind_again, REBIND_MAX_DELAY_S):
+                self._start_poller()
+        finally:
+            self._rebinding = None
+
+    async def _bind_again(self) -> None:
+        try:
+            for binding in list(self._bindings):
+                self._add_link(*binding)
+        except BaseException:
+            self._links.close()
+            self._links.clear()
+            self._release_context()
+            raise
 
     # -- handshakes and the streams of accepted clients ---------------------------------------------
 
@@ -223,72 +232,9 @@ class Server(Endpoint):
         return work
 
     def _accept(self, link: HandshakeChannel, accepted: ClientAccepted, now_ns: int) -> None:
-        """Ask the driver for the connection's two streams; ``_check_pending`` takes the answers."""
+        """Ask the driver for the connection's two streams; ``_pending.poll`` takes the answers."""
         self._table.open(accepted, now_ns)
-        if link.host is None:
-            channel = ipc_channel(session_id=accepted.client_session_id)
-        else:
-            reliable = None if self.config.reliable else False
-            endpoint = host_port(link.host, link.port)
-            channel = udp_channel(endpoint=endpoint, session_id=accepted.client_session_id, reliable=reliable)
-        try:
-            subscription = self._acquire_context().async_add_subscription(channel, accepted.client_stream_id)
-        except DriverError as exc:
-            self._table.open_failed(accepted.connection_id, str(exc), now_ns, publication=False)
-            return
-        pending = self._pending[accepted.connection_id] = _Pending(link, accepted, subscription)
-        self._add_publication(pending, accepted.control_port, now_ns)
-
-    def _add_publication(self, pending: _Pending, control_port: int, now_ns: int) -> None:
-        """The connection's publication: dynamic MDC to the client from ``control_port`` over UDP."""
-        config = self.config
-        host, accepted = pending.link.host, pending.accepted
-        session_id = accepted.server_session_id
-        if host is None:
-            channel = ipc_channel(session_id=session_id, term_length=config.ipc_term_length, mtu=IPC_MTU)
-        else:
-            control = host_port(host, control_port)
-            channel = udp_channel(
-                control=control, control_mode="dynamic", session_id=session_id,
-                term_length=config.term_length, mtu=config.network_mtu, linger=CONNECTION_LINGER,
-            )  # fmt: skip
-        try:
-            pending.publication = self._acquire_context().async_add_exclusive_publication(
-                channel, accepted.server_stream_id
-            )
-        except DriverError as exc:
-            pending.publication = None
-            self._table.open_failed(accepted.connection_id, str(exc), now_ns, publication=True)
-
-    def _check_pending(self, now_ns: int) -> int:
-        """Streams the driver added (then the client is told: WELCOME), and streams that came up (a
-        refusal or a start is work the table's events count)."""
-        work = 0
-        table = self._table
-        for connection_id, pending in list(self._pending.items()):
-            if pending.streams is None and pending.publication is not None:
-                try:
-                    publication = pending.publication.poll()
-                except DriverError as exc:  # its port is most likely held by another program on this host
-                    pending.publication = None
-                    table.open_failed(connection_id, str(exc), now_ns, publication=True)
-                    continue
-                try:
-                    subscription = pending.subscription.poll()
-                except DriverError as exc:
-                    table.open_failed(connection_id, str(exc), now_ns, publication=False)
-                    continue
-                if publication is None or subscription is None:
-                    continue
-                pending.streams = (publication, subscription)
-                pending.link.machine.accept(connection_id, now_ns)
-                table.opened(connection_id, now_ns)
-                work += 1
-            if pending.streams is not None:
-                publication, subscription = pending.streams
-                if subscription.image_count > 0 and publication.is_connected:
-                    table.started(connection_id, now_ns)  # its event counts as work
-        return work
+        self._pending.open(self._acquire_context(), link, accepted, now_ns)
 
     def _run_table(self) -> int:
         """Do what the connection table's events ask; the work done."""
@@ -299,8 +245,8 @@ class Server(Endpoint):
                 match event:
                     case PortReassigned(connection_id=connection_id, port=port):
                         log.info("control port %d unavailable (%s): trying %d", event.refused_port, event.reason, port)
-                        if (pending := self._pending.get(connection_id)) is not None:
-                            self._add_publication(pending, port, time.monotonic_ns())
+                        if (context := self._context) is not None:
+                            self._pending.reopen(context, connection_id, port, time.monotonic_ns())
                     case OpeningFailed(connection_id=connection_id, reason=reason):
                         log.warning("cannot open connection %d's streams: %s", connection_id, reason)
                     case StartTimedOut(connection_id=connection_id) | ConnectionReleased(connection_id=connection_id):
@@ -328,7 +274,7 @@ class Server(Endpoint):
         connection.deliver(event.queued)  # what waited for this peer goes first, in order
         self._connection_up(connection)
 
-    def _make_connection(self, pending: _Pending) -> Connection:
+    def _make_connection(self, pending: Pending) -> Connection:
         accepted = pending.accepted
         assert pending.streams is not None
         pending.link.machine.forget(accepted.pending_key)
@@ -396,13 +342,13 @@ class Server(Endpoint):
         self._table.streams_closed(connection_id, time.monotonic_ns())
         self.wake()  # the release delay runs from now: the poller must see the new deadline
 
-    def duty_cycle(self, now_ns: int) -> int:
+    def _cycle(self, now_ns: int) -> int:
         work = 0
         if not self._closing:  # a client accepted while closing would miss the CLOSE
             for link in self._links:
                 work += self._handshake_cycle(link, now_ns)
         if self._pending:
-            work += self._check_pending(now_ns)  # first: a client up at its starting deadline is up
+            work += self._pending.poll(now_ns)  # first: a client up at its starting deadline is up
         if (deadline := self._table.deadline_ns) is not None and now_ns >= deadline:
             self._table.handle_timer(now_ns)
         work += self._run_table()
@@ -417,8 +363,7 @@ class Server(Endpoint):
         of waiting out its expiry, and ``on_connect`` / ``on_disconnect`` run here as they did there."""
 
         def half_up() -> bool:
-            streams = [pending.streams for pending in self._pending.values() if pending.streams is not None]
-            return any((sub.image_count > 0) != publication.is_connected for publication, sub in streams)
+            return self._pending.half_up()
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.close_timeout
@@ -429,12 +374,14 @@ class Server(Endpoint):
     async def close(self) -> None:
         """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
         self._closing = True  # no handshakes from now on
+        if self._rebinding is not None:
+            self._rebinding.cancel()
         table = self._table
         for connection_id in table.ids(ConnectionState.OPENING):  # the client hears nothing: retries or gives up
             table.cancel(connection_id, time.monotonic_ns())
         self._run_table()
         await self._settle_starting()
-        self._check_pending(time.monotonic_ns())  # a client that is up must hear CLOSE too
+        self._pending.poll(time.monotonic_ns())  # a client that is up must hear CLOSE too
         self._run_table()
         for connection_id, pending in list(self._pending.items()):
             if pending.streams is not None and pending.streams[0].is_connected:

@@ -1,0 +1,59 @@
+"""How an endpoint comes back after a fault, decided without I/O: the waits between attempts, which
+failures are worth another attempt, and whether a driver is there to attach to.
+
+The seed's ``AeronDriver`` closes what a lost driver carried, restarts the driver, and its client connects
+again while its server binds again; so do slipstream's (``ClientConfig.reconnect``,
+``ServerConfig.rebind``). Attempts start at once and back off (0.05 s, doubling to the configured
+maximum), so a short fault is over in a fraction of a second and a long one costs one attempt every few
+seconds. A server that refuses this client for good (its key changed, other registrations, a filter)
+ends the attempts; a busy one (full, per-address limit) does not.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+from ..files.observe import driver_status
+from .errors import ConnectionNotPermitted, RegistrationMismatch, ServerKeyChanged
+
+__all__ = ["FIRST_RETRY_S", "PERMANENT", "RetryDelays", "driver_available"]
+
+FIRST_RETRY_S: Final = 0.05
+"""The wait before the first attempt after a fault."""
+
+PERMANENT: Final = (ServerKeyChanged, RegistrationMismatch, ConnectionNotPermitted)
+"""Refusals that another attempt cannot change: reconnecting stops (and says why)."""
+
+
+class RetryDelays:
+    """The waits before successive attempts: ``first_s``, then doubling up to ``max_s``."""
+
+    def __init__(self, max_s: float, first_s: float = FIRST_RETRY_S) -> None:
+        if not 0 < first_s <= max_s:
+            raise ValueError(f"need 0 < first_s <= max_s: {first_s}, {max_s}")
+        self.first_s = first_s
+        self.max_s = max_s
+        self._next = first_s
+
+    def next(self) -> float:
+        """The wait before the next attempt (and the one after doubles)."""
+        wait = self._next
+        self._next = min(wait * 2, self.max_s)
+        return wait
+
+    def reset(self) -> None:
+        """An attempt worked: the next fault starts from ``first_s`` again."""
+        self._next = self.first_s
+
+
+def driver_available(directory: str | os.PathLike[str] | None, driver: str) -> bool:
+    """Whether attaching to ``directory`` can work now without blocking: always for a driver this process
+    starts itself (embedded or invoker mode, or ``auto`` finding none), only while one runs for ``external``
+    (else the attach would wait for it up to the driver timeout)."""
+    if driver != "external" or directory is None:
+        return True
+    try:
+        return driver_status(os.fspath(directory)).alive
+    except (OSError, ValueError, RuntimeError):
+        return False
