@@ -29,7 +29,7 @@ frames_st = st.builds(
 
 
 def test_kind_values_are_the_contract() -> None:
-    assert [int(k) for k in FrameKind] == [1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20]
+    assert [int(k) for k in FrameKind] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 18, 19, 20]
 
 
 def test_layout_is_kind_id_length_payload() -> None:
@@ -95,8 +95,8 @@ def test_hostile_length_is_checked_before_allocating() -> None:
 
 
 def test_unknown_kind_and_short_header() -> None:
-    with pytest.raises(FrameError, match="unknown frame kind 9"):
-        decode_frames(b"\x09" + bytes(8))
+    with pytest.raises(FrameError, match="unknown frame kind 10"):
+        decode_frames(b"\x0a" + bytes(8))
     with pytest.raises(FrameError, match="unknown frame kind 0"):
         decode_frames(bytes(9))
     with pytest.raises(FrameError, match="truncated"):
@@ -122,8 +122,8 @@ def test_bad_values_on_the_sending_side() -> None:
         encode_frame_into(buf, FrameKind.MESSAGE, 2**32, b"")
     with pytest.raises(FrameError, match="request_id"):
         encode_frame_into(buf, FrameKind.MESSAGE, -1, b"")
-    with pytest.raises(FrameError, match="unknown frame kind 8"):
-        encode_frame_into(buf, 8, 0, b"")
+    with pytest.raises(FrameError, match="unknown frame kind 10"):
+        encode_frame_into(buf, 10, 0, b"")
     assert buf == b"keep"
 
 

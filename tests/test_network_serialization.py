@@ -221,8 +221,8 @@ def test_fused_frame_encoding_errors_leave_the_buffer() -> None:
         s.encode_frame_into(buf, FrameKind.MESSAGE, 0, [Plain()])
     with pytest.raises(FrameError):
         s.encode_frame_into(buf, FrameKind.MESSAGE, 2**32, Small(1, 1.0, "x"))
-    with pytest.raises(FrameError, match="unknown frame kind 9"):
-        s.encode_frame_into(buf, 9, 0, Small(1, 1.0, "x"))
+    with pytest.raises(FrameError, match="unknown frame kind 10"):
+        s.encode_frame_into(buf, 10, 0, Small(1, 1.0, "x"))
     assert buf == b"keep"
 
 

@@ -27,6 +27,10 @@ shorter than that never disconnects; an adapter whose transport reports the peer
 :meth:`lost` (the same close, at once). ``Closed`` is emitted exactly once. ``liveness_records`` counts
 the records that carried nothing but a KEEPALIVE, sent or received: an adapter does not count them as
 work, so an idle connection's poller keeps its long pauses instead of spinning up twice a keepalive.
+
+Delivery: with a :class:`~.delivery.Delivery` (``delivery=``: a session kept per peer across connections), plain
+messages are numbered, retained until acknowledged and replayed on the next connection (rules in :mod:`.delivery`);
+:attr:`retained_full` is back-pressure. Without one, nothing is numbered and the wire is as it always was.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
+from .delivery import ACK_ROOM, Delivery
 from .errors import ConnectionClosedError, FrameError, MessageTooLarge, RecordRejected, SerializationError
 from .events import (
     Closed,
@@ -52,6 +56,7 @@ from .events import (
 )
 from .frames import FRAME_OVERHEAD, FrameKind, encode_frame_into
 from .rmi import DEFAULT_TIMEOUT_NS, FILE_STREAM_MARK, Invocation, MethodSpec, RemoteCalls, RemoteRef
+from .serialization import Serialization
 from .session import RECORD_OVERHEAD, PlainRecords, Records
 from .streaming import SpillFile, StreamCompleted, StreamFailed, Streams, StreamStarted
 
@@ -60,22 +65,6 @@ __all__ = ["RECORD_OVERHEAD", "ConnectionMachine", "ConnectionStats", "PlainReco
 _MESSAGE = FrameKind.MESSAGE
 _PING = struct.Struct(">q")
 _PONG = struct.Struct(">qq")
-
-
-class _Encoder(Protocol):
-    def encode_frame_into(self, buf: bytearray, kind: int, request_id: int, obj: object) -> int:
-        """Append a whole frame carrying ``obj``; the bytes appended."""
-        ...
-
-    def decode_record(
-        self, data: bytes | bytearray | memoryview, *, max_frames: int = 65536
-    ) -> list[tuple[FrameKind, int, object]]:
-        """A record's frames as (kind, request id, message or payload or MessageDecodeError)."""
-        ...
-
-    def decode(self, data: bytes | bytearray | memoryview) -> object:
-        """One message's bytes (type id + body) decoded; raises a SerializationError."""
-        ...
 
 
 @dataclass(slots=True)
@@ -95,12 +84,6 @@ class ConnectionStats:
     frame_errors: int = 0
 
 
-def _frame_overhead() -> int:
-    buf = bytearray()
-    encode_frame_into(buf, FrameKind.KEEPALIVE, 0, b"")
-    return len(buf)
-
-
 _RMI_KINDS = frozenset((FrameKind.RMI_REQUEST, FrameKind.RMI_RESPONSE))
 _STREAM_KINDS = frozenset((FrameKind.STREAM_START, FrameKind.STREAM_CHUNK, FrameKind.STREAM_END))
 
@@ -112,7 +95,7 @@ class ConnectionMachine:
         self,
         *,
         records: Records,
-        serialization: _Encoder,
+        serialization: Serialization,
         now_ns: int,
         expiry_ns: int,
         batch_limit: int = 1376 - RECORD_OVERHEAD,
@@ -121,14 +104,16 @@ class ConnectionMachine:
         keepalive_ns: int | None = None,
         streams: Streams | None = None,
         rmi: RemoteCalls | None = None,
+        delivery: Delivery | None = None,
     ) -> None:
         self.records = records
         self.serialization = serialization
         self.expiry_ns = expiry_ns
         self.keepalive_ns = keepalive_ns if keepalive_ns is not None else max(1, expiry_ns // 4)
-        self.batch_limit = batch_limit
-        self.max_payload = max_record - RECORD_OVERHEAD
-        self.frame_overhead = _frame_overhead()
+        room = ACK_ROOM if delivery is not None else 0  # a batch keeps room for a piggybacked DELIVERED
+        self.batch_limit = batch_limit - room
+        self.max_payload = max_record - RECORD_OVERHEAD - room
+        self.frame_overhead = FRAME_OVERHEAD
         self.wall_offset_ns = wall_offset_ns
         self.stats = ConnectionStats()
         self.closed = False
@@ -139,6 +124,10 @@ class ConnectionMachine:
         """Large messages and files (None: a frame larger than one record raises MessageTooLarge)."""
         self.rmi = rmi
         """Remote objects (None: RMI frames are counted as frame errors and dropped)."""
+        self.delivery = delivery
+        """Plain messages numbered, retained and replayed across connections (None: not)."""
+        if delivery is not None:  # RESUME alone, then the replay of what the peer has not acknowledged
+            self._sealed += map(records.seal, delivery.begin(self.batch_limit))
         self._last_received_ns = now_ns
         self._last_sent_ns = now_ns
         self.liveness_records = 0
@@ -165,6 +154,8 @@ class ConnectionMachine:
             deadline = min(deadline, stream_deadline)
         if self.rmi is not None and (rmi_deadline := self.rmi.deadline_ns) is not None:
             deadline = min(deadline, rmi_deadline)
+        if self.delivery is not None and (ack_due := self.delivery.ack_due_ns) is not None:
+            deadline = min(deadline, ack_due)
         return deadline
 
     def handle_timer(self, now_ns: int) -> None:
@@ -188,6 +179,9 @@ class ConnectionMachine:
         if self.rmi is not None:
             self.rmi.handle_timer(now_ns)
             self.take_rmi()
+        if self.delivery is not None and (ack_due := self.delivery.ack_due_ns) is not None and now_ns >= ack_due:
+            self._batch += self.delivery.take_ack()  # fits: the batch limit keeps room for it
+            self._seal_batch()
         if now_ns - self._last_sent_ns >= self.keepalive_ns and not self._batch:
             self._append(FrameKind.KEEPALIVE, 0, b"")
             self.liveness_records += 1
@@ -214,9 +208,10 @@ class ConnectionMachine:
             batch = self._batch
         encode_frame_into(batch, kind, request_id, payload)
 
-    def _append_message(self, kind: int, request_id: int, message: object) -> None:
+    def _append_message(self, kind: int, request_id: int, message: object) -> bool:
         """Encode ``message`` as a frame straight into the batch (the serializer's fast path); a
-        frame that overflows the batch starts the next one."""
+        frame that overflows the batch starts the next one. False when it went as a stream instead
+        (a plain message's sequence number stays off the stream: streamed messages are not sequenced)."""
         batch = self._batch
         start = len(batch)
         size = self.serialization.encode_frame_into(batch, kind, request_id, message)
@@ -224,8 +219,8 @@ class ConnectionMachine:
             if self.streams is not None:
                 payload = bytes(batch[start + FRAME_OVERHEAD :])
                 del batch[start:]
-                self.streams.send(kind, request_id, payload)
-                return
+                self.streams.send(kind, 0 if kind == _MESSAGE else request_id, payload)
+                return False
             del batch[start:]
             raise MessageTooLarge(
                 f"a message of {size - self.frame_overhead} bytes exceeds the largest record "
@@ -236,9 +231,12 @@ class ConnectionMachine:
             del batch[start:]
             self._seal_batch()
             self._batch += frame
+        return True
 
     def _seal_batch(self) -> None:
         if self._batch:
+            if self.delivery is not None:
+                self.delivery.sealing(self._batch)
             self._sealed.append(self.records.seal(self._batch))
             self._batch = bytearray()
 
@@ -253,8 +251,10 @@ class ConnectionMachine:
             return
         if isinstance(message, os.PathLike):
             self.send_file(message)
-        else:
-            self._append_message(FrameKind.MESSAGE, 0, message)
+        elif (delivery := self.delivery) is None or not delivery.sequencing:
+            self._append_message(_MESSAGE, 0, message)
+        elif self._append_message(_MESSAGE, delivery.next_wire, message):  # not when it went as a stream
+            delivery.commit()
         self.stats.messages_sent += 1
 
     def send_file(self, path: os.PathLike[str] | str, *, kind: int = FrameKind.MESSAGE, request_id: int = 0) -> int:
@@ -308,6 +308,8 @@ class ConnectionMachine:
         """Send CLOSE (it goes with the next :meth:`messages_to_send`) and emit ``Closed``."""
         if self.closed:
             return
+        if self.delivery is not None:  # our count goes before CLOSE (the peer reads no frame after it)
+            self._batch += self.delivery.detach()
         self._append(FrameKind.CLOSE, 0, reason.encode("utf-8", "replace")[:200])
         self._close(by_peer=False, expired=False, reason=reason)
 
@@ -319,6 +321,9 @@ class ConnectionMachine:
 
     def _close(self, *, by_peer: bool, expired: bool, reason: str) -> None:
         self.closed = True
+        if self.delivery is not None:  # the batch's messages are retained; the peer may still hear our count
+            self._batch += self.delivery.detach()
+            self._seal_batch()
         if self.streams is not None:
             self.streams.connection_lost(reason or "the connection closed")
             self._take_stream_events()
@@ -339,6 +344,11 @@ class ConnectionMachine:
         if self.streams is not None and not self.streams.closed:
             self.streams.close()
             self._take_stream_events()
+
+    @property
+    def retained_full(self) -> bool:
+        """Delivery retains all it may until the peer acknowledges: hold ``send`` back as for a full transport."""
+        return self.delivery is not None and self.delivery.full
 
     @property
     def sealed_count(self) -> int:
@@ -373,7 +383,8 @@ class ConnectionMachine:
     def receive(self, record: bytes | memoryview, now_ns: int) -> bool:
         """One transport message from the peer: opened, decoded, turned into events. False when the
         record layer dropped it (tampered, replayed, forged, malformed: ``stats.records_dropped``)."""
-        if self.closed:
+        delivery = self.delivery
+        if self.closed and delivery is None:
             return True
         try:
             plaintext = self.records.open(record)
@@ -385,6 +396,11 @@ class ConnectionMachine:
         except FrameError:
             self.stats.frame_errors += 1
             return True
+        if delivery is not None and self.closed:  # the peer's last acknowledgements still trim what is retained
+            delivery.late(frames)
+            return True
+        if delivery is not None and not delivery.peer_heard:  # the connection's first record, or delivery is off
+            delivery = delivery.first_record(frames)
         self.stats.records_received += 1
         self.stats.bytes_received += len(record)
         self._last_received_ns = now_ns
@@ -395,6 +411,8 @@ class ConnectionMachine:
         stats = self.stats
         for kind, request_id, value in frames:
             if kind == _MESSAGE:
+                if request_id and delivery is not None and not delivery.accept(request_id, now_ns):
+                    continue  # delivered before (a replay), or past a gap (see below)
                 if isinstance(value, SerializationError):
                     stats.decode_errors += 1
                     events.append(MessageDecodeFailed(str(value)))
@@ -424,6 +442,8 @@ class ConnectionMachine:
                     events.append(
                         PingAcknowledged(request_id, now_ns - sent[0], pong_wall - ping_wall, finished_wall - pong_wall)
                     )
+            elif kind == FrameKind.DELIVERED and delivery is not None:
+                delivery.acknowledged(value)
             elif kind in _RMI_KINDS:
                 self._rmi_frame(kind, request_id, bytes(value))  # type: ignore[call-overload]
             elif kind in _STREAM_KINDS:
@@ -434,7 +454,9 @@ class ConnectionMachine:
                 reason = bytes(value).decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else ""
                 self._close(by_peer=True, expired=False, reason=reason)
                 return True
-            # KEEPALIVE only proves liveness.
+            # KEEPALIVE only proves liveness; a RESUME counts only as a connection's first frame.
+        if delivery is not None and delivery.gap:  # a record of this connection went missing: its successor replays
+            self.lost("a sequenced message is missing")
         return True
 
     def _take_stream_events(self) -> None:

@@ -35,7 +35,8 @@ __all__ = [
 
 
 class FrameKind(IntEnum):
-    """What a frame carries: messages and their controls, then remote objects (16-17) and streams (18-20)."""
+    """What a frame carries: messages and their controls (delivery's acknowledgement and resumption: 8-9),
+    then remote objects (16-17) and streams (18-20)."""
 
     MESSAGE = 1
     SYNC_REQUEST = 2
@@ -44,6 +45,8 @@ class FrameKind(IntEnum):
     PONG = 5
     CLOSE = 6
     KEEPALIVE = 7
+    DELIVERED = 8
+    RESUME = 9
     RMI_REQUEST = 16
     RMI_RESPONSE = 17
     STREAM_START = 18

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..client.allocation import IdAllocator, PortAllocator
 from ..network.connection import ConnectionMachine
+from ..network.delivery import Delivery
 from ..network.events import Event
 from ..network.handshake import AdmissionCheck, ClientHandshake, ServerHandshake
 from ..network.noise import generate_keypair
@@ -179,10 +180,12 @@ def machine_pair(
     global_objects: ObjectTable | None = None,
     streams: bool = False,
     temp_dir: str | None = None,
+    delivery: tuple[Delivery | None, Delivery | None] | None = None,
 ) -> tuple[ConnectionMachine, ConnectionMachine]:
     """Two connection machines with matching keys (client, server), as the adapters make them: with
     ``rmi`` (the client's and the server's registries; ``global_objects`` the server's) or ``streams``,
-    each streams large messages and files (``temp_dir``) and carries remote objects."""
+    each streams large messages and files (``temp_dir``) and carries remote objects; with ``delivery``
+    (the client's and the server's sessions, kept across pairs) plain messages survive a lost pair."""
     key_ab, key_ba = os.urandom(32), os.urandom(32)
     machines = []
     for send, receive, index in ((key_ab, key_ba, 0), (key_ba, key_ab, 1)):
@@ -203,6 +206,7 @@ def machine_pair(
                 batch_limit=batch_limit,
                 streams=side_streams,
                 rmi=calls,
+                delivery=delivery[index] if delivery is not None else None,
             )
         )
     return machines[0], machines[1]
@@ -212,7 +216,9 @@ class ConnectionPair:
     """Two connection machines with matching keys on one lossy network: ``a`` (client) and ``b``.
 
     With ``rmi`` (the client's and the server's registries; ``global_objects`` the server's) both carry
-    remote objects and stream large messages and files; ``streams`` alone gives streaming."""
+    remote objects and stream large messages and files; ``streams`` alone gives streaming. ``delivery``
+    gives each side a :class:`~slipstream.network.delivery.Delivery` (either may be None): to resume after a
+    lost pair, lose both machines (``lost``) and build a new pair with the same two."""
 
     def __init__(
         self,
@@ -227,6 +233,7 @@ class ConnectionPair:
         global_objects: ObjectTable | None = None,
         streams: bool = False,
         temp_dir: str | None = None,
+        delivery: tuple[Delivery | None, Delivery | None] | None = None,
     ) -> None:
         self.clock = ManualClock(1_000_000_000)
         self.network = InMemoryNetwork(self.clock, seed=seed, conditions=conditions)
@@ -241,6 +248,7 @@ class ConnectionPair:
             global_objects=global_objects,
             streams=streams,
             temp_dir=temp_dir,
+            delivery=delivery,
         )
         self.events_a: list[Event] = []
         self.events_b: list[Event] = []
@@ -271,8 +279,9 @@ class ConnectionPair:
         else:
             self.network.send(SERVER, CLIENT, record)
 
-    def pump(self, *, duration_ns: int = 0, max_steps: int = 100_000) -> None:
-        """Deliver everything in flight, and run the clock ``duration_ns`` forward firing deadlines."""
+    def pump(self, *, duration_ns: int = 0, max_steps: int = 100_000, drain: bool = True) -> None:
+        """Deliver everything in flight, and run the clock ``duration_ns`` forward firing deadlines; without
+        ``drain``, stop at the end of ``duration_ns`` with what is due later still in flight (to lose it)."""
         end = self.clock.now_ns() + duration_ns
         for _ in range(max_steps):
             self._flush()
@@ -283,7 +292,7 @@ class ConnectionPair:
                 if deadline is not None and now >= deadline:
                     machine.handle_timer(now)
             self._flush()
-            times = [t for t in (self.network.next_delivery_ns(),) if t is not None]
+            times = [t for t in (self.network.next_delivery_ns(),) if t is not None and (drain or t <= end)]
             times += [d for m in (self.a, self.b) if (d := m.deadline_ns) is not None and d <= end]
             if not times:
                 if now < end:
