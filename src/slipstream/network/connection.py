@@ -196,7 +196,7 @@ class ConnectionMachine:
     def _append(self, kind: int, request_id: int, payload: bytes | bytearray | memoryview) -> None:
         size = self.frame_overhead + len(payload)
         if size > self.max_payload:
-            if self.streams is not None:
+            if self.streams is not None and kind not in _STREAM_KINDS:  # (a stream's own frames always fit)
                 self.streams.send(kind, request_id, payload)
                 return
             raise MessageTooLarge(

@@ -44,7 +44,7 @@ from typing import Final, Protocol
 
 from .frames import FRAME_HEADER, FRAME_OVERHEAD, FrameKind, walk_frames
 
-__all__ = ["ACK_ROOM", "Delivery", "wire_number"]
+__all__ = ["ACK_ROOM", "Delivery", "DeliverySessions", "wire_number"]
 
 _WRAP: Final = 0xFFFF_FFFF
 """Wire numbers run 1..2**32-1 (0 marks an unsequenced message), so they repeat every 2**32-1 messages."""
@@ -327,3 +327,48 @@ class Delivery:
         self.retained_bytes = 0
         self._unretained = 0
         self.acked = self.sent
+
+
+class DeliverySessions:
+    """A server's delivery sessions, one per client session (the ``resume`` id its handshake carried),
+    each used by one connection at a time: a client that connects again with the same id resumes its
+    session; one that connects again before its old connection was seen lost has that connection
+    named (:meth:`holder`) so the adapter ends it first."""
+
+    def __init__(self) -> None:
+        self._by_client: dict[int, Delivery] = {}
+        self._carried: dict[int, int] = {}
+        """Connection id -> the client session it carries now."""
+        self._waiting: dict[int, int] = {}
+        """Lost connection id -> the client session that waits for its return."""
+
+    def holder(self, resume: int) -> int | None:
+        """The connection that carries the client session ``resume`` now, if any."""
+        return next((cid for cid, client in self._carried.items() if client == resume), None) if resume else None
+
+    def attach(self, connection_id: int, resume: int) -> Delivery | None:
+        """The session for a new connection of client session ``resume`` (resumed, or new); None when the
+        client keeps none (``resume`` 0)."""
+        if not resume:
+            return None
+        for lost, client in list(self._waiting.items()):
+            if client == resume:
+                del self._waiting[lost]
+        self._carried[connection_id] = resume
+        return self._by_client.setdefault(resume, Delivery())
+
+    def detach(self, connection_id: int, *, keep: bool) -> Delivery | None:
+        """The connection ended: its session waits for the client's return (``keep``: a buffered session
+        waits) or ends now; the ended session, if any (its unacknowledged messages: ``Delivery.end``)."""
+        resume = self._carried.pop(connection_id, None)
+        if resume is None:
+            return None
+        if keep:
+            self._waiting[connection_id] = resume
+            return None
+        return self._by_client.pop(resume, None)
+
+    def end(self, connection_id: int) -> Delivery | None:
+        """The session waiting for lost connection ``connection_id`` ended (it expired, the server closes)."""
+        resume = self._waiting.pop(connection_id, None)
+        return None if resume is None else self._by_client.pop(resume, None)

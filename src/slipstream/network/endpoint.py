@@ -9,12 +9,16 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..client import Context, Counter, DriverError, ExclusivePublication
 from ..files.counters import NETWORK_RECORDS_DROPPED_TYPE_ID
+from .buffered import Hold
 from .config import ClientConfig, ServerConfig
 from .connection import ConnectionMachine
+from .delivery import ACK_ROOM, Delivery
+from .errors import UndeliveredError
+from .events import Closed
 from .frames import FRAME_OVERHEAD
 from .listeners import Listeners
 from .registrations import Registrations
@@ -25,7 +29,7 @@ from .store import SettingsStore
 from .streamfiles import StreamFiles
 from .streaming import Streams
 
-__all__ = ["ONE_FRAME_CHUNKS_FROM", "EndpointCore"]
+__all__ = ["ONE_FRAME_CHUNKS_FROM", "ConnectionOwner", "EndpointCore", "Polled"]
 
 ONE_FRAME_CHUNKS_FROM = 16 * 1024
 """A frame payload (the MTU less the header) from which a stream's chunks are cut to fit one frame."""
@@ -33,6 +37,54 @@ ONE_FRAME_CHUNKS_FROM = 16 * 1024
 log = logging.getLogger("slipstream.network")
 
 F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", contravariant=True)
+
+
+class ConnectionOwner(Protocol[C]):
+    """What an adapter's connection (``C``) asks of the server or client that runs it."""
+
+    listeners: Listeners
+
+    def wake(self) -> None:
+        """Run the next duty cycle now (the application handed over something to send)."""
+
+    def send_now(self, publication: ExclusivePublication) -> None:
+        """Have an invoker-mode driver send what ``publication`` was just given."""
+
+    def dispatch(self, connection: C, message: object, sync_id: int, stream_id: int) -> None:
+        """Run the message listeners for ``message`` (then acknowledge ``sync_id``, release ``stream_id``)."""
+
+    def report_error(self, connection: C | None, error: BaseException) -> None:
+        """Tell the ``on_error`` listeners."""
+
+    def connection_ended(self, connection: C, event: Closed) -> None:
+        """The connection closed (called once): release it, run ``on_disconnect`` when due."""
+
+    def record_dropped(self, connection: C) -> None:
+        """A record that did not open (tampered, replayed, forged) was dropped."""
+
+    def round_trip(self, connection: C, round_trip_ns: int) -> None:
+        """A ping's round trip completed."""
+
+    def hold(self, connection: C, message: object) -> Hold:
+        """A message for a closed connection: queued for a buffered session's peer, or not."""
+
+
+class Polled(Protocol):
+    """What the poller asks of a server or client."""
+
+    @property
+    def context(self) -> Context | None:
+        """The driver context it uses (None before the first bind or connect)."""
+
+    def duty_cycle(self, now_ns: int) -> int:
+        """One duty cycle; the work done."""
+
+    def next_deadline_ns(self, now_ns: int) -> int | None:
+        """When the next duty cycle is due if nothing arrives."""
+
+    def report_error(self, connection: None, error: BaseException) -> None:
+        """Tell the ``on_error`` listeners."""
 
 
 class EndpointCore:
@@ -100,17 +152,19 @@ class EndpointCore:
         publication: ExclusivePublication,
         files: StreamFiles,
         global_objects: ObjectTable | None,
+        delivery: Delivery | None = None,
     ) -> ConnectionMachine:
         """A connection's machine sized to its publication, streaming large messages and files (their I/O
         through ``files``) and carrying remote objects (the server passes its global objects)."""
         config = self.config
         now_ns = time.monotonic_ns()
         max_record = publication.max_message_length
-        chunk_record = max_record - RECORD_OVERHEAD
+        overhead = RECORD_OVERHEAD + (ACK_ROOM if delivery is not None else 0)  # (room for a piggybacked ack)
+        chunk_record = max_record - overhead
         if publication.max_payload_length >= ONE_FRAME_CHUNKS_FROM:
             # A chunk's record fits one frame of the log (IPC: 64 KiB): read in place on the other side,
             # where a fragmented record would first be copied together by the assembler.
-            chunk_record = min(chunk_record, publication.max_payload_length - RECORD_OVERHEAD)
+            chunk_record = min(chunk_record, publication.max_payload_length - overhead)
         streams = Streams(
             files=files,
             chunk_payload=chunk_record - FRAME_OVERHEAD,
@@ -129,7 +183,18 @@ class EndpointCore:
             wall_offset_ns=time.time_ns() - now_ns,
             streams=streams,
             rmi=RemoteCalls(rmi, streams),
+            delivery=delivery,
         )
+
+    def _undelivered(
+        self, where: str, delivery: Delivery | None, queued: tuple[object, ...] = ()
+    ) -> UndeliveredError | None:
+        """What a session that ended for good never delivered (its unacknowledged messages, oldest first,
+        then ``queued``), as the error to report; None when everything arrived."""
+        messages = (*(() if delivery is None else delivery.end(self.serialization)), *queued)
+        if not messages:
+            return None
+        return UndeliveredError(f"{where}: {len(messages)} messages were not delivered", messages)
 
     # -- the records-dropped counter --------------------------------------------------------------
 

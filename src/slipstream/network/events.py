@@ -88,6 +88,8 @@ class ClientAccepted:
     send_key: bytes
     receive_key: bytes
     plaintext: bool = False
+    resume: int = 0
+    """The client's delivery session (0: the client keeps none): a server resumes its own for it."""
 
 
 @dataclass(frozen=True, slots=True)

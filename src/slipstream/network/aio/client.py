@@ -11,6 +11,7 @@ import time
 from ...client import Header
 from ..buffered import Hold
 from ..config import LOCALHOST_ALIASES, ClientConfig
+from ..delivery import Delivery
 from ..errors import ClientError, ConnectTimeout
 from ..events import Closed, HandshakeCompleted, HandshakeTimedOut, Rejected
 from ..handshake import ClientHandshake, rejection_error
@@ -59,6 +60,9 @@ class Client(Endpoint):
         self._lost: Connection | None = None
         """The lost connection whose sends wait for the next one (``ClientConfig.reconnect``)."""
         self._reconnecting: asyncio.Task[None] | None = None
+        self._delivery: Delivery | None = None
+        """This client's delivery session with its server (what it has not acknowledged yet), kept across
+        connections to it: a lost connection's messages go out again on the next, once each."""
 
     async def __aenter__(self) -> Client:
         return self
@@ -178,6 +182,7 @@ class Client(Endpoint):
                 now_ns=now_ns,
                 timeout_ns=max(1, remaining_ns),
                 plaintext_ipc=host is None and not config.encrypt_ipc,
+                resume=self._session().session_id,
             )
             machine.start(now_ns)
 
@@ -288,6 +293,7 @@ class Client(Endpoint):
             tag=config.tag,
             remote_public_key=done.remote_public_key,
             global_objects=None,
+            delivery=self._session(),
         )
         self.connection = connection
         self._start_poller()
@@ -316,12 +322,28 @@ class Client(Endpoint):
 
     # -- after a fault ------------------------------------------------------------------------------
 
+    def _session(self) -> Delivery:
+        if self._delivery is None:
+            self._delivery = Delivery()
+        return self._delivery
+
     def connection_ended(self, connection: Connection, event: Closed) -> None:
         super().connection_ended(connection, event)
         if event.expired and self.config.reconnect and not self._closing and self._last_target is not None:
             self._lost = connection  # lost, not closed: connect again (``recovery``)
             if self._reconnecting is None:
                 self._reconnecting = asyncio.ensure_future(self._reconnect())
+        elif event.expired:
+            self._end_session(connection)
+        else:
+            self._delivery = None  # closed: what went before the CLOSE was delivered
+
+    def _end_session(self, connection: Connection | None) -> None:
+        """No connection will carry the session on: what it never delivered goes to ``on_error``."""
+        delivery, self._delivery = self._delivery, None
+        error = self._undelivered("the connection to the server was lost", delivery)
+        if error is not None:
+            self.report_error(connection, error)
 
     def hold(self, connection: Connection, message: object) -> Hold:
         return Hold.RECONNECTING if connection is self._lost else Hold.CLOSED
@@ -334,6 +356,7 @@ class Client(Endpoint):
             self._reconnecting = None
             if self._lost is not None and (self._closing or self.connection is None):
                 self._lost.hand_over(None)  # no new connection will come: its waiting sends fail
+                self._end_session(self._lost)
                 self._lost = None
 
     def _release_if_idle(self) -> None:

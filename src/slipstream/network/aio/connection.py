@@ -21,11 +21,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from ...client import ExclusivePublication, Header, Subscription
 from ..buffered import Hold
 from ..connection import ConnectionMachine
+from ..endpoint import ConnectionOwner
 from ..errors import (
     ConnectionClosedError,
     MessageDecodeError,
@@ -55,7 +56,7 @@ from ..streaming import StreamFailed, StreamingError, StreamProgressed, StreamSe
 from ..transport import BUSY_CADENCE_NS, Link
 from .rmi import RmiSession
 
-__all__ = ["BACKLOG_LIMIT", "Connection", "ConnectionOwner"]
+__all__ = ["BACKLOG_LIMIT", "Connection"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,36 +72,6 @@ DRIVER_LOST = "driver lost"
 _RMI_EVENTS = (RmiRequestReceived, RmiCallCompleted, RmiCallFailed, RmiObjectReceived, RmiOnewayFailed)
 
 
-class ConnectionOwner(Protocol):
-    """What a connection asks of the server or client that runs it."""
-
-    listeners: Listeners
-
-    def wake(self) -> None:
-        """Run the next duty cycle now (the application handed over something to send)."""
-
-    def send_now(self, publication: ExclusivePublication) -> None:
-        """Have an invoker-mode driver send what ``publication`` was just given."""
-
-    def dispatch(self, connection: Connection, message: object, sync_id: int, stream_id: int) -> None:
-        """Run the message listeners for ``message`` (then acknowledge ``sync_id``, release ``stream_id``)."""
-
-    def report_error(self, connection: Connection | None, error: BaseException) -> None:
-        """Tell the ``on_error`` listeners."""
-
-    def connection_ended(self, connection: Connection, event: Closed) -> None:
-        """The connection closed (called once): release it, run ``on_disconnect`` when due."""
-
-    def record_dropped(self, connection: Connection) -> None:
-        """A record that did not open (tampered, replayed, forged) was dropped."""
-
-    def round_trip(self, connection: Connection, round_trip_ns: int) -> None:
-        """A ping's round trip completed."""
-
-    def hold(self, connection: Connection, message: object) -> Hold:
-        """A message for a closed connection: queued for a buffered session's peer, or not."""
-
-
 class Connection:
     """One connection between a server and a client; the same ``id`` on both sides.
 
@@ -109,7 +80,7 @@ class Connection:
     def __init__(
         self,
         *,
-        owner: ConnectionOwner,
+        owner: ConnectionOwner[Connection],
         connection_id: int,
         machine: ConnectionMachine,
         publication: ExclusivePublication,
@@ -239,7 +210,7 @@ class Connection:
             lost = self._end_reason == DRIVER_LOST and verdict is not Hold.QUEUED
             self.last_refusal = DRIVER_LOST if lost else verdict.value
             return False
-        if len(self._link.outbox) >= BACKLOG_LIMIT:
+        if self._full():
             self.last_refusal = "back-pressured"
             return False
         self._send(message)
@@ -259,7 +230,7 @@ class Connection:
                 raise UndeliveredError(f"connection {self.id}: the buffered session's queue is full", (message,))
             if verdict is Hold.RECONNECTING:
                 return await (await self._successor_within(self.send_timeout)).send(message)
-        if len(self._link.outbox) >= BACKLOG_LIMIT:
+        if self._full():
             await self._wait_room()
         self._send(message)
 
@@ -272,7 +243,7 @@ class Connection:
         session's successor carries it; a closed connection raises ConnectionClosedError)."""
         if self._successor is not None:
             return await self._successor.send_sync(message, timeout)
-        if len(self._link.outbox) >= BACKLOG_LIMIT:
+        if self._full():
             await self._wait_room()
         timeout_s = self.send_timeout if timeout is None else timeout
         sync_id = self._machine.send_sync(message, time.monotonic_ns(), int(timeout_s * 1e9))
@@ -333,8 +304,8 @@ class Connection:
         if deadline is not None and now_ns >= deadline:
             machine.handle_timer(now_ns)
             self._process_events()
-        if self._link.outbox or machine.has_pending:
-            work += self.flush()
+        if self._link.outbox or machine.has_pending or not self._room.is_set():
+            work += self.flush()  # (acknowledgements received may have made room too)
         if machine.liveness_records != liveness:
             return max(0, work - (machine.liveness_records - liveness))
         return work
@@ -358,7 +329,7 @@ class Connection:
         offered = link.send(packets)
         if link.back_pressured:
             self.back_pressure_events += 1
-        if len(link.outbox) < BACKLOG_LIMIT and not self._room.is_set():
+        if not self._room.is_set() and not self._full():
             self._room.set()
         return offered
 
@@ -438,9 +409,13 @@ class Connection:
 
     # -- sending internals ------------------------------------------------------------------------
 
+    def _full(self) -> bool:
+        """Back-pressure: the transport holds too much for us, or the peer has not acknowledged enough."""
+        return len(self._link.outbox) >= BACKLOG_LIMIT or self._machine.retained_full
+
     async def _wait_room(self) -> None:
         deadline = self._loop.time() + self.send_timeout
-        while len(self._link.outbox) >= BACKLOG_LIMIT:
+        while self._full():
             if self._machine.closed:
                 raise ConnectionClosedError("the connection is closed")
             self._room.clear()

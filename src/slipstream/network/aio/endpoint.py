@@ -18,6 +18,7 @@ from typing import Any
 from ...client import Context, DriverError, DriverLostError, ExclusivePublication, Subscription
 from ..buffered import Hold
 from ..config import ClientConfig, ServerConfig
+from ..delivery import Delivery
 from ..endpoint import EndpointCore
 from ..errors import ErrorsSuppressed, MessageDispatchError, NetworkError
 from ..events import Closed
@@ -148,6 +149,7 @@ class Endpoint(EndpointCore):
         tag: str,
         remote_public_key: bytes,
         global_objects: ObjectTable | None,
+        delivery: Delivery | None = None,
     ) -> Connection:
         """A connection over its two streams (its machine: ``_new_machine``)."""
         if self._files is None:  # one worker per loop; it wakes the poller from its thread
@@ -157,7 +159,7 @@ class Endpoint(EndpointCore):
                 loop.call_soon_threadsafe(PollGroup.for_loop(loop).backoff.kick)
 
             self._files = shared_stream_files.acquire(loop, wake)
-        machine = self._new_machine(records, expiry_ns, publication, self._files, global_objects)
+        machine = self._new_machine(records, expiry_ns, publication, self._files, global_objects, delivery)
         return Connection(
             owner=self,
             connection_id=connection_id,

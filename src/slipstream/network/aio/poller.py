@@ -8,35 +8,19 @@ import asyncio
 import logging
 import time
 import weakref
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from ...client import Context
 from ...client.aio import Parking
 from ...files.doorbell import Doorbell
+from ..endpoint import Polled
 from ..pacing import Pacer, Run, Sleep, Wake
 from ..transport import earliest
 from .transport import IdleBackoff, input_pending
 
-__all__ = ["PollGroup", "Polled"]
+__all__ = ["PollGroup"]
 
 log = logging.getLogger("slipstream.network")
-
-
-class Polled(Protocol):
-    """What the poller asks of a server or client."""
-
-    @property
-    def context(self) -> Context | None:
-        """The driver context it uses (None before the first bind or connect)."""
-
-    def duty_cycle(self, now_ns: int) -> int:
-        """One duty cycle; the work done."""
-
-    def next_deadline_ns(self, now_ns: int) -> int | None:
-        """When the next duty cycle is due if nothing arrives."""
-
-    def report_error(self, connection: None, error: BaseException) -> None:
-        """Tell the ``on_error`` listeners."""
 
 
 Parked = tuple[Parking, list[Doorbell], list[int]]

@@ -20,7 +20,8 @@ from typing import Any
 from ...client.allocation import PortAllocator
 from ..buffered import BufferedSessions, Hold
 from ..config import ServerConfig
-from ..errors import ServerError, UndeliveredError
+from ..delivery import DeliverySessions
+from ..errors import ServerError
 from ..events import (
     ClientAccepted,
     Closed,
@@ -94,6 +95,8 @@ class Server(Endpoint):
         self._pending = AcceptedStreams(config, self._table)
         self._connections: dict[int, Connection] = {}
         self._lost: dict[int, Connection] = {}
+        self._deliveries = DeliverySessions()
+        """Each client session's delivery (what it has not acknowledged yet), resumed when it returns."""
         """Lost connections whose buffered session waits for the peer (their on_disconnect is pending)."""
         self.rejected: list[Rejected] = []
         """Recent rejections (bounded), for operators and tests."""
@@ -233,6 +236,9 @@ class Server(Endpoint):
 
     def _accept(self, link: HandshakeChannel, accepted: ClientAccepted, now_ns: int) -> None:
         """Ask the driver for the connection's two streams; ``_pending.poll`` takes the answers."""
+        holder = self._deliveries.holder(accepted.resume)
+        if holder is not None and (old := self._connections.get(holder)) is not None:
+            old.lose("the client connected again")  # the same client session: its old connection is dead
         self._table.open(accepted, now_ns)
         self._pending.open(self._acquire_context(), link, accepted, now_ns)
 
@@ -291,6 +297,7 @@ class Server(Endpoint):
             tag=accepted.tag,
             remote_public_key=accepted.remote_public_key,
             global_objects=self.rmi,
+            delivery=self._deliveries.attach(accepted.connection_id, accepted.resume),
         )
 
     # -- buffered sessions --------------------------------------------------------------------------
@@ -299,6 +306,10 @@ class Server(Endpoint):
         waits = self._table.ended(connection.id, time.monotonic_ns(), lost=event.expired)
         if waits:
             self._lost[connection.id] = connection
+        ended = self._deliveries.detach(connection.id, keep=waits)
+        error = self._undelivered(f"connection {connection.id} was lost", ended) if event.expired else None
+        if error is not None:  # (a close delivers what went before it: nothing to report then)
+            self.report_error(connection, error)
         return waits
 
     def hold(self, connection: Connection, message: object) -> Hold:
@@ -308,14 +319,13 @@ class Server(Endpoint):
 
     def _session_ended(self, event: SessionEnded) -> None:
         connection = self._lost.pop(event.connection_id, None)
+        delivery = self._deliveries.end(event.connection_id)
         if connection is None:
             return
-        if event.undelivered:
-            self.report_error(connection, UndeliveredError(
-                f"connection {connection.id}: the peer did not come back within "
-                f"{self.config.buffered_timeout:g} s; {len(event.undelivered)} messages were not delivered",
-                event.undelivered,
-            ))  # fmt: skip
+        where = f"connection {connection.id}: the peer did not come back within {self.config.buffered_timeout:g} s"
+        error = self._undelivered(where, delivery, event.undelivered)
+        if error is not None:
+            self.report_error(connection, error)
         self._fire_disconnect(connection)
 
     # -- the poller -------------------------------------------------------------------------------

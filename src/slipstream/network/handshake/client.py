@@ -29,6 +29,7 @@ from .packets import (
     PLAINTEXT,
     REGISTRATION_MISMATCH_LOCAL,
     U32,
+    U64,
     VERSION,
     PacketType,
     done_digest,
@@ -81,8 +82,11 @@ class ClientHandshake:
         retry_initial_ns: int = 300_000_000,
         retry_max_ns: int = 2_000_000_000,
         plaintext_ipc: bool = False,
+        resume: int = 0,
     ) -> None:
         self.app_id = app_id
+        self._resume = resume
+        """The client's delivery session (``delivery.Delivery.session_id``) the server resumes; 0: none."""
         self._flags = PLAINTEXT if plaintext_ipc else 0
         self.plaintext = False
         """Set by WELCOME: the server agreed to plaintext records (IPC, both sides configured so)."""
@@ -234,7 +238,8 @@ class ClientHandshake:
         if difference is not None:
             self._finish_rejected(REGISTRATION_MISMATCH_LOCAL, difference)
             return
-        done = header(PacketType.DONE, self.nonce) + self._noise.write_message(self._description)
+        payload = U64.pack(self._resume) + self._description
+        done = header(PacketType.DONE, self.nonce) + self._noise.write_message(payload)
         send, receive = self._noise.split()
         self._keys = (key_of(send), key_of(receive))
         self._handshake_hash = self._noise.handshake_hash

@@ -38,6 +38,8 @@ PLAINTEXT = 1
 """Flag bit: (HELLO) the client would take plaintext IPC records; (WELCOME) records are plaintext."""
 U8 = struct.Struct(">B")
 U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
+"""DONE's payload starts with the client's delivery session (0: none), then its registrations."""
 _WELCOME = struct.Struct(">iiiiHIB")
 _WELCOME_NONCE = bytes(12)
 _MAX_REJECT_TEXT = 240

@@ -23,6 +23,7 @@ from .packets import (
     REGISTRATION_MISMATCH,
     SERVER_FULL,
     U32,
+    U64,
     VERSION,
     PacketType,
     Welcome,
@@ -319,7 +320,7 @@ class ServerHandshake:
                 self._start_over(key, nonce, body, now_ns)
             return
         try:
-            client_description = pending.noise.read_message(bytes(body))
+            payload = pending.noise.read_message(bytes(body))
         except (NoiseError, ValueError):
             # Most likely the client answered our earlier HELLO_ACK and we have since started a new
             # handshake from its late HELLO (the first had expired): neither side can go on.
@@ -329,7 +330,11 @@ class ServerHandshake:
         client_key = pending.noise.remote_static
         assert client_key is not None
         address = pending.address
-        difference = self._describe_difference(client_description)
+        if len(payload) < U64.size:
+            self._reject(nonce, REGISTRATION_MISMATCH, "the client's handshake is malformed", address, pending.tag)
+            return
+        resume = U64.unpack_from(payload)[0]
+        difference = self._describe_difference(payload[U64.size :])
         if difference is not None:
             self._reject(nonce, REGISTRATION_MISMATCH, difference, address, pending.tag)
             return
@@ -364,6 +369,7 @@ class ServerHandshake:
                 send_key=key_of(send),
                 receive_key=key_of(receive),
                 plaintext=pending.plaintext,
+                resume=resume,
             )
         )
 
