@@ -321,7 +321,12 @@ class Endpoint(EndpointCore):
         due = self._limiter.deadline_ns
         if due is not None and now_ns >= due:
             self._report_suppressed(now_ns)
-        return self._cycle(now_ns)
+        try:
+            return self._cycle(now_ns)
+        except DriverLostError:  # lost while this cycle ran (the client's thread noticed first)
+            if context is not None and self._context is context:
+                self._driver_lost(context)
+            return 1
 
     def _cycle(self, now_ns: int) -> int:
         raise NotImplementedError
