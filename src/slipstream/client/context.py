@@ -47,6 +47,10 @@ log = logging.getLogger("slipstream.client")
 DriverMode = Literal["auto", "embedded", "external"]
 _WAKE = cmd.encode(cmd.Wake())
 _KEEPALIVE = cmd.encode(cmd.Keepalive())
+_GRACE_MARGIN_S = 1.0
+"""After the client thread itself did not run for a while (a keep-alive tick a whole interval late: its
+process was stopped, the machine slept), the driver gets a keep-alive interval plus this to beat again
+before its heartbeat is judged: it may have been stopped too, and not have run yet."""
 
 
 T = TypeVar("T")
@@ -331,6 +335,17 @@ class Context:
                 )
             time.sleep(0.01)
 
+    def _driver_running(self) -> bool:
+        """Whether the driver still runs: its process exists and its heartbeat is fresh."""
+        try:
+            os.kill(self.driver_pid, 0)
+            age_ms = time.time_ns() // 1_000_000 - self._cnc.heartbeat_ms
+        except ProcessLookupError:
+            return False
+        except (OSError, ValueError, CncError):
+            return True  # another user's process; a heartbeat we cannot read is no evidence
+        return age_ms <= self._liveness_ms
+
     def _driver_alive(self) -> bool:
         """Whether the process named in the directory's lock file still exists (a starting driver writes it
         before it opens its socket, so a refused connection with no such process means a dead driver)."""
@@ -381,7 +396,10 @@ class Context:
 
     def _run(self) -> None:
         sock = self._sock
-        next_keepalive = time.monotonic() + self._keepalive_s
+        last_tick, last_tick_wall = time.monotonic(), time.time()
+        last_gap = 0.0  # between the last two keep-alive ticks: long if this thread was stopped in between
+        next_keepalive = last_tick + self._keepalive_s
+        judge_after = 0.0  # the driver's heartbeat is not judged before this (a grace after our own stall)
         while not self._closed:
             try:
                 readable, _, _ = select.select([sock], [], [], max(0.0, next_keepalive - time.monotonic()))
@@ -392,7 +410,8 @@ class Context:
                 data = b""
             if data == b"":
                 if not self._closed:
-                    self._lose_driver(DriverLostError(self._went_away()))
+                    silent_s = max(time.monotonic() - last_tick, last_gap)
+                    self._lose_driver(DriverLostError(self._went_away(silent_s)))
                 return
             if data:
                 try:
@@ -407,19 +426,38 @@ class Context:
                         log.exception("error while handling %r", message)
             now = time.monotonic()
             if now >= next_keepalive:
+                wall = time.time()
+                last_gap = max(now - last_tick, wall - last_tick_wall)
+                if last_gap > 2 * self._keepalive_s:
+                    # This thread did not run for a while (wall time covers a machine that slept). A
+                    # heartbeat read now may look old only because the driver has not run since either
+                    # (an embedded one stopped with us): give it an interval and a margin to beat again.
+                    judge_after = now + self._keepalive_s + _GRACE_MARGIN_S
+                last_tick, last_tick_wall = now, wall
                 next_keepalive = now + self._keepalive_s
                 if not self._send_keepalive():
                     next_keepalive = now + 0.01  # a command was being sent: try again soon
-                age_ms = time.time_ns() // 1_000_000 - self._cnc.heartbeat_ms
-                if age_ms > self._liveness_ms and not self.is_invoker:
-                    # (An invoker-mode driver beats only when the application invokes it.)
-                    # Alive enough to keep its socket open, but its conductor stopped (hung, stopped).
-                    self._lose_driver(
-                        DriverLostError(f"the media driver in {self.directory} stopped its heartbeat {age_ms} ms ago")
-                    )
-                    return
+                # (An invoker-mode driver beats only when the application invokes it.)
+                if now >= judge_after and not self.is_invoker:
+                    age_ms = int(wall * 1000) - self._cnc.heartbeat_ms
+                    if age_ms > self._liveness_ms:
+                        # Alive enough to keep its socket open, but its conductor stopped (hung, stopped).
+                        self._lose_driver(
+                            DriverLostError(
+                                f"the media driver in {self.directory} stopped its heartbeat {age_ms} ms ago"
+                            )
+                        )
+                        return
 
-    def _went_away(self) -> str:
+    def _went_away(self, silent_s: float) -> str:
+        """Why the driver's socket closed. ``silent_s``: the longest this thread went lately without a
+        keep-alive; past the liveness timeout with the driver still running, the driver dropped us."""
+        if self.driver_pid != os.getpid() and silent_s > self._liveness_ms / 1000 and self._driver_running():
+            return (
+                f"the media driver (pid {self.driver_pid}) in {self.directory} closed this client's connection: "
+                f"this process sent no keep-alive for {silent_s:.1f} s (stopped?), more than the driver's "
+                f"client liveness timeout ({self._liveness_ms / 1000:.1f} s), so the driver released what it held"
+            )
         where = "this process" if self.driver_pid == os.getpid() else f"pid {self.driver_pid}"
         text = f"the media driver ({where}) in {self.directory} went away"
         if self.driver_pid != os.getpid():

@@ -66,6 +66,7 @@ from .channels import (
     subscription_endpoints,
 )
 from .client_commands import ClientCommandAdapter, ClientSession
+from .clock import StallClock
 from .config import DriverConfig
 from .ipc_publication import IpcPublication, PublicationState
 from .network_publication import NetworkPublication
@@ -109,9 +110,11 @@ class DriverConductor:
     """Owns every driver-side resource of one driver directory."""
 
     def __init__(
-        self, config: DriverConfig, cnc: CncFile, listener: socket.socket, now_ns: int, loss_report: LossReport
+        self, config: DriverConfig, cnc: CncFile, listener: socket.socket, clock: StallClock, loss_report: LossReport
     ) -> None:
         self.config = config
+        self.clock = clock
+        """Where every duty cycle's ``now_ns`` comes from (``MediaDriver`` reads it), and the socket wait's."""
         self.cnc = cnc
         self.loss_report = loss_report
         self.error_log = DistinctErrorLog(cnc.error_log)
@@ -130,11 +133,14 @@ class DriverConductor:
         self.system_counters = SystemCounters(self.counters)
         self._next_image_id = 0
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        now_ns = clock.now_ns()
         self._next_timer_ns = now_ns
         self._next_ipc_ns = now_ns
         """When the IPC limits are next recomputed (0: at the next duty cycle)."""
         self._udp_ready: set[int] = set()
         """UDP sockets the last socket wait found readable."""
+        self._stalls_seen = 0
+        """The clock's stalls already logged and counted."""
 
     @property
     def network_publications(self) -> dict[int, NetworkPublication]:
@@ -221,7 +227,7 @@ class DriverConductor:
         parked = self.cnc.header_i64
         parked[PARKED_INDEX] = 1
         try:
-            return self._poll_sockets(time.monotonic_ns(), timeout_s)
+            return self._poll_sockets(self.clock.now_ns(), timeout_s)  # clients' last-seen times: the same clock
         finally:
             parked[PARKED_INDEX] = 0
 
@@ -280,6 +286,8 @@ class DriverConductor:
         """Every ``timer_interval_ns``: heartbeat, client liveness, error log and counters."""
         self._next_timer_ns = now_ns + self.config.timer_interval_ns
         self.cnc.heartbeat_ms = time.time_ns() // 1_000_000
+        if self.clock.stalls != self._stalls_seen:
+            self._on_stall()
         work = self._check_liveness(now_ns)
         self._record_invalid_packets()
         self._update_stream_counters()
@@ -738,6 +746,19 @@ class DriverConductor:
         del self.publications[publication.registration_id]
         publication.close()
         return 1
+
+    def _on_stall(self) -> None:
+        """Say once that the driver did not run for a while, and count it: an operator who sees streams
+        hiccup, or clients of other processes time out late, finds why in the log and in ``stat``."""
+        clock = self.clock
+        self._stalls_seen = clock.stalls
+        self.system_counters.stalls = clock.stalls
+        log.warning(
+            "the media driver did not run for %.1f s (its process was stopped or starved); timeouts count "
+            "that as %.1f s",
+            clock.last_stall_ns / 1e9,
+            clock.threshold_ns / 1e9,
+        )
 
     def _check_liveness(self, now_ns: int) -> int:
         work = 0

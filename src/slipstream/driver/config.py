@@ -25,6 +25,9 @@ RESERVED_SESSION_ID_HIGH_DEFAULT: Final = 1000
 MS = 1_000_000
 S = 1_000_000_000
 THREADING_MODES = ("dedicated", "invoker")
+STALL_THRESHOLD_MAX_DEFAULT_NS: Final = 2 * S
+"""The default stall threshold's ceiling: a peer's silence before a stall plus it stays under the streams'
+own timeouts (a status message at most 2.5 s apart against a 5 s connection timeout)."""
 MAX_DURATION_NS: Final = 365 * 24 * 3600 * S
 """Longest duration setting: well inside the 64-bit fields the driver stores durations in."""
 
@@ -39,6 +42,14 @@ class DriverConfig:
     publication_linger_ns: int = 5 * S
     publication_unblock_timeout_ns: int = 5 * S
     """A closed publication whose last claim was never committed is padded after this long."""
+    stall_threshold_ns: int | None = None
+    """A gap between two duty cycles longer than this is the driver's own stall (its process was
+    stopped, or an invoker-mode application did not invoke): the timeouts above, and the streams'
+    (image liveness, a publication's connection), count it as this long only, so a stopped process
+    does not find its own clients dead on resume (see ``driver.clock``). A peer's silence just before
+    a stall plus this must stay under those timeouts. None: a third of the client liveness timeout, at
+    most 2 s (1.67 s by default). Idle cycles of a driver thread are a millisecond apart; an idle
+    invoker-mode application invokes at least once a second (its keep-alives wake it)."""
     ipc_term_length: int = IPC_TERM_DEFAULT_LENGTH
     ipc_mtu: int = MTU_DEFAULT
     ipc_publication_window: int | None = None
@@ -86,6 +97,12 @@ class DriverConfig:
     record_interval_ns: int = 1 * S
     """Time between two samples of that recording."""
 
+    def effective_stall_threshold_ns(self) -> int:
+        """``stall_threshold_ns``, or the default it stands for when None."""
+        if self.stall_threshold_ns is not None:
+            return self.stall_threshold_ns
+        return min(STALL_THRESHOLD_MAX_DEFAULT_NS, self.client_liveness_timeout_ns // 3)
+
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
         self.validate()  # a bad setting fails where it is written, not when a driver starts
@@ -113,6 +130,15 @@ class DriverConfig:
                 raise ValueError(f"{name} must be an int (nanoseconds): {value!r}")
             if not 0 < value <= MAX_DURATION_NS:
                 raise ValueError(f"{name} must be in (0, {MAX_DURATION_NS}] ns (at most a year): {value}")
+        stall = self.stall_threshold_ns
+        if stall is not None:
+            if isinstance(stall, bool) or not isinstance(stall, int):
+                raise ValueError(f"stall_threshold_ns must be an int (nanoseconds) or None: {stall!r}")
+            if not 0 < stall < self.client_liveness_timeout_ns:
+                raise ValueError(
+                    f"stall_threshold_ns must be positive and below client_liveness_timeout_ns "
+                    f"({self.client_liveness_timeout_ns}), well below it: {stall}"
+                )
         try:
             check_term_length(self.ipc_term_length)
         except ValueError as exc:

@@ -30,6 +30,7 @@ KINDS: Final[dict[str, Kind]] = {
     "client_liveness_timeout_ns": "duration",
     "publication_linger_ns": "duration",
     "publication_unblock_timeout_ns": "duration",
+    "stall_threshold_ns": "optional_duration",
     "ipc_term_length": "size",
     "ipc_mtu": "size",
     "ipc_publication_window": "optional_size",

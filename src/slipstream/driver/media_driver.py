@@ -22,6 +22,7 @@ from ..files.cnc import STATE_CLOSED, STATE_RUNNING, CncFile
 from ..files.directory import CNC_FILE, LOCK_FILE, SOCKET_FILE
 from ..files.idle import IdleStrategy, ParkingIdleStrategy, idle_strategy
 from ..files.loss_report import LOSS_REPORT_FILE, LossReport
+from .clock import StallClock
 from .conductor import DriverConductor, clean_publications_dir
 from .config import DriverConfig
 from .ipc_publication import PublicationState
@@ -124,7 +125,9 @@ class MediaDriver:
             handle.close()
         self._listener = listener
         self._loss_report = LossReport(directory)
-        self._conductor = DriverConductor(config, self._cnc, listener, time.monotonic_ns(), self._loss_report)
+        # The duty cycle's one clock, whichever thread runs it: timeouts leave the driver's own stalls out.
+        clock = StallClock(config.effective_stall_threshold_ns())
+        self._conductor = DriverConductor(config, self._cnc, listener, clock, self._loss_report)
         self._cnc.heartbeat_ms = time.time_ns() // 1_000_000
         self._cnc.state = STATE_RUNNING
         log.info("media driver started in %s (pid %d)", directory, os.getpid())
@@ -152,7 +155,7 @@ class MediaDriver:
     @staticmethod
     def _duty_cycle(conductor: DriverConductor) -> int:
         try:
-            return conductor.do_work(time.monotonic_ns())
+            return conductor.do_work(conductor.clock.now_ns())
         except Exception as exc:  # counted and logged like Aeron's agent error handler; keep serving
             log.exception("driver duty cycle failed")
             conductor.record_error(f"duty cycle failed: {exc!r}")
@@ -183,7 +186,7 @@ class MediaDriver:
         if network is None:
             return 0
         try:
-            return network.send_fresh(time.monotonic_ns(), conductor.counters)
+            return network.send_fresh(conductor.clock.now_ns(), conductor.counters)
         except Exception as exc:  # as a duty cycle's: counted and logged, never the application's problem
             log.exception("sending publication %d failed", registration_id)
             conductor.record_error(f"send failed: {exc!r}")
@@ -202,7 +205,7 @@ class MediaDriver:
         if not self.is_invoker or conductor is None or self._closed:
             return None
         deadline = conductor.streams_deadline_ns()
-        return None if deadline >= 1 << 63 else deadline
+        return None if deadline >= 1 << 63 else conductor.clock.to_source_ns(deadline)
 
     def input_fileno(self) -> int | None:
         """In invoker mode, a descriptor readable while the driver has input waiting (a datagram, a

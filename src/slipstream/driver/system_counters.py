@@ -46,12 +46,15 @@ SYSTEM_COUNTERS: Final = (
     (27, "Error Frames received"),
     (28, "Loss observations"),
     (29, "Bytes lost"),
+    (30, "Driver stalls"),
 )
 BYTES_SENT, BYTES_RECEIVED = 0, 1
 NAKS_SENT, NAKS_RECEIVED, SMS_SENT, SMS_RECEIVED, HEARTBEATS_SENT, HEARTBEATS_RECEIVED = 5, 6, 7, 8, 9, 10
 RETRANSMITS_SENT, FC_UNDER_RUNS, FC_OVER_RUNS, INVALID_PACKETS, ERRORS, SHORT_SENDS = 11, 12, 13, 14, 15, 16
 SENDER_FLOW_CONTROL_LIMITS, LOSS_GAP_FILLS, CLIENT_TIMEOUTS = 18, 23, 24
 RETRANSMITTED_BYTES, SMS_REJECTED, ERROR_FRAMES_RECEIVED, LOSS_OBSERVATIONS, BYTES_LOST = 25, 26, 27, 28, 29
+DRIVER_STALLS = 30
+"""Gaps between duty cycles above ``stall_threshold_ns`` (the process stopped): timeouts left them out."""
 
 
 def _sender_totals(publication: NetworkPublication) -> dict[int, int]:
@@ -105,6 +108,7 @@ class SystemCounters:
         self._retired: dict[int, int] = {}
         self.client_timeouts = 0
         self.errors = 0
+        self.stalls = 0
 
     def _retire(self, totals: dict[int, int]) -> None:
         for key, value in totals.items():
@@ -126,5 +130,6 @@ class SystemCounters:
                 totals[key] = totals.get(key, 0) + value
         totals[CLIENT_TIMEOUTS] = self.client_timeouts
         totals[ERRORS] = self.errors
+        totals[DRIVER_STALLS] = self.stalls
         for key, value in totals.items():
             self.counters.set(key, value)
