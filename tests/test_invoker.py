@@ -214,7 +214,7 @@ def test_ipc_limits_are_recomputed_every_interval_or_every_cycle_under_pressure(
         sub = ctx.add_subscription("aeron:ipc", 6)
         pub = ctx.add_exclusive_publication("aeron:ipc", 6)
         deadline = time.monotonic() + TIMEOUT_S
-        while not pub.is_connected:
+        while not (pub.is_connected and sub.image_count):  # the image too: consume() must read from it
             assert time.monotonic() < deadline
             ctx.invoke()
         driver = ctx._embedded
