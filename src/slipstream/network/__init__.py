@@ -15,6 +15,7 @@ is sans-I/O (``handshake``, ``connection``); ``aio`` is the adapter. May import 
 from .aio import Client, Connection, Ping, Server, Transfer
 from .config import ClientConfig, ConfigError, ConfigTypeError, ServerConfig
 from .errors import (
+    ClientClosedError,
     ClientError,
     ClientRejected,
     ConnectionClosedError,
@@ -40,6 +41,7 @@ from .streaming import StreamingError
 
 __all__ = [
     "Client",
+    "ClientClosedError",
     "ClientConfig",
     "ClientError",
     "ClientRejected",

@@ -76,6 +76,10 @@ class ClientError(NetworkError):
     """Something a client cannot do (not connected, bad target, closed while connecting)."""
 
 
+class ClientClosedError(ClientError):
+    """The client was closed: it connects no more (make a new one)."""
+
+
 class ClientRejected(ClientError):
     """The server refused this client; the message carries the server's reason."""
 
@@ -145,6 +149,7 @@ class UndeliveredError(NetworkError):
 
 
 __all__ += [
+    "ClientClosedError",
     "ClientError",
     "ClientRejected",
     "ConnectTimeout",

@@ -47,6 +47,7 @@ __all__ = [
     "HandshakeMachine",
     "Link",
     "SharedContexts",
+    "addresses_of",
     "close_quietly",
     "earliest",
     "handshake_cycle",
@@ -234,6 +235,17 @@ def resolve_host(host: str, *, ipv4: bool, ipv6: bool) -> str:
     if address.version == 6 and not ipv6:
         raise ClientError(f"{host} is IPv6 but enable_ipv6 is False")
     return host
+
+
+def addresses_of(host: str, *, ipv4: bool, ipv6: bool) -> set[str]:
+    """Every address ``host`` (as given to ``connect``) may stand for: a localhost alias is both loopbacks,
+    a name also what it resolves to (when it does)."""
+    if host in LOCALHOST_ALIASES:
+        return {host, "127.0.0.1", "::1"}
+    try:
+        return {host, resolve_host(host, ipv4=ipv4, ipv6=ipv6)}
+    except ClientError:
+        return {host}
 
 
 def is_local_host(host: str) -> bool:

@@ -4,15 +4,14 @@ on this host when both sides enable it, and UDP as the fallback."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
 from ...client import Header
 from ..buffered import Hold
-from ..config import LOCALHOST_ALIASES, ClientConfig
+from ..config import ClientConfig
 from ..delivery import Delivery
-from ..errors import ClientError, ConnectTimeout
+from ..errors import ClientClosedError, ClientError, ConnectTimeout
 from ..events import Closed, HandshakeCompleted, HandshakeTimedOut, Rejected
 from ..handshake import ClientHandshake, rejection_error
 from ..session import PlainRecords, RecordLayer, Records
@@ -23,6 +22,7 @@ from ..transport import (
     HANDSHAKE_STREAM,
     IPC_MTU,
     Link,
+    addresses_of,
     close_quietly,
     handshake_cycle,
     host_port,
@@ -57,6 +57,8 @@ class Client(Endpoint):
         self.connection: Connection | None = None
         """The current connection (None before connecting, while reconnecting, and after it ended)."""
         self._last_target: tuple[str | None, int, int | None, float | None] | None = None
+        self._last_timeout = 0.0
+        self._closed = False
         self._lost: Connection | None = None
         """The lost connection whose sends wait for the next one (``ClientConfig.reconnect``)."""
         self._reconnecting: asyncio.Task[None] | None = None
@@ -76,7 +78,10 @@ class Client(Endpoint):
         self, host: str, port: int, control_port: int | None = None, timeout: float | None = None
     ) -> Connection:
         """Connect to the server at ``host:port`` (handshake port; its control port defaults to
-        ``port + 1``). Raises a ClientRejected subclass or ConnectTimeout."""
+        ``port + 1``), waiting at most ``timeout`` seconds in all (default: the config's
+        ``connect_timeout``, 30 s). Raises a ClientRejected subclass, ConnectTimeout, or ClientClosedError
+        after ``close``."""
+        self._check_open()
         if not isinstance(port, int) or not 1 <= port <= 65534:
             raise ValueError(f"port must be in 1..65534: {port!r}")
         control_port = port + 1 if control_port is None else control_port
@@ -84,6 +89,7 @@ class Client(Endpoint):
         if timeout_s <= 0:
             raise ValueError(f"timeout must be positive: {timeout_s}")
         self._last_target = (host, port, control_port, timeout_s)
+        self._last_timeout = timeout_s
         if self.connection is not None and not self.connection.is_closed:
             raise ClientError(f"already connected (connection {self.connection.id}); close it first")
         config = self.config
@@ -101,22 +107,29 @@ class Client(Endpoint):
         return connection
 
     async def connect_ipc(self, timeout: float | None = None) -> Connection:
-        """Connect over IPC to a server that called ``bind_ipc``."""
+        """Connect over IPC to a server that called ``bind_ipc`` (``timeout``: as for ``connect``)."""
+        self._check_open()
         if not self.config.enable_ipc:
             raise ClientError("enable_ipc is False in this client's config")
         timeout_s = self.config.connect_timeout if timeout is None else timeout
         self._last_target = (None, 0, None, timeout_s)
+        self._last_timeout = timeout_s
         connection = await self._attempt(None, 0, None, time.monotonic() + timeout_s, probe=False)
         assert connection is not None
         return connection
 
     async def reconnect(self) -> Connection:
         """Connect again to the last target (closing the current connection first, if any)."""
+        self._check_open()
         if self._last_target is None:
             raise ClientError("reconnect() before any connect()")
         if self.connection is not None and not self.connection.is_closed:
             await self.connection.close()
         return await self._connect_again()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("this client was closed: make a new Client to connect again")
 
     async def _connect_again(self) -> Connection:
         assert self._last_target is not None
@@ -133,7 +146,7 @@ class Client(Endpoint):
         config = self.config
         context = self._acquire_context()
         where = f"IPC (port {port})" if host is None else f"{host_port(host, port)}"
-        started = time.monotonic()
+        started = deadline - self._last_timeout  # the connect began then (an IPC probe may have gone first)
         try:
             if host is None:
                 hs_sub, hs_pub = await registered_pair(
@@ -232,7 +245,7 @@ class Client(Endpoint):
         plaintext: bool,
     ) -> Connection:
         config = self.config
-        started = time.monotonic()
+        started = deadline - self._last_timeout
         context = self._acquire_context()
         if host is not None:
             reliable = None if config.reliable else False
@@ -277,7 +290,7 @@ class Client(Endpoint):
                 subscription.close()
                 raise ConnectTimeout(
                     f"the server at {where} accepted, but its connection streams did not come up within "
-                    f"{time.monotonic() - started:.1f} s (the rest of the connect timeout)"
+                    f"{time.monotonic() - started:.1f} s"
                 )
             await backoff.idle(time.monotonic())
         records: Records = PlainRecords() if plaintext else RecordLayer(done.send_key, done.receive_key)
@@ -367,16 +380,8 @@ class Client(Endpoint):
         """Forget the pinned key of the server at ``host`` (after a legitimate key change), given as to
         ``connect``: pins are kept by address, so a name is resolved (a localhost alias covers both
         loopback addresses). False if no key was pinned for it."""
-        addresses = {host}
-        if host in LOCALHOST_ALIASES:
-            addresses |= {"127.0.0.1", "::1"}
-        else:
-            with contextlib.suppress(ClientError):
-                addresses.add(resolve_host(host, ipv4=self.config.enable_ipv4, ipv6=self.config.enable_ipv6))
-        removed = False
-        for address in addresses:
-            removed = self.store.remove_pin(address) or removed
-        return removed
+        addresses = addresses_of(host, ipv4=self.config.enable_ipv4, ipv6=self.config.enable_ipv6)
+        return any([self.store.remove_pin(address) for address in addresses])  # (every one: no short cut)
 
     async def close(self) -> None:
         """Close the connection (the server hears CLOSE at once) and release the driver."""
@@ -391,6 +396,7 @@ class Client(Endpoint):
         self._stop_recording()
         await self._release_context_drained()
         self.store.close()
+        self._closed = True
 
     async def _sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
