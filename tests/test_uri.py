@@ -17,6 +17,8 @@ from slipstream.wire.uri import (
     ChannelUriError,
     FlowControl,
     StartPosition,
+    UnsupportedChannelError,
+    check_supported,
     parse_bool,
     parse_duration_ns,
     parse_endpoint,
@@ -483,6 +485,52 @@ def test_parse_errors_name_the_parameter(text: str, parameter: str | None) -> No
     assert info.value.parameter == parameter
     if parameter is not None:
         assert repr(parameter) in str(info.value)
+
+
+def _typo(key: str) -> str:
+    """``key`` with one letter dropped from its middle (``endpoint`` -> ``endpint``)."""
+    middle = len(key) // 2
+    return key[:middle] + key[middle + 1 :]
+
+
+@pytest.mark.parametrize("key", sorted(KNOWN_KEYS))
+def test_every_misspelt_key_gets_the_same_did_you_mean(key: str) -> None:
+    # Issue 30 item 9: 'term-lenght' had a suggestion, 'endpont' none, because a udp channel without
+    # endpoint failed parse() on the missing endpoint before anything looked at the unknown key.
+    typo = _typo(key)
+    value = "localhost:1" if key in ("endpoint", "control") else "1"
+    said = set()
+    for text in (f"aeron:udp?{typo}={value}", f"aeron:ipc?{typo}={value}", f"{EP}{typo}={value}"):
+        with pytest.raises(ChannelUriError) as info:
+            check_supported(ChannelUri.parse(text))
+        assert info.value.parameter == typo, text
+        said.add(info.value.reason.partition("?")[0])
+    assert len(said) == 1  # the same suggestion whichever check met the key first
+    if len(key) > 3:  # 'c' could be cc or fc
+        assert said == {f"unknown parameter; did you mean {key!r}"}
+
+
+@pytest.mark.parametrize(
+    ("text", "typo", "meant", "rule"),
+    [
+        ("aeron:udp?endpont=x:1", "endpont", "endpoint", "needs endpoint"),
+        ("aeron:udp?control-mod=manual", "control-mod", "control-mode", "needs endpoint"),
+        (EP + "init-term-id=1|term-id=2|term-ofset=0", "term-ofset", "term-offset", "given together"),
+    ],
+)
+def test_parse_blames_a_misspelt_key_for_a_rule_it_breaks(text: str, typo: str, meant: str, rule: str) -> None:
+    with pytest.raises(ChannelUriError) as info:
+        ChannelUri.parse(text)
+    assert not isinstance(info.value, UnsupportedChannelError)  # parse() still models Aeron's URIs
+    assert info.value.parameter == typo
+    assert f"did you mean {meant!r}?" in str(info.value) and rule in str(info.value)
+
+
+def test_a_rule_broken_with_no_likely_typo_is_reported_as_before() -> None:
+    with pytest.raises(ChannelUriError, match="needs endpoint") as info:
+        ChannelUri.parse("aeron:udp?future-key=1")
+    assert info.value.parameter == "endpoint"
+    assert ChannelUri.parse(EP + "future-key=1").get("future-key") == "1"  # unknown keys are still kept
 
 
 @pytest.mark.parametrize("value", [None, b"aeron:ipc", 5, ["aeron:ipc"], object()])

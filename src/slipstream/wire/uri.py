@@ -353,6 +353,21 @@ KNOWN_KEYS: Final = frozenset(_PARSERS)
 
 _START_KEYS: Final = ("init-term-id", "term-id", "term-offset")
 
+
+def _closest_key(key: str) -> str | None:
+    """The known key ``key`` is most likely a misspelling of, if any."""
+    close = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _unknown_key(key: str) -> str:
+    """What is said of an unknown key, wherever it is found: a did-you-mean, else the known keys."""
+    close = _closest_key(key)
+    if close is not None:
+        return f"unknown parameter; did you mean {close!r}?"
+    return f"unknown parameter (known keys: {', '.join(sorted(KNOWN_KEYS))})"
+
+
 _T = TypeVar("_T")
 
 
@@ -528,12 +543,23 @@ class ChannelUri:
     # -- validation -----------------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        """Check every known key, then the rules that span several keys."""
+        """Check every known key, then the rules that span several keys. A broken rule with a misspelt key
+        present (``endpont``) is blamed on that key, with the suggestion ``check_supported`` gives."""
         params = self._params
         for key, value in params.items():
             parser = _PARSERS.get(key)
             if parser is not None:
                 parser(value, key)
+        try:
+            self._check_rules()
+        except ChannelUriError as exc:
+            typo = next((key for key in params if key not in KNOWN_KEYS and _closest_key(key)), None)
+            if typo is None:
+                raise
+            raise ChannelUriError(f"{_unknown_key(typo)} ({exc.reason})", typo) from None
+
+    def _check_rules(self) -> None:
+        params = self._params
         present = [key for key in _START_KEYS if key in params]
         if present and len(present) != len(_START_KEYS):
             missing = next(key for key in _START_KEYS if key not in params)
@@ -768,11 +794,6 @@ class UnsupportedChannelError(ChannelUriError):
 _SUPPORTED_FC: Final = frozenset({"max"})
 
 
-def _near_miss(key: str) -> str:
-    close = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else f" (known keys: {', '.join(sorted(KNOWN_KEYS))})"
-
-
 def _is_multicast(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_multicast
@@ -790,7 +811,7 @@ def check_supported(uri: ChannelUri) -> None:
     """
     for key in uri.params:
         if key not in KNOWN_KEYS:
-            raise UnsupportedChannelError(f"unknown parameter{_near_miss(key)}", key)
+            raise UnsupportedChannelError(_unknown_key(key), key)
     for key in ("endpoint", "control"):
         address = uri.endpoint_address if key == "endpoint" else uri.control_address
         if address is not None and _is_multicast(address[0].strip("[]")):
