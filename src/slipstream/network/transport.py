@@ -34,8 +34,9 @@ from ..client import (
     Header,
     Subscription,
 )
-from .config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES
+from .config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES, ClientConfig
 from .errors import ClientError
+from .events import HandshakeCompleted
 
 __all__ = [
     "BUSY_CADENCE_NS",
@@ -48,6 +49,7 @@ __all__ = [
     "Link",
     "SharedContexts",
     "addresses_of",
+    "client_streams",
     "close_quietly",
     "earliest",
     "handshake_cycle",
@@ -246,6 +248,28 @@ def addresses_of(host: str, *, ipv4: bool, ipv6: bool) -> set[str]:
         return {host, resolve_host(host, ipv4=ipv4, ipv6=ipv6)}
     except ClientError:
         return {host}
+
+
+def client_streams(
+    config: ClientConfig, done: HandshakeCompleted, host: str | None, port: int
+) -> tuple[tuple[str, int], tuple[str, int]]:
+    """A client connection's subscription and publication, ``(channel, stream id)`` each, as the server
+    allocated them: over UDP the server's dynamic-MDC stream from its control port (reached from
+    ``config.port`` when set) and ours to its port; over IPC (``host`` None) the two IPC streams."""
+    if host is None:
+        ipc = ipc_channel(session_id=done.client_session_id, term_length=config.ipc_term_length, mtu=IPC_MTU)
+        return (ipc_channel(session_id=done.server_session_id), done.server_stream_id), (ipc, done.client_stream_id)
+    local = None if config.port is None else host_port("::" if ":" in host else "0.0.0.0", config.port)
+    control = host_port(host, done.control_port)
+    subscription = udp_channel(
+        endpoint=local, control=control, control_mode="dynamic", session_id=done.server_session_id,
+        reliable=None if config.reliable else False,
+    )  # fmt: skip
+    publication = udp_channel(
+        endpoint=host_port(host, port), session_id=done.client_session_id, term_length=config.term_length,
+        mtu=config.network_mtu, linger="500ms",
+    )  # fmt: skip
+    return (subscription, done.server_stream_id), (publication, done.client_stream_id)
 
 
 def is_local_host(host: str) -> bool:

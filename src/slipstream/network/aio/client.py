@@ -20,9 +20,9 @@ from ..transport import (
     HANDSHAKE_IPC_STREAM,
     HANDSHAKE_POLL_LIMIT,
     HANDSHAKE_STREAM,
-    IPC_MTU,
     Link,
     addresses_of,
+    client_streams,
     close_quietly,
     handshake_cycle,
     host_port,
@@ -247,41 +247,12 @@ class Client(Endpoint):
         config = self.config
         started = deadline - self._last_timeout
         context = self._acquire_context()
-        if host is not None:
-            reliable = None if config.reliable else False
-            local = None if config.port is None else host_port("::" if ":" in host else "0.0.0.0", config.port)
-            subscription, publication = await registered_pair(
-                context,
-                context.async_add_subscription(
-                    udp_channel(
-                        endpoint=local,
-                        control=host_port(host, done.control_port),
-                        control_mode="dynamic",
-                        session_id=done.server_session_id,
-                        reliable=reliable,
-                    ),
-                    done.server_stream_id,
-                ),
-                context.async_add_exclusive_publication(
-                    udp_channel(
-                        endpoint=host_port(host, port),
-                        session_id=done.client_session_id,
-                        term_length=config.term_length,
-                        mtu=config.network_mtu,
-                        linger="500ms",
-                    ),
-                    done.client_stream_id,
-                ),
-            )
-        else:
-            subscription, publication = await registered_pair(
-                context,
-                context.async_add_subscription(ipc_channel(session_id=done.server_session_id), done.server_stream_id),
-                context.async_add_exclusive_publication(
-                    ipc_channel(session_id=done.client_session_id, term_length=config.ipc_term_length, mtu=IPC_MTU),
-                    done.client_stream_id,
-                ),
-            )
+        (sub_channel, sub_stream), (pub_channel, pub_stream) = client_streams(config, done, host, port)
+        subscription, publication = await registered_pair(
+            context,
+            context.async_add_subscription(sub_channel, sub_stream),
+            context.async_add_exclusive_publication(pub_channel, pub_stream),
+        )
         backoff = IdleBackoff(max_sleep_s=0.005, deep_after_s=3600.0)
         while not (subscription.image_count > 0 and publication.is_connected):
             shared_contexts.invoke(context)
