@@ -24,14 +24,29 @@ EXIT_BROKEN_PIPE = 141
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults formatter without the noise: a flag's False and an unset None are not shown
+    (an option whose default is None says in its help what happens without it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every command; ``-v`` is accepted before or after the command."""
-    parser = argparse.ArgumentParser(prog="slipstream", description="Fast, secure messaging between processes.")
+    """The parser of every command; ``-v`` is accepted before or after the command, and every command's
+    help shows its options' defaults."""
+    parser = argparse.ArgumentParser(
+        prog="slipstream", description="Fast, secure messaging between processes.", formatter_class=HelpFormatter
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument(
         "--version", action="version", version=f"slipstream {__version__} ({fast_path_description()})"
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="one of these ('slipstream COMMAND --help' for more)"
+    )
     demo.register(commands)
     driver.register(commands)
     echo.register(commands)
@@ -39,20 +54,22 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.register(commands)
     record.register(commands)
     samples.register(commands)
-    _verbose_everywhere(commands.choices.values())
+    _finish_commands(commands.choices.values())
     return parser
 
 
-def _verbose_everywhere(parsers: object) -> None:
+def _finish_commands(parsers: object) -> None:
+    """What every command's parser has, whoever registered it: ``-v`` and the help formatter."""
     for sub in parsers:  # type: ignore[attr-defined]
         assert isinstance(sub, argparse.ArgumentParser)
+        sub.formatter_class = HelpFormatter
         if "-v" not in sub._option_string_actions:
             sub.add_argument(
                 "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO level"
             )
         for action in sub._actions:
             if isinstance(action, argparse._SubParsersAction):
-                _verbose_everywhere(action.choices.values())
+                _finish_commands(action.choices.values())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,11 +62,13 @@ def register(commands: Any) -> None:
         "a checksum and round-trip latencies. Uses an embedded driver in a fresh directory (removed at the "
         "end), or the driver of --dir.",
     )
-    parser.add_argument("--messages", type=int, default=200_000, help="small messages to send (default 200000)")
-    parser.add_argument("--size", type=int, default=32, help="bytes per small message (default 32)")
-    parser.add_argument("--large", type=int, default=100, help="10 KB messages to send (fragmented)")
-    parser.add_argument("--pings", type=int, default=10_000, help="round trips to measure (default 10000)")
-    parser.add_argument("--dir", type=Path, default=None, help="driver directory (default: a fresh one)")
+    parser.add_argument("--messages", type=int, default=200_000, help="small messages to send")
+    parser.add_argument("--size", type=int, default=32, help="bytes per small message")
+    parser.add_argument("--large", type=int, default=100, help="10 KB messages to send, each fragmented")
+    parser.add_argument("--pings", type=int, default=10_000, help="round trips to measure")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="driver directory (default: a fresh one, removed at the end)"
+    )
     parser.add_argument("--role", choices=["main", "peer"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--owned", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)

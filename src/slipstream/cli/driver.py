@@ -20,7 +20,9 @@ from ..wire.uri import ChannelUriError, parse_size
 
 
 def register(commands: Any) -> None:
-    """Add ``driver`` to the command parsers."""
+    """Add ``driver`` to the command parsers. Option defaults are None (a config file's value stands
+    unless an option is given), so their help shows DriverConfig's defaults."""
+    defaults = DriverConfig()
     parser: argparse.ArgumentParser = commands.add_parser(
         "driver",
         help="run a standalone media driver",
@@ -33,31 +35,42 @@ def register(commands: Any) -> None:
         default=None,
         metavar="FILE",
         help="settings file: TOML if it ends in .toml, else Java-style properties (key=value); "
-        "keys are the names --print-config shows, or Aeron's (aeron.dir, aeron.mtu.length, ...)",
+        "keys are the names --print-config shows, or Aeron's (aeron.dir, aeron.mtu.length, ...) "
+        "(default: none, every setting at its default)",
     )
     parser.add_argument(
         "--print-config", action="store_true", help="print every setting's effective value (as TOML) and exit"
     )
-    parser.add_argument("--dir", type=Path, default=None, help=f"driver directory (default {default_directory()})")
-    parser.add_argument("--ipc-term-length", default=None, help="IPC term length, e.g. 64m (default 64m)")
+    parser.add_argument("--dir", type=Path, default=None, help=f"driver directory (default: {default_directory()})")
     parser.add_argument(
-        "--client-liveness-timeout", type=float, default=None, help="seconds before a silent client is dropped"
+        "--ipc-term-length",
+        default=None,
+        help=f"IPC term length, e.g. 64m (default: {defaults.ipc_term_length >> 20}m)",
     )
-    parser.add_argument("--idle", default=None, help="idle strategy: spin, yield, backoff (default), sleep")
+    parser.add_argument(
+        "--client-liveness-timeout",
+        type=float,
+        default=None,
+        help=f"seconds before a silent client is dropped (default: {defaults.client_liveness_timeout_ns / 1e9:g})",
+    )
+    parser.add_argument(
+        "--idle", default=None, help=f"idle strategy: spin, yield, backoff or sleep (default: {defaults.idle_strategy})"
+    )
     parser.add_argument(
         "--record",
         type=Path,
         default=None,
         metavar="DIR",
         help="record the driver's counters, loss report and error log into DIR (Parquet segments); "
-        "the config file's record_directory",
+        "the config file's record_directory (default: no recording)",
     )
     parser.add_argument(
         "--record-interval",
         type=float,
         default=None,
         metavar="S",
-        help="seconds between samples (default 1; the config file's record_interval)",
+        help="seconds between samples; the config file's record_interval "
+        f"(default: {defaults.record_interval_ns / 1e9:g})",
     )
     parser.set_defaults(run=run)
 

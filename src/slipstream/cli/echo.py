@@ -61,44 +61,61 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 def register(commands: Any) -> None:
     """Add ``echo server`` and ``echo client`` to the command parsers."""
     echo: argparse.ArgumentParser = commands.add_parser(
-        "echo", help="the guide's echo server and client (take 1: naive, take 2: through NAT)"
+        "echo",
+        help="the guide's echo server and client (take 1: naive, take 2: through NAT)",
+        description="The echo protocol of the Aeron guide, as its server and its client. Take 1 is the naive "
+        "version: the server publishes back to a port the client announces, which fails behind NAT. Take 2 "
+        "works through NAT: clients meet the server on an all-clients channel (dynamic MDC), then each moves "
+        "to a duologue of its own, with limits and expiry.",
     )
-    roles = echo.add_subparsers(dest="role", required=True, metavar="ROLE")
+    roles = echo.add_subparsers(dest="role", required=True, metavar="ROLE", help="server or client")
 
-    server: argparse.ArgumentParser = roles.add_parser("server", help="run an echo server")
+    server: argparse.ArgumentParser = roles.add_parser(
+        "server",
+        help="run an echo server",
+        description="Run an echo server: every message a client sends comes back to it. Options marked take 1 "
+        "or take 2 apply to that version only.",
+    )
     _common(server)
     server.add_argument("--local-address", required=True, help="address to bind, e.g. 5.6.7.8")
-    server.add_argument("--local-port", type=int, help="take 1: the port clients send to (default 9000)")
+    server.add_argument("--local-port", type=int, help="take 1: the port clients send to (default: 9000)")
     server.add_argument("--local-initial-data-port", "--data-port", type=int,
-                        help="take 2: all-clients data port (default 9000)")
+                        help="take 2: all-clients data port (default: 9000)")
     server.add_argument("--local-initial-control-port", "--control-port", type=int,
-                        help="take 2: all-clients MDC control port (default 9001)")
+                        help="take 2: all-clients MDC control port (default: 9001)")
     server.add_argument("--local-clients-base-port", "--base-port", type=int,
-                        help="take 2: duologue ports are [base, base + 2 * client-count) (default 9010)")
-    server.add_argument("--client-count", "--max-clients", type=int, help="take 2: most duologues at once (default 4)")
+                        help="take 2: duologue ports are [base, base + 2 * client-count) (default: 9010)")
+    server.add_argument("--client-count", "--max-clients", type=int, help="take 2: most duologues at once (default: 4)")
     server.add_argument("--max-connections-per-address", "--per-ip-limit", type=int,
-                        help="take 2: most duologues one IP address may own (default 3)")
+                        help="take 2: most duologues one IP address may own (default: 3)")
     server.add_argument("--duologue-expiry", "--expiry", type=float,
-                        help="take 2: seconds before a duologue nobody is connected to is deleted (default 10)")
+                        help="take 2: seconds before a duologue nobody is connected to is deleted (default: 10)")
     _session_range(server)
-    server.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: never)")
+    server.add_argument("--duration", type=float, default=None,
+                        help="stop after this many seconds (default: run until interrupted)")
     server.set_defaults(run=run_server)
 
-    client: argparse.ArgumentParser = roles.add_parser("client", help="run an echo client")
+    client: argparse.ArgumentParser = roles.add_parser(
+        "client",
+        help="run an echo client",
+        description="Run an echo client: send random numbers to an echo server, one per interval, and log "
+        "each echo. "
+        "Options marked take 1 or take 2 apply to that version only.",
+    )
     _common(client)
-    client.add_argument("--local-address", help="take 1: address to receive echoes on")
-    client.add_argument("--local-port", type=int, help="take 1: port to receive echoes on (default 8000)")
+    client.add_argument("--local-address", help="take 1: address to receive echoes on (no default: take 1 needs it)")
+    client.add_argument("--local-port", type=int, help="take 1: port to receive echoes on (default: 8000)")
     client.add_argument("--remote-address", required=True, help="the server's address")
-    client.add_argument("--remote-port", type=int, help="take 1: the server's port (default 9000)")
+    client.add_argument("--remote-port", type=int, help="take 1: the server's port (default: 9000)")
     client.add_argument("--remote-data-port", "--data-port", type=int,
-                        help="take 2: the server's all-clients data port (default 9000)")
+                        help="take 2: the server's all-clients data port (default: 9000)")
     client.add_argument("--remote-control-port", "--control-port", type=int,
-                        help="take 2: the server's all-clients control port (default 9001)")
+                        help="take 2: the server's all-clients control port (default: 9001)")
     _session_range(client)
     client.add_argument("--count", type=int, default=0,
-                        help="stop after this many messages and their echoes (default 0: run until interrupted)")
-    client.add_argument("--interval", type=float, default=1.0, help="seconds between messages (default 1)")
-    client.add_argument("--timeout", type=float, default=10.0, help="seconds any one wait may take (default 10)")
+                        help="stop after this many messages and their echoes (0: run until interrupted)")
+    client.add_argument("--interval", type=float, default=1.0, help="seconds between messages")
+    client.add_argument("--timeout", type=float, default=10.0, help="seconds any one wait may take")
     client.set_defaults(run=run_client)
 
 
@@ -108,14 +125,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="media driver directory: attach to its driver, or start one there. Give the "
                              "server and each client their own, as the guide does")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="debug",
-                        help="echo log level (default debug, the guide's output)")
+                        help="echo log level; debug is the guide's output")
 
 
 def _session_range(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserved-session-id-low", type=int,
-                        help="take 2: low end of the session ids the driver leaves to duologues (default 1)")
+                        help="take 2: low end of the session ids the driver leaves to duologues (default: 1)")
     parser.add_argument("--reserved-session-id-high", type=int,
-                        help="take 2: high end of that range (default 2147483647)")
+                        help="take 2: high end of that range (default: 2147483647)")
 
 
 def _settle(args: argparse.Namespace, role: str) -> str | None:

@@ -40,12 +40,18 @@ def register(commands: Any) -> None:
     _common(stat)
     stat.add_argument("--once", action="store_true", help="print one snapshot and exit")
     stat.add_argument(
-        "--interval", type=_positive, default=1.0, metavar="S", help="seconds between refreshes (default 1)"
+        "--interval", type=_positive, default=1.0, metavar="S", help="seconds between refreshes"
     )
     stat.add_argument(
-        "--duration", type=_positive, default=None, metavar="S", help="stop refreshing after this many seconds"
+        "--duration",
+        type=_positive,
+        default=None,
+        metavar="S",
+        help="stop refreshing after this many seconds (default: run until interrupted)",
     )
-    stat.add_argument("--filter", type=_regex, default=None, metavar="REGEX", help="only counters whose label matches")
+    stat.add_argument(
+        "--filter", type=_regex, default=None, metavar="REGEX", help="only counters whose label matches (default: all)"
+    )
     stat.set_defaults(run=run_stat)
     for name, run, text in (
         ("loss", run_loss, "print the loss report as CSV (like LossStat)"),
@@ -58,7 +64,7 @@ def register(commands: Any) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", type=Path, default=None, help=f"driver directory (default {default_directory()})")
+    parser.add_argument("--dir", type=Path, default=None, help=f"driver directory (default: {default_directory()})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 

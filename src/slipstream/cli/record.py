@@ -47,27 +47,42 @@ def register(commands: Any) -> None:
         "record",
         help="capture a stream into Parquet segments",
         description="Capture every message of a stream (and, with --counters, the driver's counters, loss "
-        "report and error log) into a recording directory that `slipstream pipeline report` reads.",
+        "report and error log) into a recording directory that slipstream pipeline report reads.",
     )
     parser.add_argument("--channel", required=True, help="channel URI, e.g. aeron:ipc or aeron:udp?endpoint=...")
     parser.add_argument("--stream", type=int, required=True, metavar="ID", help="stream id")
     parser.add_argument("--output", type=Path, required=True, metavar="DIR", help="recording directory")
-    parser.add_argument("--dir", type=Path, default=None, help=f"driver directory (default {default_directory()})")
-    parser.add_argument("--duration", type=float, default=None, metavar="S", help="stop after this many seconds")
-    parser.add_argument("--flush-interval", type=float, default=1.0, metavar="S", help="seconds (default 1)")
-    parser.add_argument("--segment-age", type=float, default=60.0, metavar="S", help="roll segments this often")
+    parser.add_argument("--dir", type=Path, default=None, help=f"driver directory (default: {default_directory()})")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop after this many seconds (default: run until interrupted)",
+    )
+    parser.add_argument(
+        "--flush-interval", type=float, default=1.0, metavar="S", help="seconds between flushes of what was captured"
+    )
+    parser.add_argument(
+        "--segment-age",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds after which a segment is finished and a new one begun",
+    )
     parser.add_argument("--counters", action="store_true", help="also sample the driver's files every second")
     parser.add_argument(
         "--direct-io",
         action="store_true",
         help="write the raw capture with O_DIRECT (no page cache; each write waits for the disk)",
     )
-    parser.add_argument("--writer-id", default=None, help="writer directory name (default capture-<host>-<pid>)")
+    parser.add_argument("--writer-id", default=None, help="writer directory name (default: capture-<host>-<pid>)")
     parser.add_argument(
         "--decoder",
         default=None,
         metavar="MODULE:NAME",
-        help="a callable bytes -> message|None that types payloads (e.g. made by telemetry.msgspec_decoder)",
+        help="a callable bytes -> message|None that types payloads into typed.<Type> rows (e.g. made by "
+        "telemetry.msgspec_decoder; default: none, captured rows only)",
     )
     parser.add_argument("--convert-raw", type=Path, default=None, help=argparse.SUPPRESS)
     parser.set_defaults(run=run)

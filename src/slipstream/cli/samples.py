@@ -23,6 +23,7 @@ from ..client import (
     result_name,
 )
 from ..client.errors import DriverError
+from ..files.directory import default_directory
 
 
 def register(commands: Any) -> None:
@@ -35,8 +36,8 @@ def register(commands: Any) -> None:
         "Exit status: 0 all sent, 1 an offer failed or timed out, 2 bad arguments or no driver.",
     )
     _common(pub)
-    pub.add_argument("--count", type=int, default=10, help="messages to send (default 10)")
-    pub.add_argument("--interval", type=float, default=0.0, help="seconds between messages (default 0)")
+    pub.add_argument("--count", type=int, default=10, help="messages to send")
+    pub.add_argument("--interval", type=float, default=0.0, help="seconds between messages")
     pub.add_argument("--message", default="Hello World! {n}", help="text; {n} is the message number")
     pub.add_argument("--linger", type=float, default=0.0, help="seconds to stay open after the last message")
     pub.set_defaults(run=run_publish)
@@ -48,14 +49,20 @@ def register(commands: Any) -> None:
         "Exit status: 0 done, 1 timed out before --count messages, 2 bad arguments or no driver.",
     )
     _common(sub)
-    sub.add_argument("--count", type=int, default=0, help="stop after this many messages (default: no limit)")
+    sub.add_argument("--count", type=int, default=0, help="stop after this many messages (0: no limit)")
     sub.set_defaults(run=run_subscribe)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--channel", default="aeron:udp?endpoint=localhost:20121", help="channel URI")
-    parser.add_argument("--stream", type=int, default=1001, help="stream id (default 1001)")
-    parser.add_argument("--dir", type=Path, default=None, help="driver directory")
+    parser.add_argument("--stream", type=int, default=1001, help="stream id")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="driver directory: attach to its driver, or start an embedded one there "
+        f"(default: {default_directory()})",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="give up after this many seconds")
 
 

@@ -199,12 +199,32 @@ def abuse_loop(output: Path, recording: Path, *, master: str | None, threshold: 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``pipeline demo`` options."""
-    parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="default ./slipstream-demo-<time>")
-    parser.add_argument("--messages", type=int, default=20_000, help="typed messages per stream (default 20000)")
-    parser.add_argument("--clients", type=int, default=NETWORK_CLIENTS, help="clients of the recorded server")
-    parser.add_argument("--per-client", type=int, default=500, metavar="N", help="messages each client sends (500)")
-    parser.add_argument("--master", default=None, metavar="URL", help="Spark master (default local[*])")
-    parser.add_argument("--abuse-threshold", type=int, default=DEFAULT_ABUSE_THRESHOLD, metavar="N")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where the recording, tables and report go (default: ./slipstream-demo-<time>)",
+    )
+    parser.add_argument(
+        "--messages", type=int, default=20_000, help="typed messages per stream (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--clients", type=int, default=NETWORK_CLIENTS, help="clients of the recorded server (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--per-client", type=int, default=500, metavar="N", help="messages each client sends (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--master", default=None, metavar="URL", help="Spark master (default: spark-submit's, else local[*])"
+    )
+    parser.add_argument(
+        "--abuse-threshold",
+        type=int,
+        default=DEFAULT_ABUSE_THRESHOLD,
+        metavar="N",
+        help="rejected handshakes that put an address on the abuse list (default: %(default)s)",
+    )
     parser.add_argument("--no-loop", action="store_true", help="skip the live abuse-list loop")
 
 

@@ -74,16 +74,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", type=Path, required=True, metavar="DIR", help="recording directory")
     parser.add_argument("--output", type=Path, required=True, metavar="DIR", help="where tables and report go")
     parser.add_argument(
-        "--master", default=None, metavar="URL", help="Spark master (default local[*]; spark://HOST:PORT for a cluster)"
+        "--master",
+        default=None,
+        metavar="URL",
+        help="Spark master, spark://HOST:PORT for a cluster (default: spark-submit's, else local[*])",
     )
     parser.add_argument(
         "--abuse-threshold",
         type=int,
         default=DEFAULT_ABUSE_THRESHOLD,
         metavar="N",
-        help=f"rejected handshakes that put an address on the abuse list (default {DEFAULT_ABUSE_THRESHOLD})",
+        help="rejected handshakes that put an address on the abuse list (default: %(default)s)",
     )
-    parser.add_argument("--bucket", type=int, default=1, metavar="S", help="throughput bucket in seconds (default 1)")
+    parser.add_argument(
+        "--bucket", type=int, default=1, metavar="S", help="throughput bucket in seconds (default: %(default)s)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
