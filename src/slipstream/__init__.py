@@ -2,9 +2,13 @@
 
 The transport API (Aeron's vocabulary, Python's spelling) is re-exported here:
 ``Context``, publications, subscriptions, images, ``FragmentAssembler``, idle strategies and the
-offer result codes.
+offer result codes. The media driver's own classes (``MediaDriver``, ``ConfigFileError``) load when first
+used: a process that attaches to a driver, or whose ``Context`` has not started one, never imports them.
 """
 
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 from .client import (
     ADMIN_ACTION,
     BACK_PRESSURED,
@@ -42,8 +46,6 @@ from .client import (
     result_name,
 )
 from .driver.config import DriverConfig
-from .driver.config_file import ConfigFileError
-from .driver.media_driver import MediaDriver
 from .errors import (
     DriverConfigError,
     DriverDirectoryError,
@@ -53,6 +55,14 @@ from .errors import (
 )
 from .files.cnc import CncError
 from .wire.uri import ChannelUri, ChannelUriError, UnsupportedChannelError
+
+if TYPE_CHECKING:
+    from .driver.config_file import ConfigFileError
+    from .driver.media_driver import MediaDriver
+else:  # mypy reads the imports (a module __getattr__ would hide typos from it); a run loads on use
+    __getattr__, __dir__ = lazy_exports(
+        __name__, {".driver.config_file": ["ConfigFileError"], ".driver.media_driver": ["MediaDriver"]}
+    )
 
 __version__ = "0.1.0"
 

@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from ..driver.config import DriverConfig
-from ..driver.media_driver import DirectoryHandle, MediaDriver, directory_error
 from ..errors import (
     DriverAlreadyRunningError,
     DriverConfigError,
@@ -32,7 +31,7 @@ from ..errors import (
 from ..files import commands as cmd
 from ..files.cnc import PARKED_INDEX, CncError, CncFile
 from ..files.counters import APPLICATION_TYPE_ID_MIN, MAX_KEY_LENGTH, CountersReader
-from ..files.directory import LOCK_FILE, default_directory, map_file
+from ..files.directory import LOCK_FILE, DirectoryHandle, default_directory, directory_error, map_file
 from ..files.doorbell import Doorbell, ring
 from ..wire.uri import ChannelUri, check_supported
 from ._args import check_callable, check_channel, check_stream_id
@@ -41,6 +40,9 @@ from .errors import DriverLostError, DriverUnavailableError, RegistrationError, 
 from .image import Image
 from .publication import ExclusivePublication, Publication
 from .subscription import ImageHandler, Subscription
+
+if TYPE_CHECKING:
+    from ..driver.media_driver import MediaDriver
 
 log = logging.getLogger("slipstream.client")
 
@@ -274,7 +276,7 @@ class Context:
         self._decoder = cmd.driver_decoder()
         self._doorbell: Doorbell | None = None
         if driver == "embedded":
-            self._embedded = MediaDriver(self._driver_config).launch_embedded()
+            self._embedded = self._launch_embedded()
         try:
             self._sock = self._connect(driver)
             welcome = self._handshake()
@@ -292,6 +294,11 @@ class Context:
         self._thread.start()
 
     # -- connection -------------------------------------------------------------------------------
+
+    def _launch_embedded(self) -> MediaDriver:
+        from ..driver.media_driver import MediaDriver  # the driver loads only in a process that starts one
+
+        return MediaDriver(self._driver_config).launch_embedded()
 
     def _connect(self, mode: DriverMode) -> socket.socket:
         deadline = time.monotonic() + self.driver_timeout_s
@@ -312,7 +319,7 @@ class Context:
                 last_error = exc
                 if mode == "auto" and self._embedded is None:
                     try:
-                        self._embedded = MediaDriver(self._driver_config).launch_embedded()
+                        self._embedded = self._launch_embedded()
                         continue
                     except DriverAlreadyRunningError:
                         pass  # another process is starting one: wait for its socket

@@ -17,9 +17,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import DriverAlreadyRunningError, DriverDirectoryError, DriverError
+from ..errors import DriverAlreadyRunningError, DriverError
 from ..files.cnc import STATE_CLOSED, STATE_RUNNING, CncFile
-from ..files.directory import CNC_FILE, LOCK_FILE, SOCKET_FILE
+from ..files.directory import CNC_FILE, LOCK_FILE, SOCKET_FILE, DirectoryHandle, directory_error
 from ..files.idle import IdleStrategy, ParkingIdleStrategy, idle_strategy
 from ..files.loss_report import LOSS_REPORT_FILE, LossReport
 from .clock import StallClock
@@ -29,30 +29,6 @@ from .ipc_publication import PublicationState
 from .network_publication import NetworkPublication
 
 log = logging.getLogger("slipstream.driver")
-
-
-def socket_address(directory: Path) -> str:
-    """Address of the driver's command socket. Unix socket paths are limited to ~107 bytes, so a long
-    directory is reached through ``/proc/self/fd`` of an open descriptor (see ``DirectoryHandle``)."""
-    return str(directory / SOCKET_FILE)
-
-
-class DirectoryHandle:
-    """Keeps a descriptor of the directory open so long socket paths can be shortened."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-
-    def socket_path(self) -> str:
-        full = socket_address(self.directory)
-        if len(full.encode()) < 100:
-            return full
-        return f"/proc/self/fd/{self._fd}/{SOCKET_FILE}"
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
 
 
 class MediaDriver:
@@ -316,16 +292,6 @@ class MediaDriver:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def directory_error(directory: Path, exc: OSError) -> DriverDirectoryError:
-    """An OS error on the driver directory, as one line that names it and the way out."""
-    reason = exc.strerror or type(exc).__name__
-    return DriverDirectoryError(
-        f"cannot use driver directory {directory}: {reason}"
-        f"{f' ({exc.filename})' if exc.filename and str(exc.filename) != str(directory) else ''}; "
-        "choose a directory this user can write (--dir DIR, or $SLIPSTREAM_DIR) or fix its permissions"
-    )
 
 
 def _lock_holder(directory: Path) -> str:

@@ -13,6 +13,8 @@ import mmap
 import os
 from pathlib import Path
 
+from ..errors import DriverDirectoryError
+
 CNC_FILE = "cnc.dat"
 SOCKET_FILE = "driver.sock"
 LOCK_FILE = "driver.lock"
@@ -70,3 +72,37 @@ def release_log_file(path: Path, mapping: mmap.mmap) -> None:
     close_mapping(mapping)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def socket_address(directory: Path) -> str:
+    """Address of the driver's command socket. Unix socket paths are limited to ~107 bytes, so a long
+    directory is reached through ``/proc/self/fd`` of an open descriptor (see ``DirectoryHandle``)."""
+    return str(directory / SOCKET_FILE)
+
+
+class DirectoryHandle:
+    """Keeps a descriptor of the directory open so long socket paths can be shortened."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+
+    def socket_path(self) -> str:
+        full = socket_address(self.directory)
+        if len(full.encode()) < 100:
+            return full
+        return f"/proc/self/fd/{self._fd}/{SOCKET_FILE}"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def directory_error(directory: Path, exc: OSError) -> DriverDirectoryError:
+    """An OS error on the driver directory, as one line that names it and the way out."""
+    reason = exc.strerror or type(exc).__name__
+    return DriverDirectoryError(
+        f"cannot use driver directory {directory}: {reason}"
+        f"{f' ({exc.filename})' if exc.filename and str(exc.filename) != str(directory) else ''}; "
+        "choose a directory this user can write (--dir DIR, or $SLIPSTREAM_DIR) or fix its permissions"
+    )

@@ -14,10 +14,12 @@ import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ..telemetry.config import RecordingConfig
 from .errors import NetworkError
+
+if TYPE_CHECKING:
+    from ..telemetry.config import RecordingConfig  # imported when a config records: telemetry is a feature
 
 __all__ = [
     "LOCALHOST_ALIASES",
@@ -175,6 +177,8 @@ class _EndpointConfig:
         if self.driver not in ("auto", "embedded", "external", "invoker"):
             raise ConfigError(f"driver must be 'auto', 'embedded', 'external' or 'invoker': {self.driver!r}")
         if self.recording is not None:
+            from ..telemetry.config import RecordingConfig
+
             _check_type("recording", self.recording, RecordingConfig)
 
     def store_path(self, role: str) -> str:

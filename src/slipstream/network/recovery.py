@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from ..files.observe import driver_status
 from .errors import ConnectionNotPermitted, RegistrationMismatch, ServerKeyChanged
 
 __all__ = ["FIRST_RETRY_S", "PERMANENT", "RetryDelays", "driver_available"]
@@ -53,6 +52,8 @@ def driver_available(directory: str | os.PathLike[str] | None, driver: str) -> b
     (else the attach would wait for it up to the driver timeout)."""
     if driver != "external" or directory is None:
         return True
+    from ..files.observe import driver_status  # the driver-files reader, needed once a driver is lost
+
     try:
         return driver_status(os.fspath(directory)).alive
     except (OSError, ValueError, RuntimeError):

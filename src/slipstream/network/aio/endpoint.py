@@ -13,7 +13,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...client import Context, DriverError, DriverLostError, ExclusivePublication, Subscription
 from ..buffered import Hold
@@ -22,7 +22,6 @@ from ..delivery import Delivery
 from ..endpoint import EndpointCore
 from ..errors import ErrorsSuppressed, MessageDispatchError, NetworkError
 from ..events import Closed
-from ..recording import EndpointRecording
 from ..recovery import PERMANENT, RetryDelays, driver_available
 from ..reporting import ErrorLimiter
 from ..rmi import ObjectTable
@@ -32,6 +31,9 @@ from ..transport import earliest, shared_contexts
 from .connection import DRIVER_LOST, Connection
 from .poller import PollGroup
 from .transport import release_context_drained
+
+if TYPE_CHECKING:
+    from ..recording import EndpointRecording
 
 __all__ = ["CLOSE_GRACE_S", "Endpoint"]
 
@@ -383,6 +385,7 @@ class Endpoint(EndpointCore):
             self._add_dropped_counter(self._context)
         recording = self.config.recording
         if self._recording is None and recording is not None and recording.enabled:
+            from ..recording import EndpointRecording  # telemetry loads only where a config records
             self._recording = EndpointRecording(
                 recording,
                 self._role,
