@@ -13,6 +13,15 @@ class SlipstreamError(Exception):
     """Base of every exception slipstream raises on purpose."""
 
 
+class MissingExtraError(SlipstreamError, ImportError):
+    """A feature needs an optional extra that is not installed; the message names the ``pip install``."""
+
+    def __init__(self, message: str, *, extra: str, name: str | None = None) -> None:
+        super().__init__(message, name=name)
+        self.extra = extra
+        """The extra to install (``telemetry``, ``pipeline``)."""
+
+
 class InvalidArgumentError(SlipstreamError, ValueError):
     """An argument has a value slipstream cannot use; the message names the argument."""
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
+
+from .._extras import require_extra
 
 
 def register(commands: Any) -> None:
@@ -53,6 +56,16 @@ def register(commands: Any) -> None:
             p.set_defaults(run=unavailable)
         return
     run_module.add_arguments(report)
-    report.set_defaults(run=run_module.run)
+    report.set_defaults(run=_needs_extra(run_module.run))
     demo_module.add_arguments(demo)
-    demo.set_defaults(run=demo_module.run)
+    demo.set_defaults(run=_needs_extra(demo_module.run))
+
+
+def _needs_extra(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``run`` after a check that the extra is there (its modules import Spark only inside the jobs)."""
+
+    def checked(args: argparse.Namespace) -> int:
+        require_extra("pipeline", args.pipeline_command)  # a MissingExtraError: main prints it, exits 2
+        return run(args)
+
+    return checked

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from .._extras import require_extra
 from ..errors import DriverConfigError
 from ..files.directory import default_directory
 from ..files.idle import idle_strategy
@@ -162,6 +163,8 @@ class DriverConfig:
             raise ValueError(f"ipc_publication_window must be at least the mtu: {self.ipc_publication_window}")
         if self.record_directory is not None and not isinstance(self.record_directory, Path):
             raise ValueError(f"record_directory must be a Path or None: {self.record_directory!r}")
+        if self.record_directory is not None:  # refused here, before a driver starts and records nothing
+            require_extra("telemetry", "record_directory (the driver's recording)")
         if self.counters_capacity < 16:
             raise ValueError(f"counters_capacity must be at least 16: {self.counters_capacity}")
         if self.error_log_length < 0 or self.error_log_length % 8:

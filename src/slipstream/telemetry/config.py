@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._extras import require_extra
 from .capture import DriverSampler
 from .errors import RecordError
 from .recorder import Recorder, RecorderConfig, default_writer_id
@@ -33,6 +34,8 @@ class RecordingConfig:
     def __post_init__(self) -> None:
         if not self.stats_interval_s > 0:
             raise RecordError(f"RecordingConfig.stats_interval_s must be positive: {self.stats_interval_s}")
+        if self.directory is not None:  # fail where recording is asked for, not when the first file is written
+            require_extra("telemetry", "recording (RecordingConfig.directory)")
 
     @property
     def enabled(self) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._extras import require_extra
 from .convert import recover
 from .errors import RecorderClosedError, RecordError, RecordingLockedError
 from .records import KindSchema, Record
@@ -104,6 +105,7 @@ class Recorder:
     def __init__(
         self, directory: str | Path, *, writer_id: str | None = None, config: RecorderConfig | None = None
     ) -> None:
+        require_extra("telemetry", "Recorder")  # segments are Parquet: fail now, not at the first flush
         self.directory = Path(directory)
         self.config = config or RecorderConfig()
         self.writer_id = check_writer_id(writer_id) if writer_id is not None else default_writer_id()
