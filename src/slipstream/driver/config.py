@@ -35,12 +35,83 @@ MAX_DURATION_NS: Final = 365 * 24 * 3600 * S
 
 @dataclass(slots=True)
 class DriverConfig:
-    """Settings of a media driver. Durations are nanoseconds, sizes bytes."""
+    """Settings of a media driver. Durations are nanoseconds, sizes bytes.
+
+    Attributes:
+        directory (Path): The driver directory (cnc.dat, the log buffers, the command socket): ``$SLIPSTREAM_DIR``, else
+            ``/dev/shm/slipstream-<user>``. Default ``default_directory()``.
+        client_liveness_timeout_ns (int): A client that sent nothing (not even a keep-alive) for this long is considered
+            dead. Default ``5 * S`` (5000000000).
+        publication_linger_ns (int): How long a closed UDP publication stays to answer NAKs for its tail before it is
+            freed (a channel's ``linger`` overrides it). Default ``5 * S`` (5000000000).
+        publication_unblock_timeout_ns (int): A closed publication whose last claim was never committed is padded after
+            this long. Default ``5 * S`` (5000000000).
+        stall_threshold_ns (int | None): A gap between two duty cycles longer than this is the driver's own stall (its
+            process was stopped, or an invoker-mode application did not invoke): the timeouts above, and the streams'
+            (image liveness, a publication's connection), count it as this long only, so a stopped process does not find
+            its own clients dead on resume (see ``driver.clock``). A peer's silence just before a stall plus this must
+            stay under those timeouts. None: a third of the client liveness timeout, at most 2 s (1.67 s by default).
+            Idle cycles of a driver thread are a millisecond apart; an idle invoker-mode application invokes at least
+            once a second (its keep-alives wake it). Default ``None``.
+        ipc_term_length (int): Term length of IPC publications: a power of two from 64 KiB to 1 GiB (a channel's
+            ``term-length`` overrides it). Default ``IPC_TERM_DEFAULT_LENGTH`` (67108864).
+        ipc_mtu (int): Largest frame of an IPC publication, a multiple of 32 (a channel's ``mtu`` overrides it); longer
+            messages are fragmented. Default ``MTU_DEFAULT`` (1408).
+        ipc_publication_window (int | None): Bytes a publisher may run ahead of its slowest subscriber; None means half
+            a term. Default ``None``.
+        udp_term_length (int): Term length of UDP publications and images, as ``ipc_term_length``. Default
+            ``TERM_DEFAULT_LENGTH`` (16777216).
+        udp_mtu (int): Largest datagram of a UDP publication, header included, as ``ipc_mtu``. Default ``MTU_DEFAULT``
+            (1408).
+        receiver_window (int): Receiver window of UDP images, capped at half a term (``rcv-wnd`` overrides it per
+            channel). Aeron's default is 128 KiB; a Python driver repairs a gap in about a millisecond rather than
+            microseconds, so a larger window keeps data flowing while gaps are repaired (at 5 % loss this doubles
+            throughput). Default ``1024 * 1024`` (1048576).
+        so_rcvbuf (int | None): SO_RCVBUF of UDP sockets (``so-rcvbuf`` overrides it); None keeps the OS default. Sized
+            for the receiver window (the kernel may grant less: ``net.core.rmem_max``); a window is never larger than
+            the buffer the socket really got, as the reference requires. Default ``2 * 1024 * 1024`` (2097152).
+        so_sndbuf (int | None): SO_SNDBUF of UDP sockets; None keeps the OS default. Default ``None``.
+        udp_gso (bool): Linux UDP segmentation and receive offload (UDP_SEGMENT, UDP_GRO): up to 64 datagrams per system
+            call each way, still separate Aeron datagrams on the wire. Turned off by itself where the kernel or the
+            route refuses it. Default ``True``.
+        counters_capacity (int): Counters cnc.dat has room for: the system counters, each stream's positions,
+            applications' own. Default ``8192``.
+        error_log_length (int): Bytes of the distinct-error log in cnc.dat (a multiple of 8). Default ``1024 * 1024``
+            (1048576).
+        idle_strategy (str): How the driver thread waits when it has nothing to do: ``backoff`` (spin, yield, then
+            park), ``busy-spin`` (``spin``), ``yield`` or ``sleep``. Default ``"backoff"``.
+        threading_mode (str): ``dedicated``: an embedded driver runs on a thread of its own. ``invoker``: it has no
+            thread; the application runs its duty cycle by calling ``Context.invoke()`` from its own loop (Aeron's
+            INVOKER mode). In CPython a driver thread shares the GIL with the application, so for the lowest latency the
+            application's polling loop drives the driver itself. Ignored by ``slipstream driver``. Default
+            ``"dedicated"``.
+        reserved_session_id_low (int): Lowest of the session ids the driver never picks by itself (Aeron's reserved
+            range, where a channel's explicit ``session-id`` goes). Default ``RESERVED_SESSION_ID_LOW_DEFAULT`` (-1).
+        reserved_session_id_high (int): Highest of those session ids. Default ``RESERVED_SESSION_ID_HIGH_DEFAULT``
+            (1000).
+        timer_interval_ns (int): How often the conductor runs its chores: heartbeats, client liveness, the error log and
+            counters. Default ``100 * MS`` (100000000).
+        idle_heartbeat_max_ns (int | None): While a publication sends nothing new, its heartbeats after the first come
+            this far apart (at most 5 s; None: every 100 ms, as Aeron). The first heartbeat after data is never delayed
+            (it reveals a lost tail); later ones only keep the receiver's image alive. Default ``None``.
+        idle_status_message_max_ns (int | None): While an image's position stays put, its timed status messages after
+            the first come this far apart (at most 2.5 s, half the sender's connection timeout; None: every 200 ms, as
+            Aeron). Default ``None``.
+        record_directory (Path | None): The standalone driver (``slipstream driver``, whose ``--record DIR`` overrides
+            it) records its counters, loss report and error log into this directory as Parquet segments (the
+            ``telemetry`` extra); None records nothing. An embedded driver ignores it: a process records its own
+            endpoints with ``RecordingConfig``. Default ``None``.
+        record_interval_ns (int): Time between two samples of that recording. Default ``1 * S`` (1000000000).
+    """
 
     directory: Path = field(default_factory=default_directory)
+    """The driver directory (cnc.dat, the log buffers, the command socket): ``$SLIPSTREAM_DIR``, else
+    ``/dev/shm/slipstream-<user>``."""
     client_liveness_timeout_ns: int = 5 * S
     """A client that sent nothing (not even a keep-alive) for this long is considered dead."""
     publication_linger_ns: int = 5 * S
+    """How long a closed UDP publication stays to answer NAKs for its tail before it is freed (a channel's
+    ``linger`` overrides it)."""
     publication_unblock_timeout_ns: int = 5 * S
     """A closed publication whose last claim was never committed is padded after this long."""
     stall_threshold_ns: int | None = None
@@ -52,11 +123,17 @@ class DriverConfig:
     most 2 s (1.67 s by default). Idle cycles of a driver thread are a millisecond apart; an idle
     invoker-mode application invokes at least once a second (its keep-alives wake it)."""
     ipc_term_length: int = IPC_TERM_DEFAULT_LENGTH
+    """Term length of IPC publications: a power of two from 64 KiB to 1 GiB (a channel's ``term-length``
+    overrides it)."""
     ipc_mtu: int = MTU_DEFAULT
+    """Largest frame of an IPC publication, a multiple of 32 (a channel's ``mtu`` overrides it); longer
+    messages are fragmented."""
     ipc_publication_window: int | None = None
     """Bytes a publisher may run ahead of its slowest subscriber; None means half a term."""
     udp_term_length: int = TERM_DEFAULT_LENGTH
+    """Term length of UDP publications and images, as ``ipc_term_length``."""
     udp_mtu: int = MTU_DEFAULT
+    """Largest datagram of a UDP publication, header included, as ``ipc_mtu``."""
     receiver_window: int = 1024 * 1024
     """Receiver window of UDP images, capped at half a term (``rcv-wnd`` overrides it per channel).
     Aeron's default is 128 KiB; a Python driver repairs a gap in about a millisecond rather than
@@ -73,16 +150,24 @@ class DriverConfig:
     call each way, still separate Aeron datagrams on the wire. Turned off by itself where the kernel or
     the route refuses it."""
     counters_capacity: int = 8192
+    """Counters cnc.dat has room for: the system counters, each stream's positions, applications' own."""
     error_log_length: int = 1024 * 1024
+    """Bytes of the distinct-error log in cnc.dat (a multiple of 8)."""
     idle_strategy: str = "backoff"
+    """How the driver thread waits when it has nothing to do: ``backoff`` (spin, yield, then park),
+    ``busy-spin`` (``spin``), ``yield`` or ``sleep``."""
     threading_mode: str = "dedicated"
     """``dedicated``: an embedded driver runs on a thread of its own. ``invoker``: it has no thread;
     the application runs its duty cycle by calling ``Context.invoke()`` from its own loop (Aeron's
     INVOKER mode). In CPython a driver thread shares the GIL with the application, so for the lowest
     latency the application's polling loop drives the driver itself. Ignored by ``slipstream driver``."""
     reserved_session_id_low: int = RESERVED_SESSION_ID_LOW_DEFAULT
+    """Lowest of the session ids the driver never picks by itself (Aeron's reserved range, where a
+    channel's explicit ``session-id`` goes)."""
     reserved_session_id_high: int = RESERVED_SESSION_ID_HIGH_DEFAULT
+    """Highest of those session ids."""
     timer_interval_ns: int = 100 * MS
+    """How often the conductor runs its chores: heartbeats, client liveness, the error log and counters."""
     idle_heartbeat_max_ns: int | None = None
     """While a publication sends nothing new, its heartbeats after the first come this far apart (at
     most 5 s; None: every 100 ms, as Aeron). The first heartbeat after data is never delayed (it reveals

@@ -100,14 +100,21 @@ class _EndpointConfig:
     """Where the identity key (and, on clients, pinned server keys) live: a file path, ``":memory:"``,
     or None for ``<per-user data dir>/slipstream/<app_id>-<role>.db``."""
     enable_ipv4: bool = True
+    """UDP over IPv4: a server listens on it, a client connects to IPv4 addresses."""
     enable_ipv6: bool = True
+    """UDP over IPv6, likewise."""
     enable_ipc: bool = True
+    """Shared-memory connections within this host: a server's ``bind`` serves IPC too, and a client tries
+    IPC first when the host is this one."""
     encrypt_ipc: bool = True
     """IPC connections are encrypted too unless this is False (shared memory is readable by the user)."""
     network_mtu: int = 1408
+    """Largest datagram of each UDP connection's publications (a multiple of 32 in 1024..65504); longer
+    records are fragmented."""
     term_length: int = 256 * 1024
     """Term length of each UDP connection's publications (three terms are mapped per publication)."""
     ipc_term_length: int = 1 * _MIB
+    """Term length of each IPC connection's publications (a power of two from 64 KiB to 1 GiB)."""
     reliable: bool = True
     """Reliable UDP streams (retransmission); with False, lost records are simply missing."""
     handshake_timeout: float = 10.0
@@ -191,22 +198,115 @@ class _EndpointConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ServerConfig(_EndpointConfig):
-    """A server's settings. ``ServerConfig(app_id="chat", messages=[Hello], settings_store=":memory:")``."""
+    """A server's settings. ``ServerConfig(app_id="chat", messages=[Hello], settings_store=":memory:")``.
+
+    Attributes:
+        app_id (str): Names the application; both sides must use the same (1-31 of ``A-Za-z0-9_.-``). Required.
+        messages (Sequence[type]): Registered message types (msgspec Structs, dataclasses), compared during the
+            handshake. Default ``()``.
+        interfaces (Sequence[type | tuple[type, type]]): RMI interfaces (Protocols or abstract bases), each optionally
+            paired with the class that implements it on this side: ``[ICalc, (IChat, Chat)]``. Both sides list the same
+            interfaces in the same order (compared during the handshake); only registered methods can ever be called.
+            Default ``()``.
+        exceptions (Sequence[type[Exception]]): Exception types a remote call re-raises as themselves (others arrive as
+            ``RemoteError``). Default ``()``.
+        rmi_timeout (float): Default timeout of each remote call in seconds (0 = forever; per proxy:
+            ``proxy.rmi_timeout``). Default ``3.0``.
+        max_stream_size (int): Largest large message or file accepted from the peer (announced sizes above it are
+            refused before anything is allocated). Default ``4 * 1024**3`` (4294967296).
+        spill_threshold (int): Incoming large messages are kept in memory up to this many bytes in all, then written to
+            a temporary file (removed when handled); files always go to a temporary file. Default ``16777216``.
+        temp_directory (str | os.PathLike[str] | None): Where those temporary files go (None: the system's temporary
+            directory). Default ``None``.
+        settings_store (str | os.PathLike[str] | None): Where the identity key (and, on clients, pinned server keys)
+            live: a file path, ``":memory:"``, or None for ``<per-user data dir>/slipstream/<app_id>-<role>.db``.
+            Default ``None``.
+        enable_ipv4 (bool): UDP over IPv4: a server listens on it, a client connects to IPv4 addresses. Default
+            ``True``.
+        enable_ipv6 (bool): UDP over IPv6, likewise. Default ``True``.
+        enable_ipc (bool): Shared-memory connections within this host: a server's ``bind`` serves IPC too, and a client
+            tries IPC first when the host is this one. Default ``True``.
+        encrypt_ipc (bool): IPC connections are encrypted too unless this is False (shared memory is readable by the
+            user). Default ``True``.
+        network_mtu (int): Largest datagram of each UDP connection's publications (a multiple of 32 in 1024..65504);
+            longer records are fragmented. Default ``1408``.
+        term_length (int): Term length of each UDP connection's publications (three terms are mapped per publication).
+            Default ``256 * 1024`` (262144).
+        ipc_term_length (int): Term length of each IPC connection's publications (a power of two from 64 KiB to 1 GiB).
+            Default ``1048576``.
+        reliable (bool): Reliable UDP streams (retransmission); with False, lost records are simply missing. Default
+            ``True``.
+        handshake_timeout (float): How long a half-open handshake may last (server) / one connect attempt waits
+            (client). Default ``10.0``.
+        close_timeout (float): How long ``close`` waits for the CLOSE frame to leave before tearing the streams down.
+            Default ``2.0``.
+        connection_expiry (float): A peer silent this long is gone (shorter blips do not disconnect). Default ``4.0``.
+        send_timeout (float): How long ``send`` waits out back-pressure before raising SendTimeout. Default ``5.0``.
+        driver_directory (str | os.PathLike[str] | None): The media driver's directory (None: the default, shared by the
+            host's processes). Default ``None``.
+        driver (DriverMode): ``auto`` attaches to a running driver or embeds one; ``embedded``; ``external``;
+            ``invoker``: an embedded driver run by the endpoint's own asyncio loop (no driver thread competing for the
+            GIL: the lowest UDP latency). Default ``"auto"``.
+        recording (RecordingConfig | None): Record handshakes, connections and per-connection statistics (and the
+            driver's counters) as Parquet telemetry for ``slipstream pipeline report``; None (the default) records
+            nothing. Default ``None``.
+        listen_address (str): Wildcards ``* 0 0.0.0.0 ::``, localhost aliases (``localhost``, ``lo``...), or an IP
+            literal. Default ``"*"``.
+        max_clients (int): Clients connected at once (UDP and IPC); one more is refused with ``ServerFull``. Default
+            ``256``.
+        max_connections_per_address (int): Clients connected at once from one IP address
+            (``TooManyConnectionsForAddress`` beyond); 0 means ``max_clients``. Default ``0``.
+        connection_ports (tuple[int, int] | None): ``(first, count)`` of the UDP ports the server hands out, one per
+            connection (the connection's control port, which a NATed client registers at); None: ``(bind port + 2,
+            max_clients)``. Default ``None``.
+        ip_filters (Sequence[str]): CIDR allow rules (``"10.0.0.0/8"``, ``"::1/128"``); none means everyone. IPC is
+            never filtered. Default ``()``.
+        filter (FilterCallback | None): Asked ``filter(address, tag)`` about each client during its handshake (address
+            None for IPC): False, or an exception, refuses it (``ConnectionNotPermitted``). Default ``None``.
+        allowed_keys (Collection[bytes] | None): When set, only clients whose public key is listed connect. Default
+            ``None``.
+        max_tag_length (int): Longest tag a client may send, in characters; a longer (or unprintable) tag is refused.
+            Default ``32``.
+        max_pending_handshakes (int): Half-open handshakes kept at once; beyond it the oldest is dropped (memory stays
+            bounded). Default ``256``.
+        handshakes_per_second (float): Budget of Diffie-Hellman work for new handshakes; HELLOs beyond it are dropped
+            (clients retry). Default ``2000.0``.
+        buffered_sessions (bool): Keep a session for a client whose connection is *lost* (it went silent past the
+            expiry; a deliberate close ends the session at once): what the application sends to it meanwhile is queued
+            and delivered in order, first thing, when the same client (its public key) connects again within
+            ``buffered_timeout``; only then, or when the session expires, does ``on_disconnect`` fire. The lost
+            connection itself leaves ``server.connections`` (and ``is_closed`` turns True) within the expiry. On by
+            default, as the seed's; ``False`` (or a ``buffered_rule`` refusing the connection) reports a lost client's
+            ``on_disconnect`` within the connection expiry instead. Default ``True``.
+        buffered_rule (FilterCallback | None): With buffered sessions on, which connections get one: ``(address, tag) ->
+            bool`` (None: all). Default ``None``.
+        buffered_timeout (float): How long a lost client's session waits for it (the seed's 120 s). Default ``120.0``.
+        buffered_capacity (int): Messages queued per waiting session; beyond it ``send`` raises UndeliveredError.
+            Default ``10_000``.
+        rebind (bool): When the media driver is lost, restart the embedded one (or wait for the external one to come
+            back) and bind the same UDP ports and IPC streams again (``server.is_bound`` says where it stands); lost
+            clients' buffered sessions wait for them meanwhile. Default ``True``.
+    """
 
     listen_address: str = "*"
     """Wildcards ``* 0 0.0.0.0 ::``, localhost aliases (``localhost``, ``lo``...), or an IP literal."""
     max_clients: int = 256
+    """Clients connected at once (UDP and IPC); one more is refused with ``ServerFull``."""
     max_connections_per_address: int = 0
-    """0 means ``max_clients``."""
+    """Clients connected at once from one IP address (``TooManyConnectionsForAddress`` beyond); 0 means
+    ``max_clients``."""
     connection_ports: tuple[int, int] | None = None
     """``(first, count)`` of the UDP ports the server hands out, one per connection (the connection's
     control port, which a NATed client registers at); None: ``(bind port + 2, max_clients)``."""
     ip_filters: Sequence[str] = ()
     """CIDR allow rules (``"10.0.0.0/8"``, ``"::1/128"``); none means everyone. IPC is never filtered."""
     filter: FilterCallback | None = None
+    """Asked ``filter(address, tag)`` about each client during its handshake (address None for IPC):
+    False, or an exception, refuses it (``ConnectionNotPermitted``)."""
     allowed_keys: Collection[bytes] | None = None
     """When set, only clients whose public key is listed connect."""
     max_tag_length: int = 32
+    """Longest tag a client may send, in characters; a longer (or unprintable) tag is refused."""
     max_pending_handshakes: int = 256
     """Half-open handshakes kept at once; beyond it the oldest is dropped (memory stays bounded)."""
     handshakes_per_second: float = 2000.0
@@ -294,7 +394,71 @@ class ServerConfig(_EndpointConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class ClientConfig(_EndpointConfig):
-    """A client's settings. ``ClientConfig(app_id="chat", messages=[Hello], settings_store=":memory:")``."""
+    """A client's settings. ``ClientConfig(app_id="chat", messages=[Hello], settings_store=":memory:")``.
+
+    Attributes:
+        app_id (str): Names the application; both sides must use the same (1-31 of ``A-Za-z0-9_.-``). Required.
+        messages (Sequence[type]): Registered message types (msgspec Structs, dataclasses), compared during the
+            handshake. Default ``()``.
+        interfaces (Sequence[type | tuple[type, type]]): RMI interfaces (Protocols or abstract bases), each optionally
+            paired with the class that implements it on this side: ``[ICalc, (IChat, Chat)]``. Both sides list the same
+            interfaces in the same order (compared during the handshake); only registered methods can ever be called.
+            Default ``()``.
+        exceptions (Sequence[type[Exception]]): Exception types a remote call re-raises as themselves (others arrive as
+            ``RemoteError``). Default ``()``.
+        rmi_timeout (float): Default timeout of each remote call in seconds (0 = forever; per proxy:
+            ``proxy.rmi_timeout``). Default ``3.0``.
+        max_stream_size (int): Largest large message or file accepted from the peer (announced sizes above it are
+            refused before anything is allocated). Default ``4 * 1024**3`` (4294967296).
+        spill_threshold (int): Incoming large messages are kept in memory up to this many bytes in all, then written to
+            a temporary file (removed when handled); files always go to a temporary file. Default ``16777216``.
+        temp_directory (str | os.PathLike[str] | None): Where those temporary files go (None: the system's temporary
+            directory). Default ``None``.
+        settings_store (str | os.PathLike[str] | None): Where the identity key (and, on clients, pinned server keys)
+            live: a file path, ``":memory:"``, or None for ``<per-user data dir>/slipstream/<app_id>-<role>.db``.
+            Default ``None``.
+        enable_ipv4 (bool): UDP over IPv4: a server listens on it, a client connects to IPv4 addresses. Default
+            ``True``.
+        enable_ipv6 (bool): UDP over IPv6, likewise. Default ``True``.
+        enable_ipc (bool): Shared-memory connections within this host: a server's ``bind`` serves IPC too, and a client
+            tries IPC first when the host is this one. Default ``True``.
+        encrypt_ipc (bool): IPC connections are encrypted too unless this is False (shared memory is readable by the
+            user). Default ``True``.
+        network_mtu (int): Largest datagram of each UDP connection's publications (a multiple of 32 in 1024..65504);
+            longer records are fragmented. Default ``1408``.
+        term_length (int): Term length of each UDP connection's publications (three terms are mapped per publication).
+            Default ``256 * 1024`` (262144).
+        ipc_term_length (int): Term length of each IPC connection's publications (a power of two from 64 KiB to 1 GiB).
+            Default ``1048576``.
+        reliable (bool): Reliable UDP streams (retransmission); with False, lost records are simply missing. Default
+            ``True``.
+        handshake_timeout (float): How long a half-open handshake may last (server) / one connect attempt waits
+            (client). Default ``10.0``.
+        close_timeout (float): How long ``close`` waits for the CLOSE frame to leave before tearing the streams down.
+            Default ``2.0``.
+        connection_expiry (float): A peer silent this long is gone (shorter blips do not disconnect). Default ``4.0``.
+        send_timeout (float): How long ``send`` waits out back-pressure before raising SendTimeout. Default ``5.0``.
+        driver_directory (str | os.PathLike[str] | None): The media driver's directory (None: the default, shared by the
+            host's processes). Default ``None``.
+        driver (DriverMode): ``auto`` attaches to a running driver or embeds one; ``embedded``; ``external``;
+            ``invoker``: an embedded driver run by the endpoint's own asyncio loop (no driver thread competing for the
+            GIL: the lowest UDP latency). Default ``"auto"``.
+        recording (RecordingConfig | None): Record handshakes, connections and per-connection statistics (and the
+            driver's counters) as Parquet telemetry for ``slipstream pipeline report``; None (the default) records
+            nothing. Default ``None``.
+        tag (str): Sent to the server with the handshake (its filter callback sees it); at most 32 characters. Default
+            ``""``.
+        port (int | None): Local UDP port of the connection's subscription (None: any free port). Default ``None``.
+        allow_key_change (bool): Accept a server whose key differs from the pinned one (and re-pin it). Default
+            ``False``.
+        connect_timeout (float): Default timeout of ``connect``. Default ``30.0``.
+        reconnect (bool): After a connection is lost (the server went silent past the expiry, its stream ended, or the
+            media driver was lost; not after a close), connect again to the same server, waiting 0.05 s, then twice as
+            long after each failure up to ``reconnect_max_delay``, until it works or ``close`` is called (an embedded
+            driver that died is restarted, an external one waited for). ``await send`` on the lost connection waits (up
+            to ``send_timeout``) and goes out on the new one. Default ``True``.
+        reconnect_max_delay (float): The longest wait between two reconnection attempts, in seconds. Default ``5.0``.
+    """
 
     tag: str = ""
     """Sent to the server with the handshake (its filter callback sees it); at most 32 characters."""

@@ -20,10 +20,26 @@ from .recorder import Recorder, RecorderConfig, default_writer_id
 
 @dataclass(frozen=True)
 class RecordingConfig:
-    """Recording switched on by configuration. ``directory=None`` means off."""
+    """Recording switched on by configuration. ``directory=None`` means off.
+
+    Attributes:
+        directory (Path | None): The recording's root: each process records below it in a directory of its own
+            (``net-<host>-<pid>`` for servers and clients). None records nothing; a directory needs the ``telemetry``
+            extra. Default ``None``.
+        recorder (RecorderConfig): How the recorder writes: flush interval, segment size and age, pending-row bound.
+            Default ``RecorderConfig()``.
+        stats_interval_s (float): How often per-connection and per-stream statistics are sampled. Default ``1.0``.
+        capture_messages (bool): Also capture whole messages (kind ``captured``, typed kinds for registered types).
+            Default ``False``.
+        driver_counters (bool): Sample the driver's counters, loss report and error log (``DriverSampler``). Default
+            ``True``.
+    """
 
     directory: Path | None = None
+    """The recording's root: each process records below it in a directory of its own (``net-<host>-<pid>``
+    for servers and clients). None records nothing; a directory needs the ``telemetry`` extra."""
     recorder: RecorderConfig = field(default_factory=RecorderConfig)
+    """How the recorder writes: flush interval, segment size and age, pending-row bound."""
     stats_interval_s: float = 1.0
     """How often per-connection and per-stream statistics are sampled."""
     capture_messages: bool = False

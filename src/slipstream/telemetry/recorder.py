@@ -44,7 +44,20 @@ log = logging.getLogger("slipstream.telemetry")
 
 @dataclass(frozen=True, slots=True)
 class RecorderConfig:
-    """How a recorder writes. The defaults suit a long-running process."""
+    """How a recorder writes. The defaults suit a long-running process.
+
+    Attributes:
+        flush_interval_s (float): Pending rows are made durable (journal + fsync) this often: at most this much is lost
+            on a kill. Default ``1.0``.
+        segment_max_bytes (int): A segment is finalized once its rows take this many bytes in memory (Arrow size).
+            Default ``64 << 20`` (67108864).
+        segment_max_age_s (float): ... or once it has been open this long, so readers of finalized segments see data
+            this fresh. Default ``60.0``.
+        max_pending_rows (int): Rows waiting for the writer thread; more are dropped and counted (bounded memory).
+            Default ``1_000_000``.
+        fsync (bool): fsync journals and finalized segments (and their directories); False leaves durability to the OS.
+            Default ``True``.
+    """
 
     flush_interval_s: float = 1.0
     """Pending rows are made durable (journal + fsync) this often: at most this much is lost on a kill."""
@@ -55,6 +68,7 @@ class RecorderConfig:
     max_pending_rows: int = 1_000_000
     """Rows waiting for the writer thread; more are dropped and counted (bounded memory)."""
     fsync: bool = True
+    """fsync journals and finalized segments (and their directories); False leaves durability to the OS."""
 
     def __post_init__(self) -> None:
         if not self.flush_interval_s > 0:
