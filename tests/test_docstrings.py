@@ -27,7 +27,9 @@ def _public_modules() -> Iterator[object]:
 def _public_names(module: object) -> Iterator[tuple[str, object]]:
     names = getattr(module, "__all__", None)
     module_name = getattr(module, "__name__", "")
-    for name, value in vars(module).items():
+    # By __all__ where there is one: a lazy package's names are not in vars() until first read.
+    members = {name: getattr(module, name) for name in names} if names is not None else dict(vars(module))
+    for name, value in members.items():
         if name.startswith("_") or (names is not None and name not in names):
             continue
         if names is None and getattr(value, "__module__", None) != module_name:
