@@ -30,7 +30,8 @@ from ..driver.config import DriverConfig
 from ..telemetry import DriverSampler, Recorder, RecorderConfig, StreamCapture, msgspec_decoder
 from ..wire.uri import udp_channel
 from .connections import NetworkSummary, free_port_pair, record_connections, refuse_listed
-from .options import DEFAULT_ABUSE_THRESHOLD, ReportOptions
+from .options import ReportOptions
+from .run import add_abuse_threshold, generate_report
 
 IPC_STREAM = 1001
 UDP_STREAM = 1002
@@ -218,13 +219,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--master", default=None, metavar="URL", help="Spark master (default: spark-submit's, else local[*])"
     )
-    parser.add_argument(
-        "--abuse-threshold",
-        type=int,
-        default=DEFAULT_ABUSE_THRESHOLD,
-        metavar="N",
-        help="rejected handshakes that put an address on the abuse list (default: %(default)s)",
-    )
+    add_abuse_threshold(parser)
     parser.add_argument("--no-loop", action="store_true", help="skip the live abuse-list loop")
 
 
@@ -233,8 +228,6 @@ def run(args: argparse.Namespace) -> int:
 
     A Spark session already running in this process is reused (``getOrCreate``): its master wins.
     """
-    from .run import generate_report
-
     output: Path = args.output or Path.cwd() / time.strftime("slipstream-demo-%Y%m%d-%H%M%S")
     recording = output / "recording"
     if recording.exists():

@@ -79,6 +79,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="Spark master, spark://HOST:PORT for a cluster (default: spark-submit's, else local[*])",
     )
+    add_abuse_threshold(parser)
+    parser.add_argument(
+        "--bucket", type=int, default=1, metavar="S", help="throughput bucket in seconds (default: %(default)s)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def add_abuse_threshold(parser: argparse.ArgumentParser) -> None:
+    """``--abuse-threshold``, an option of ``pipeline report`` and ``pipeline demo`` alike."""
     parser.add_argument(
         "--abuse-threshold",
         type=int,
@@ -86,10 +95,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="rejected handshakes that put an address on the abuse list (default: %(default)s)",
     )
-    parser.add_argument(
-        "--bucket", type=int, default=1, metavar="S", help="throughput bucket in seconds (default: %(default)s)"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def run(args: argparse.Namespace) -> int:
