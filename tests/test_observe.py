@@ -155,7 +155,9 @@ def test_stat_refreshes_until_duration(driver: MediaDriver) -> None:
 
 
 def test_driver_status_api_and_stopped_driver(driver_dir: Path) -> None:
-    config = DriverConfig(directory=driver_dir, timer_interval_ns=TIMER_NS, client_liveness_timeout_ns=10**9)
+    config = DriverConfig(
+        directory=driver_dir, timer_interval_ns=TIMER_NS, client_liveness_timeout_ns=10**9, dir_delete_on_shutdown=False
+    )  # an embedded driver would remove them: keep them, as a standalone driver does
     with MediaDriver(config).launch_embedded():
         status = observe.driver_status(driver_dir)
         assert status.alive and status.pid == os.getpid() and status.state == "running"
@@ -282,7 +284,7 @@ def test_loss_without_loss_prints_only_the_header(driver: MediaDriver) -> None:
 
 
 def test_loss_entries_as_csv(driver_dir: Path) -> None:
-    with MediaDriver(DriverConfig(directory=driver_dir)).launch_embedded():
+    with MediaDriver(DriverConfig(directory=driver_dir, dir_delete_on_shutdown=False)).launch_embedded():
         pass
     report = LossReport(driver_dir)  # the stopped driver's file, refilled as a driver would
     try:

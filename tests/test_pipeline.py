@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from slipstream import Context, RegistrationError
+from slipstream import Context, DriverConfig, RegistrationError
 from slipstream.files import observe
 from slipstream.files.loss_report import LossReport
 from slipstream.pipeline.demo import RunSummary, abuse_loop, record_run
@@ -52,7 +52,9 @@ def _record_driver_errors_and_loss(recording: Path, driver_dir: Path) -> None:
         port = probe.getsockname()[1]
     with Recorder(recording, writer_id="errors") as recorder:
         sampler = DriverSampler(recorder, driver_dir)
-        with Context(driver_dir, driver="embedded") as context:
+        # The files outlive this embedded driver: the loss report is refilled and sampled after it stopped.
+        keep = DriverConfig(dir_delete_on_shutdown=False)
+        with Context(driver_dir, driver="embedded", driver_config=keep) as context:
             for _ in range(BAD_REGISTRATIONS):
                 with pytest.raises(RegistrationError):  # not an address of this host: the driver cannot bind
                     context.add_subscription(f"aeron:udp?endpoint={UNBINDABLE}", 1)

@@ -94,6 +94,8 @@ def config_from_args(args: argparse.Namespace) -> DriverConfig:
         config.record_directory = args.record
     if args.record_interval is not None:
         config.record_interval_ns = _seconds_ns("--record-interval", args.record_interval)
+    # What None stands for here, so --print-config shows what this driver will do.
+    config.dir_delete_on_shutdown = config.deletes_directory(embedded=False)
     config.validate()
     return config
 

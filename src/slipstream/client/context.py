@@ -223,7 +223,8 @@ class Context:
     ``driver``: ``"auto"`` attaches to a running driver or starts an embedded one; ``"embedded"``
     always starts one here (and fails if the directory is in use); ``"external"`` only attaches.
     An embedded driver configured with ``threading_mode="invoker"`` has no thread: call
-    :meth:`invoke` from the application's loop, or UDP traffic does not move.
+    :meth:`invoke` from the application's loop, or UDP traffic does not move. An embedded driver
+    removes its directory when the context closes (``DriverConfig.dir_delete_on_shutdown``).
     """
 
     def __init__(

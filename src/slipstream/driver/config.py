@@ -102,6 +102,14 @@ class DriverConfig:
             ``telemetry`` extra); None records nothing. An embedded driver ignores it: a process records its own
             endpoints with ``RecordingConfig``. Default ``None``.
         record_interval_ns (int): Time between two samples of that recording. Default ``1 * S`` (1000000000).
+        dir_delete_on_shutdown (bool | None): Remove the directory when the driver closes cleanly (Aeron's
+            ``dirDeleteOnShutdown``): its own files (cnc.dat, the loss report, the log buffers, socket and lock), then
+            the directory if that left it empty. None: yes for an embedded driver (``Context``, ``launch_embedded``),
+            whose directory is a detail of one process; no for ``slipstream driver``, whose counters, error log and loss
+            report stay readable (``slipstream stat | errors | loss``) after it stopped. Removed even while clients of
+            other processes are attached, as Aeron does: they lost their driver either way, and what they mapped stays
+            valid (files are unlinked, never truncated). A crashed driver removes nothing; the next one to claim the
+            directory cleans it. Default ``None``.
     """
 
     directory: Path = field(default_factory=default_directory)
@@ -182,6 +190,20 @@ class DriverConfig:
     with ``RecordingConfig``."""
     record_interval_ns: int = 1 * S
     """Time between two samples of that recording."""
+    dir_delete_on_shutdown: bool | None = None
+    """Remove the directory when the driver closes cleanly (Aeron's ``dirDeleteOnShutdown``): its own files
+    (cnc.dat, the loss report, the log buffers, socket and lock), then the directory if that left it
+    empty. None: yes for an embedded driver (``Context``, ``launch_embedded``), whose directory is a
+    detail of one process; no for ``slipstream driver``, whose counters, error log and loss report stay
+    readable (``slipstream stat | errors | loss``) after it stopped. Removed even while clients of other
+    processes are attached, as Aeron does: they lost their driver either way, and what they mapped stays
+    valid (files are unlinked, never truncated). A crashed driver removes nothing; the next one to
+    claim the directory cleans it."""
+
+    def deletes_directory(self, *, embedded: bool) -> bool:
+        """``dir_delete_on_shutdown``, or the default it stands for (``embedded``: started inside an
+        application) when None."""
+        return embedded if self.dir_delete_on_shutdown is None else self.dir_delete_on_shutdown
 
     def effective_stall_threshold_ns(self) -> int:
         """``stall_threshold_ns``, or the default it stands for when None."""
@@ -246,6 +268,8 @@ class DriverConfig:
                 raise ValueError(f"{name} must be positive or None: {value}")
         if self.ipc_publication_window is not None and self.ipc_publication_window < self.ipc_mtu:
             raise ValueError(f"ipc_publication_window must be at least the mtu: {self.ipc_publication_window}")
+        if self.dir_delete_on_shutdown is not None and not isinstance(self.dir_delete_on_shutdown, bool):
+            raise ValueError(f"dir_delete_on_shutdown must be True, False or None: {self.dir_delete_on_shutdown!r}")
         if self.record_directory is not None and not isinstance(self.record_directory, Path):
             raise ValueError(f"record_directory must be a Path or None: {self.record_directory!r}")
         if self.record_directory is not None:  # refused here, before a driver starts and records nothing

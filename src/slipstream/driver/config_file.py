@@ -23,7 +23,10 @@ from ..errors import SlipstreamError
 from ..wire.uri import parse_duration_ns, parse_size
 from .config import DriverConfig
 
-Kind = Literal["path", "optional_path", "duration", "optional_duration", "size", "optional_size", "int", "str", "bool"]
+Kind = Literal[
+    "path", "optional_path", "duration", "optional_duration", "size", "optional_size", "int", "str", "bool",
+    "optional_bool",
+]
 
 KINDS: Final[dict[str, Kind]] = {
     "directory": "path",
@@ -51,6 +54,7 @@ KINDS: Final[dict[str, Kind]] = {
     "idle_status_message_max_ns": "optional_duration",
     "record_directory": "optional_path",
     "record_interval_ns": "duration",
+    "dir_delete_on_shutdown": "optional_bool",
 }
 """How each DriverConfig field is written in a file; a test checks it covers every field."""
 _DURATIONS: Final = ("duration", "optional_duration")
@@ -74,6 +78,7 @@ AERON_ALIASES: Final[dict[str, str]] = {
     "aeron.publication.reserved.session.id.low": "reserved_session_id_low",
     "aeron.publication.reserved.session.id.high": "reserved_session_id_high",
     "aeron.timer.interval": "timer_interval_ns",
+    "aeron.dir.delete.on.shutdown": "dir_delete_on_shutdown",
 }
 """Aeron's property names for the settings slipstream shares with it."""
 
@@ -124,8 +129,10 @@ def _unknown(setting: _Setting) -> ConfigFileError:
 
 def _parse(kind: Kind, value: str | int) -> object:
     """Raises ValueError (ChannelUriError is one) with a message that does not repeat the key."""
-    if kind == "bool":
+    if kind in ("bool", "optional_bool"):
         word = str(value).strip().lower()
+        if kind == "optional_bool" and word in _NONE_WORDS:
+            return None
         if word not in _BOOL_WORDS:
             raise ValueError(f"expected true or false, got {value!r}")
         return _BOOL_WORDS[word]
@@ -159,7 +166,7 @@ def _convert(name: str, setting: _Setting) -> object:
     """The field's value from a file value (str from properties; str, int ... from TOML)."""
     kind = KINDS[name]
     value = setting.value
-    if kind == "bool" and isinstance(value, bool):
+    if kind in ("bool", "optional_bool") and isinstance(value, bool):
         return value
     if isinstance(value, bool) or not isinstance(value, str | int):
         problem = f"expected a {kind.replace('_', ' ')}, got {type(value).__name__} {value!r}"

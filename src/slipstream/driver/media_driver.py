@@ -2,7 +2,9 @@
 
 A directory belongs to one driver at a time: the driver holds an exclusive ``flock`` on
 ``driver.lock`` for its lifetime, and the kernel releases it if the process dies, so a crashed
-driver never blocks the next one.
+driver never blocks the next one. A driver that removes its directory when it closes
+(``DriverConfig.dir_delete_on_shutdown``) does so while it still holds that lock, the lock file last, so
+a driver claiming the directory meanwhile either waits or keeps a directory of its own.
 """
 
 from __future__ import annotations
@@ -11,15 +13,24 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import DriverAlreadyRunningError, DriverError
+from ..errors import DriverAlreadyRunningError, DriverDirectoryError, DriverError
 from ..files.cnc import STATE_CLOSED, STATE_RUNNING, CncFile
-from ..files.directory import CNC_FILE, LOCK_FILE, SOCKET_FILE, DirectoryHandle, directory_error
+from ..files.directory import (
+    CNC_FILE,
+    IMAGES_DIR,
+    LOCK_FILE,
+    PUBLICATIONS_DIR,
+    SOCKET_FILE,
+    DirectoryHandle,
+    directory_error,
+)
 from ..files.idle import IdleStrategy, ParkingIdleStrategy, idle_strategy
 from ..files.loss_report import LOSS_REPORT_FILE, LossReport
 from .clock import StallClock
@@ -29,6 +40,9 @@ from .ipc_publication import PublicationState
 from .network_publication import NetworkPublication
 
 log = logging.getLogger("slipstream.driver")
+
+CLAIM_ATTEMPTS = 5
+"""Tries at claiming a directory that the driver closing in it removes meanwhile."""
 
 
 class MediaDriver:
@@ -48,33 +62,22 @@ class MediaDriver:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._embedded = False
 
     def start(self) -> MediaDriver:
         """Claim the directory (one driver per directory) and create its files and socket; ``run`` then serves."""
         directory = self.directory
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise directory_error(directory, exc) from None
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            holder = _lock_holder(directory)
-            raise DriverAlreadyRunningError(
-                f"a media driver{holder} already uses {directory}; attach to it, stop it, or choose another directory"
-            ) from None
+        lock_fd = _claim(directory)
         self._lock_fd = lock_fd
         os.ftruncate(lock_fd, 0)
         os.write(lock_fd, f"{os.getpid()}\n".encode())
         try:
             self._prepare(directory)
         except OSError as exc:
-            self._shutdown()
+            self._shutdown(clean=False)
             raise directory_error(directory, exc) from None
         except BaseException:
-            self._shutdown()
+            self._shutdown(clean=False)
             raise
         return self
 
@@ -193,7 +196,9 @@ class MediaDriver:
         return conductor.poller.fileno()
 
     def launch_embedded(self) -> MediaDriver:
-        """Start, and serve on a daemon thread inside this process unless in invoker mode."""
+        """Start, and serve on a daemon thread inside this process unless in invoker mode. An embedded
+        driver removes its directory when it closes, unless ``dir_delete_on_shutdown`` is False."""
+        self._embedded = True
         self.start()
         if not self.is_invoker:
             self._thread = threading.Thread(target=self.run, name=f"slipstream-driver:{self.directory}", daemon=True)
@@ -208,7 +213,7 @@ class MediaDriver:
             thread.join(timeout)
 
     def close(self, *, drain: bool = True) -> None:
-        """Stop serving and release the directory.
+        """Stop serving and release the directory (removing it, when ``DriverConfig.deletes_directory``).
 
         Closed UDP publications are first given time to finish (send what was offered, signal end
         of stream, linger), bounded by the publication linger: an embedded driver closing with its
@@ -262,7 +267,8 @@ class MediaDriver:
         while time.monotonic() < deadline and any(p.sender.is_connected for p in closing()):
             yield
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, *, clean: bool = True) -> None:
+        """Release everything; ``clean``: the driver had started and is closing, not failing to start."""
         if self._closed:
             return
         self._closed = True
@@ -277,8 +283,25 @@ class MediaDriver:
         if self._cnc is not None:
             self._cnc.state = STATE_CLOSED
             self._cnc.close()
+        if clean and self.config.deletes_directory(embedded=self._embedded):
+            self._remove_directory()
         self._release()
         log.info("media driver in %s stopped", self.directory)
+
+    def _remove_directory(self) -> None:
+        """Remove what this driver made, its lock file last and while it still holds the lock (a driver
+        claiming the directory meanwhile waits, or makes a lock file of its own and so keeps the directory),
+        then the directory if that emptied it. Clients of other processes keep what they mapped."""
+        directory = self.directory
+        try:
+            for name in (PUBLICATIONS_DIR, IMAGES_DIR):
+                shutil.rmtree(directory / name, ignore_errors=True)
+            for name in (CNC_FILE, LOSS_REPORT_FILE, SOCKET_FILE, LOCK_FILE):
+                with contextlib.suppress(FileNotFoundError):
+                    (directory / name).unlink()
+            directory.rmdir()
+        except OSError as exc:  # files that are not the driver's (or a new driver's lock): they stay
+            log.info("driver directory %s kept: %s", directory, exc.strerror or exc)
 
     def _release(self) -> None:
         if self._lock_fd >= 0:
@@ -292,6 +315,44 @@ class MediaDriver:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _claim(directory: Path) -> int:
+    """The descriptor of ``directory``'s lock file, locked, the directory and the file made if missing.
+    The locked file must still be the one at that path: a driver closing meanwhile may have removed it
+    (and the directory), and then the claim starts over."""
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except (FileNotFoundError, FileExistsError):
+            continue  # the directory went meanwhile (mkdir saw it, then found no directory: FileExistsError)
+        except OSError as exc:
+            raise directory_error(directory, exc) from None
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            holder = _lock_holder(directory)
+            raise DriverAlreadyRunningError(
+                f"a media driver{holder} already uses {directory}; attach to it, stop it, or choose another directory"
+            ) from None
+        if _is_file_at(lock_fd, directory / LOCK_FILE):
+            return lock_fd
+        os.close(lock_fd)
+    raise DriverDirectoryError(
+        f"cannot claim driver directory {directory}: it was removed {CLAIM_ATTEMPTS} times while this driver "
+        "claimed it; try again"
+    )
+
+
+def _is_file_at(fd: int, path: Path) -> bool:
+    try:
+        here = os.stat(path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino)
 
 
 def _lock_holder(directory: Path) -> str:
