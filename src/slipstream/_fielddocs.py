@@ -106,15 +106,19 @@ def _default_text(source: str, value: ast.expr, klass: type) -> str:
             if keyword.arg == "default":
                 value = keyword.value
     text = " ".join((ast.get_source_segment(source, value) or "").split())
-    if isinstance(value, ast.Constant):
+    if isinstance(value, ast.Constant) or not all(isinstance(node, _ARITHMETIC) for node in ast.walk(value)):
         return f"``{text}``"
     namespace = dict(vars(sys.modules[klass.__module__]))
-    number = eval(compile(ast.Expression(value), "<default>", "eval"), namespace)  # the module's own constants
+    number = eval(compile(ast.Expression(value), "<default>", "eval"), namespace)  # numbers and module constants
     if any(isinstance(node, ast.Name) and node.id.startswith("_") for node in ast.walk(value)):
         return f"``{number!r}``"
     if isinstance(number, int | float) and not isinstance(number, bool) and repr(number) != text:
         return f"``{text}`` ({number!r})"
     return f"``{text}``"
+
+
+_ARITHMETIC = (ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop, ast.expr_context)
+"""What a default may contain to have its number shown: arithmetic of numbers and module constants."""
 
 
 def render_source(path: Path, classes: list[type]) -> str:
