@@ -229,7 +229,8 @@ def test_large_messages_files_and_rmi_arguments_arrive_intact(driver_dir: Path, 
 
             @server.on_message(Path)
             def on_file(conn: Connection, path: Path) -> None:
-                assert path.parent == spill and path.exists()  # a temporary copy, removed after this listener
+                assert path.exists() and path.name == "payload.bin"  # the sender's name, in a private directory
+                assert path.parent.parent == spill and path.parent.stat().st_mode & 0o777 == 0o700
                 copies.append((str(path), hashlib.sha256(path.read_bytes()).hexdigest()))
 
             await connection.send(Blob("big", data))
@@ -238,7 +239,7 @@ def test_large_messages_files_and_rmi_arguments_arrive_intact(driver_dir: Path, 
             assert got == [("big", digest)]
             ((copy, copy_digest),) = copies
             assert copy_digest == hashlib.sha256(source.read_bytes()).hexdigest()
-            await wait_for(lambda: not os.path.exists(copy), 10)
+            await wait_for(lambda: not os.path.exists(os.path.dirname(copy)), 10)  # removed after the listener
             store = connection.rmi.get_global(IStore, server.rmi.save(Store()))
             store.rmi_timeout = 60
             assert await store.put(Blob("arg", data)) == digest  # a 32 MiB RMI argument

@@ -596,16 +596,16 @@ class Disk(InlineStreamFiles):
         self.closed_at_written: int | None = None
         self.threads: set[int] = set()
 
-    def spill(self, directory: str | None, prefix: str) -> SpillFile:
-        return DiskSpill(self, directory, prefix)
+    def spill(self, directory: str | None, prefix: str, name: str = "") -> SpillFile:
+        return DiskSpill(self, directory, prefix, name)
 
     def source(self, path: str | os.PathLike[str], *, chunk: int, headroom: int) -> FileSource:
         return DiskSource(self, path, chunk=chunk, headroom=headroom)
 
 
 class DiskSpill(SpillFile):
-    def __init__(self, disk: Disk, directory: str | None, prefix: str) -> None:
-        super().__init__(directory, prefix)
+    def __init__(self, disk: Disk, directory: str | None, prefix: str, name: str = "") -> None:
+        super().__init__(directory, prefix, name)
         self.disk = disk
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -823,7 +823,10 @@ def test_a_file_being_sent_waits_for_its_reads_and_the_worker_says_when(tmp_path
                 if (due := sender.deadline_ns) is not None and due <= time.monotonic_ns():
                     sender.handle_timer(time.monotonic_ns())
         assert b"".join(chunks) == original.read_bytes() and sender.deadline_ns is None
-        assert [type(e) for e in sender.take_events() if not isinstance(e, StreamProgressed)] == [StreamSent]
+        assert [type(e) for e in sender.take_events() if not isinstance(e, StreamProgressed)] == [
+                StreamStarted,
+                StreamSent,
+            ]
     finally:
         sender.close()
         files.close()
@@ -944,8 +947,7 @@ def test_a_slow_disk_under_one_connection_never_stalls_another(
     that takes 20 ms per write (about 1.3 s for its 64 chunks) while another pings the server. Writes run
     on the loop's file worker, so the loop is never held for long and the pings keep coming back; were
     they on the event loop, one poll of 64 chunks would hold every connection for that long."""
-    from slipstream.network import Client, Server
-    from slipstream.network import streamfiles
+    from slipstream.network import Client, Server, streamfiles
     from slipstream.testing import run_async
     from tests.test_network_aio import client_config, server_config
 

@@ -4,7 +4,7 @@ Asyncio-first, as the seed library (dorkbox Network) in Python's spelling: ``Ser
 listener decorators, a Noise XX handshake, every record after it encrypted (ChaCha20-Poly1305 with
 counter nonces and a replay window), typed messages with msgspec, ping and ``send_sync``. The core
 is sans-I/O (``handshake``, ``connection``); ``aio`` is the adapter. May import ``telemetry``,
-``client`` and the floors below, never its sibling ``echo``; ``pipeline`` and ``cli`` may import it.
+``client`` and the floors below, never its sibling ``echo``; ``pipeline`` and ``cli`` may import it::
 
     async with Server(ServerConfig(app_id="chat", messages=[Hello])) as server:
         @server.on_message(Hello)
@@ -32,6 +32,7 @@ from .errors import (
     ServerError,
     ServerFull,
     ServerKeyChanged,
+    StreamRefused,
     TooManyConnectionsForAddress,
     UndeliveredError,
     UnregisteredTypeError,
@@ -74,5 +75,6 @@ __all__ = [
     "RmiCallTimeout",
     "RmiConnectionClosed",
     "RmiError",
+    "StreamRefused",
     "StreamingError",
 ]

@@ -50,15 +50,13 @@ from .events import (
     MessageDecodeFailed,
     MessageReceived,
     PingAcknowledged,
-    PingTimedOut,
-    SyncCompleted,
-    SyncTimedOut,
 )
 from .frames import FRAME_OVERHEAD, FrameKind, encode_frame_into
+from .requests import Requests
 from .rmi import DEFAULT_TIMEOUT_NS, FILE_STREAM_MARK, Invocation, MethodSpec, RemoteCalls, RemoteRef
 from .serialization import Serialization
 from .session import RECORD_OVERHEAD, PlainRecords, Records
-from .streaming import SpillFile, StreamCompleted, StreamFailed, Streams, StreamStarted
+from .streaming import SpillFile, StreamCompleted, StreamFailed, Streams, StreamSent, StreamStarted
 
 __all__ = ["RECORD_OVERHEAD", "ConnectionMachine", "ConnectionStats", "PlainRecords", "Records"]
 
@@ -132,11 +130,9 @@ class ConnectionMachine:
         self._last_sent_ns = now_ns
         self.liveness_records = 0
         """Records sent or received that carried only a KEEPALIVE (see the module's docstring)."""
-        self._last_id = 0
-        self._syncs: dict[int, int] = {}
-        """Outstanding send_sync id -> timeout deadline."""
-        self._pings: dict[int, tuple[int, int]] = {}
-        """Outstanding ping id -> (sent at, timeout deadline)."""
+        self.requests = Requests()
+        """Outstanding send_syncs and pings (ids, timeouts; a streamed sync's progress)."""
+        self._now_ns = now_ns
 
     # -- deadlines --------------------------------------------------------------------------------
 
@@ -146,10 +142,8 @@ class ConnectionMachine:
         if self.closed:
             return None
         deadline = min(self._last_received_ns + self.expiry_ns, self._last_sent_ns + self.keepalive_ns)
-        for when in self._syncs.values():
-            deadline = min(deadline, when)
-        for _, when in self._pings.values():
-            deadline = min(deadline, when)
+        if (request_deadline := self.requests.deadline_ns) is not None:
+            deadline = min(deadline, request_deadline)
         if self.streams is not None and (stream_deadline := self.streams.deadline_ns) is not None:
             deadline = min(deadline, stream_deadline)
         if self.rmi is not None and (rmi_deadline := self.rmi.deadline_ns) is not None:
@@ -162,14 +156,13 @@ class ConnectionMachine:
         """Expire a silent peer, send a keepalive when quiet, time out pings and syncs."""
         if self.closed:
             return
-        for sync_id, when in list(self._syncs.items()):
-            if now_ns >= when:
-                del self._syncs[sync_id]
-                self._events.append(SyncTimedOut(sync_id))
-        for ping_id, (_, when) in list(self._pings.items()):
-            if now_ns >= when:
-                del self._pings[ping_id]
-                self._events.append(PingTimedOut(ping_id))
+        self._now_ns = now_ns
+        expired, cancel = self.requests.expire(now_ns)
+        self._events += expired
+        for stream_id in cancel:  # a stalled send_sync: the receiver never delivers what it carried
+            assert self.streams is not None
+            self.streams.abort(stream_id, "send_sync timed out: no progress")
+            self._take_stream_events()
         if now_ns - self._last_received_ns >= self.expiry_ns:
             self._close(by_peer=False, expired=True, reason=f"no word from the peer for {self.expiry_ns / 1e9:g} s")
             return
@@ -208,10 +201,11 @@ class ConnectionMachine:
             batch = self._batch
         encode_frame_into(batch, kind, request_id, payload)
 
-    def _append_message(self, kind: int, request_id: int, message: object) -> bool:
+    def _append_message(self, kind: int, request_id: int, message: object) -> int:
         """Encode ``message`` as a frame straight into the batch (the serializer's fast path); a
-        frame that overflows the batch starts the next one. False when it went as a stream instead
-        (a plain message's sequence number stays off the stream: streamed messages are not sequenced)."""
+        frame that overflows the batch starts the next one. 0, or the stream's id when it went as a
+        stream instead (a plain message's sequence number stays off the stream: streamed messages are
+        not sequenced)."""
         batch = self._batch
         start = len(batch)
         size = self.serialization.encode_frame_into(batch, kind, request_id, message)
@@ -219,8 +213,7 @@ class ConnectionMachine:
             if self.streams is not None:
                 payload = bytes(batch[start + FRAME_OVERHEAD :])
                 del batch[start:]
-                self.streams.send(kind, 0 if kind == _MESSAGE else request_id, payload)
-                return False
+                return self.streams.send(kind, 0 if kind == _MESSAGE else request_id, payload)
             del batch[start:]
             raise MessageTooLarge(
                 f"a message of {size - self.frame_overhead} bytes exceeds the largest record "
@@ -231,7 +224,7 @@ class ConnectionMachine:
             del batch[start:]
             self._seal_batch()
             self._batch += frame
-        return True
+        return 0
 
     def _seal_batch(self) -> None:
         if self._batch:
@@ -253,7 +246,7 @@ class ConnectionMachine:
             self.send_file(message)
         elif (delivery := self.delivery) is None or not delivery.sequencing:
             self._append_message(_MESSAGE, 0, message)
-        elif self._append_message(_MESSAGE, delivery.next_wire, message):  # not when it went as a stream
+        elif not self._append_message(_MESSAGE, delivery.next_wire, message):  # not when it went as a stream
             delivery.commit()
         self.stats.messages_sent += 1
 
@@ -271,25 +264,24 @@ class ConnectionMachine:
 
     def send_sync(self, message: object, now_ns: int, timeout_ns: int) -> int:
         """Send ``message`` and expect a SYNC_ACK once the remote's listeners handled it; returns the
-        request id that :class:`SyncCompleted` or :class:`SyncTimedOut` will name."""
+        request id that :class:`SyncCompleted`, :class:`SyncTimedOut` or :class:`SyncFailed` will name.
+        A streamed message or file is timed from its last progress (see :mod:`.requests`)."""
         self._check_open()
         sync_id = self._next_id()
         if isinstance(message, os.PathLike):
-            self.send_file(message, kind=FrameKind.SYNC_REQUEST, request_id=sync_id)
+            stream_id = self.send_file(message, kind=FrameKind.SYNC_REQUEST, request_id=sync_id)
         else:
-            self._append_message(FrameKind.SYNC_REQUEST, sync_id, message)
-        self._syncs[sync_id] = now_ns + timeout_ns
+            stream_id = self._append_message(FrameKind.SYNC_REQUEST, sync_id, message)
+        self.requests.sync(sync_id, now_ns, timeout_ns, stream_id)
         self.stats.messages_sent += 1
         return sync_id
 
     def _next_id(self) -> int:
         """A request id (1-65535) not outstanding: the pool is bounded, ids are reused."""
-        if len(self._syncs) + len(self._pings) >= 65535:
-            raise ConnectionClosedError("too many outstanding requests (65535)")
-        while True:
-            self._last_id = self._last_id % 65535 + 1
-            if self._last_id not in self._syncs and self._last_id not in self._pings:
-                return self._last_id
+        try:
+            return self.requests.next_id()
+        except OverflowError as exc:
+            raise ConnectionClosedError(str(exc)) from None
 
     def acknowledge_sync(self, sync_id: int) -> None:
         """The listeners handled the message of request ``sync_id``: tell the sender."""
@@ -300,7 +292,7 @@ class ConnectionMachine:
         """Send a ping; returns the id that PingAcknowledged or PingTimedOut will name."""
         self._check_open()
         ping_id = self._next_id()
-        self._pings[ping_id] = (now_ns, now_ns + timeout_ns)
+        self.requests.ping(ping_id, now_ns, timeout_ns)
         self._append(FrameKind.PING, ping_id, _PING.pack(now_ns + self.wall_offset_ns))
         return ping_id
 
@@ -328,8 +320,7 @@ class ConnectionMachine:
             self.streams.connection_lost(reason or "the connection closed")
             self._take_stream_events()
         self._events.append(Closed(by_peer, expired, reason))
-        self._syncs.clear()
-        self._pings.clear()
+        self.requests.clear()
         if self.rmi is not None:  # calls in flight fail now, after Closed
             self.rmi.close(reason or "the connection closed")
             self.take_rmi()
@@ -366,6 +357,7 @@ class ConnectionMachine:
         the room its transport has, so a large file is read as the transport drains it)."""
         streams = self.streams
         if streams is not None and stream_budget > 0 and streams.sending and not self.closed:
+            self._now_ns = now_ns
             for kind, request_id, payload in streams.take_frames(stream_budget):
                 self._append(kind, request_id, payload)
             self._take_stream_events()
@@ -428,19 +420,19 @@ class ConnectionMachine:
                 stats.messages_received += 1
                 events.append(MessageReceived(value, request_id))
             elif kind == FrameKind.SYNC_ACK:
-                if self._syncs.pop(request_id, None) is not None:
-                    events.append(SyncCompleted(request_id))
+                if (completed := self.requests.acknowledged(request_id)) is not None:
+                    events.append(completed)
             elif kind == FrameKind.PING:
                 if isinstance(value, bytes) and len(value) == _PING.size:
                     (ping_wall,) = _PING.unpack(value)
                     self._append(FrameKind.PONG, request_id, _PONG.pack(ping_wall, now_ns + self.wall_offset_ns))
             elif kind == FrameKind.PONG:
-                sent = self._pings.pop(request_id, None)
+                sent = self.requests.ponged(request_id)
                 if sent is not None and isinstance(value, bytes) and len(value) == _PONG.size:
                     ping_wall, pong_wall = _PONG.unpack(value)
                     finished_wall = now_ns + self.wall_offset_ns
                     events.append(
-                        PingAcknowledged(request_id, now_ns - sent[0], pong_wall - ping_wall, finished_wall - pong_wall)
+                        PingAcknowledged(request_id, now_ns - sent, pong_wall - ping_wall, finished_wall - pong_wall)
                     )
             elif kind == FrameKind.DELIVERED and delivery is not None:
                 delivery.acknowledged(value)
@@ -448,6 +440,7 @@ class ConnectionMachine:
                 self._rmi_frame(kind, request_id, bytes(value))  # type: ignore[call-overload]
             elif kind in _STREAM_KINDS:
                 if self.streams is not None:
+                    self._now_ns = now_ns
                     self.streams.receive(kind, request_id, bytes(value), now_ns)  # type: ignore[call-overload]
                     self._take_stream_events()
             elif kind == FrameKind.CLOSE:
@@ -460,16 +453,23 @@ class ConnectionMachine:
         return True
 
     def _take_stream_events(self) -> None:
-        """Move the streams' events into ours; a completed stream becomes the frame it carried."""
+        """Move the streams' events into ours; a completed stream becomes the frame it carried; a stream
+        carrying a ``send_sync`` message reports to its request."""
         assert self.streams is not None
         rmi = self.rmi
+        requests = self.requests
         for event in self.streams.take_events():
             if isinstance(event, StreamCompleted):
                 self._completed(event)
                 continue
+            ours = isinstance(event, StreamSent) or not event.incoming
+            if ours and not isinstance(event, StreamStarted) and requests.carries(event.stream_id):
+                self._events += requests.stream_event(event, self._now_ns)
+                continue
             if rmi is not None:
                 if isinstance(event, StreamStarted):
-                    if event.is_file and event.kind == FrameKind.MESSAGE and event.request_id == FILE_STREAM_MARK:
+                    marked = event.kind == FrameKind.MESSAGE and event.request_id == FILE_STREAM_MARK
+                    if marked and event.incoming and event.is_file:
                         rmi.file_started(event.stream_id)  # a Path argument or result: RMI's, not a message
                 elif isinstance(event, StreamFailed) and event.incoming:
                     rmi.file_failed(event.stream_id, f"({event.failure.name.lower()}): {event.detail}")

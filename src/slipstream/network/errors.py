@@ -229,10 +229,16 @@ __all__ += [
 
 
 class StreamingError(NetworkError):
-    """A stream cannot be sent (closed, file unreadable, bad arguments)."""
+    """A stream cannot be sent (closed, file unreadable, bad arguments), or it failed on its way."""
 
 
-__all__ += ["StreamingError"]
+class StreamRefused(StreamingError):
+    """The receiver refused a large message or file: larger than its ``max_stream_size``, more streams at
+    once than its ``max_incoming``, idle past its timeout, or its disk failed (the message says which and
+    names the limit). Raised by ``send_sync`` as soon as the refusal arrives."""
+
+
+__all__ += ["StreamRefused", "StreamingError"]
 
 
 class ErrorsSuppressed(NetworkError):

@@ -46,6 +46,7 @@ __all__ = [
     "StreamSent",
     "StreamStarted",
     "SyncCompleted",
+    "SyncFailed",
     "SyncTimedOut",
 ]
 
@@ -133,16 +134,32 @@ class MessageDecodeFailed:
 
 @dataclass(frozen=True, slots=True)
 class SyncCompleted:
-    """The remote's listeners handled the message sent with ``send_sync``."""
+    """The remote's listeners handled the message sent with ``send_sync``; or (``acknowledged`` False) a
+    streamed one left whole and no acknowledgement came within the timeout after its last byte: it can
+    no longer be taken back, so it is not a failure."""
 
     sync_id: int
+    acknowledged: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class SyncTimedOut:
-    """No acknowledgement for a ``send_sync`` within its timeout."""
+    """No acknowledgement for a ``send_sync`` within its timeout; a streamed message or file (``stream_id``)
+    made no progress for that long and was cancelled, so the receiver never delivers it."""
 
     sync_id: int
+    stream_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SyncFailed:
+    """The stream carrying a ``send_sync`` message or file failed: the receiver refused it (``detail`` names
+    its limit), the file could not be read, or the connection was lost (``failure``)."""
+
+    sync_id: int
+    stream_id: int
+    failure: StreamFailure
+    detail: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +306,8 @@ class StreamFailure(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class StreamStarted:
-    """An incoming stream was announced and accepted (``kind``/``request_id``: the frame it carries)."""
+    """A stream began: an incoming one was announced and accepted, or an outgoing one's first frame left
+    (``kind``/``request_id``: the frame it carries; ``name``: a file's name)."""
 
     stream_id: int
     total: int
@@ -297,6 +315,7 @@ class StreamStarted:
     name: str
     kind: int = FrameKind.MESSAGE
     request_id: int = 0
+    incoming: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,6 +480,7 @@ Event = (
     | MessageDecodeFailed
     | SyncCompleted
     | SyncTimedOut
+    | SyncFailed
     | PingAcknowledged
     | PingTimedOut
     | KeepaliveSent

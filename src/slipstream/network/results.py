@@ -39,7 +39,8 @@ class Transfers(dict[tuple[bool, int], Transfer]):
     def record(self, event: StreamStarted | StreamProgressed | StreamSent | StreamFailed) -> str | None:
         """Take ``event`` in; for a stream that failed, what to report (the side, the id and why)."""
         if isinstance(event, StreamStarted):
-            self[(True, event.stream_id)] = Transfer(event.stream_id, True, 0, event.total, event.name)
+            key = (event.incoming, event.stream_id)
+            self[key] = Transfer(event.stream_id, event.incoming, 0, event.total, event.name)
         elif isinstance(event, StreamProgressed):
             key = (event.incoming, event.stream_id)
             name = self[key].name if key in self else ""

@@ -1,7 +1,7 @@
 """The file I/O of streams, injected into :class:`~.streaming.Streams`: spill files written, sent files read.
 
 The stream machine is sans-I/O except for files, and where their reads and writes run is the caller's
-choice, given as a :class:`StreamFiles`:
+choice, given as a :class:`StreamFiles` (the files themselves are :mod:`.localfiles`'):
 
 - :class:`InlineStreamFiles` (the default) does each read and write at once on the caller's thread:
   deterministic, what the in-memory tests and ``slipstream.testing`` want.
@@ -28,18 +28,16 @@ and removing it run on the worker, in order, so removing a file the worker still
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import mmap
 import os
-import tempfile
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Final, Protocol
+
+from .localfiles import Data, FileSource, InlineStreamFiles, SpillFile, remove_spill
 
 __all__ = [
     "DEFAULT_READ_AHEAD",
@@ -57,8 +55,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-Data = bytes | bytearray | memoryview
 
 WRITE_BACKLOG_PAUSE: Final = 8 * 1024 * 1024
 """Queued spill bytes of one connection above which an adapter stops polling its subscription. One poll
@@ -130,8 +126,9 @@ class SourceReader(Protocol):
 class StreamFiles(Protocol):
     """Makes the files a :class:`~.streaming.Streams` machine writes and reads."""
 
-    def spill(self, directory: str | None, prefix: str) -> SpillWriter:
-        """A new temporary file in ``directory`` (None: the system's); OSError when it cannot be made."""
+    def spill(self, directory: str | None, prefix: str, name: str = "") -> SpillWriter:
+        """A new temporary file in ``directory`` (None: the system's), named ``name`` in a private directory
+        when a name is given (see :mod:`.localfiles`); OSError when it cannot be made."""
         ...
 
     def source(self, path: str | os.PathLike[str], *, chunk: int, headroom: int) -> SourceReader:
@@ -143,102 +140,6 @@ class StreamFiles(Protocol):
         ...
 
 
-# -- on the caller's thread ---------------------------------------------------------------------------
-
-
-class SpillFile:
-    """A temporary file a stream is written to (created 0600 by ``mkstemp``), removed unless handed over."""
-
-    backlog: Final = 0
-    due: Final = False
-
-    def __init__(self, directory: str | None = None, prefix: str = "slipstream-stream-") -> None:
-        fd, self.path = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
-        self._file = os.fdopen(fd, "wb", buffering=1024 * 1024)
-
-    def write(self, data: Data) -> None:
-        self._file.write(data)
-
-    def finish(self) -> str:
-        """Close it and return its path (the caller now owns the file)."""
-        self._file.close()
-        return self.path
-
-    def poll(self) -> str | None:
-        return self.path if self._file.closed else None
-
-    def discard(self) -> None:
-        """Close and remove it."""
-        with contextlib.suppress(OSError):
-            self._file.close()
-        _unlink(self.path)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def mapped(path: str) -> Iterator[memoryview]:
-        """A read-only view of a completed spill (decode a large message from it without reading it into
-        the heap: msgspec decodes from any buffer)."""
-        with open(path, "rb") as file:
-            if os.fstat(file.fileno()).st_size == 0:
-                yield memoryview(b"")
-                return
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                view = memoryview(mapped)
-                try:
-                    yield view
-                finally:
-                    view.release()
-
-
-class FileSource:
-    """A file being sent, read one chunk at a time (opened at once so a missing file fails ``send_file``)."""
-
-    due: Final = False
-
-    def __init__(self, path: str | os.PathLike[str], *, chunk: int = 64 * 1024, headroom: int = 0) -> None:
-        self._file = open(path, "rb")  # noqa: SIM115 - kept open across chunks, closed by close()
-        self.size = os.fstat(self._file.fileno()).st_size
-        self.name = Path(path).name
-        self._chunk = chunk
-        self._headroom = headroom
-        self._offset = 0
-
-    def read_into(self, buffer: memoryview) -> int:
-        """Fill ``buffer`` from the file (fewer bytes only at its end); the bytes read."""
-        return self._file.readinto(buffer)
-
-    def take(self) -> bytearray:
-        """The next chunk, read now, after ``headroom`` free bytes (short where the file ended early)."""
-        n = min(self._chunk, self.size - self._offset)
-        self._offset += n
-        payload = bytearray(self._headroom + n)
-        with memoryview(payload) as whole, whole[self._headroom :] as body:
-            got = self.read_into(body)
-        return payload if got == n else payload[: self._headroom + got]
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class InlineStreamFiles:
-    """Reads and writes at once on the caller's thread (the default: deterministic, blocking)."""
-
-    def spill(self, directory: str | None, prefix: str) -> SpillFile:
-        return SpillFile(directory, prefix)
-
-    def source(self, path: str | os.PathLike[str], *, chunk: int, headroom: int) -> FileSource:
-        return FileSource(path, chunk=chunk, headroom=headroom)
-
-    def remove(self, path: str) -> None:
-        _unlink(path)
-
-
-def _unlink(path: str) -> bool:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-    return False
-
-
 # -- on a worker thread -------------------------------------------------------------------------------
 
 Job = Callable[[], bool]
@@ -247,6 +148,12 @@ Job = Callable[[], bool]
 
 def _closed_error() -> OSError:
     return OSError("the stream file worker was closed")
+
+
+def _remove(path: str) -> bool:
+    """A removal on the worker (nothing to wake the adapter for)."""
+    remove_spill(path)
+    return False
 
 
 class ThreadedStreamFiles:
@@ -272,11 +179,11 @@ class ThreadedStreamFiles:
     def running(self) -> bool:
         return self._worker.thread.is_alive()
 
-    def spill(self, directory: str | None, prefix: str) -> SpillWriter:
+    def spill(self, directory: str | None, prefix: str, name: str = "") -> SpillWriter:
         worker = self._worker
         writer = _ThreadedSpill(worker)
         with worker.lock:
-            worker.submit(functools.partial(writer.create, self._files, directory, prefix))
+            worker.submit(functools.partial(writer.create, self._files, directory, prefix, name))
             worker.writers.add(writer)
         return writer
 
@@ -296,9 +203,9 @@ class ThreadedStreamFiles:
     def remove(self, path: str) -> None:
         with self._worker.lock:
             if not self._worker.stopping:
-                self._worker.submit(functools.partial(_unlink, path))
+                self._worker.submit(functools.partial(_remove, path))
                 return
-        _unlink(path)
+        remove_spill(path)
 
     def close(self, timeout: float = JOIN_TIMEOUT_S) -> None:
         """Stop the worker: unfinished spill files are removed, open sources closed (both after any write
@@ -469,7 +376,7 @@ class _ThreadedSpill:
 
     def unlink(self) -> None:
         if self._file is not None:
-            _unlink(self._file.path)
+            remove_spill(self._file.path)
 
     # -- on the worker ------------------------------------------------------------------------------
 
@@ -477,11 +384,11 @@ class _ThreadedSpill:
         with self._lock:
             return self._gone or self._error is not None
 
-    def create(self, files: InlineStreamFiles, directory: str | None, prefix: str) -> bool:
+    def create(self, files: InlineStreamFiles, directory: str | None, prefix: str, name: str) -> bool:
         if self._skip():
             return False
         try:
-            self._file = files.spill(directory, prefix)
+            self._file = files.spill(directory, prefix, name)
         except OSError as exc:
             return self._fail(exc)
         return False

@@ -5,7 +5,8 @@ receiver refuses an announced size above ``max_stream_size`` and more than ``max
 streams before allocating anything; it grows an in-memory buffer only as bytes arrive, and a stream
 larger than ``spill_threshold`` (or a file, or one that would push all in-memory streams past that
 budget) goes to a temporary file, removed when the stream fails, on close, or when the application
-releases it. Events report starts, progress, completions and failures on both sides.
+releases it; a file keeps the sender's name (:mod:`.localfiles`). Events report starts, progress,
+completions and failures on both sides.
 
 File I/O, the one thing here that can block, is injected (a :class:`~.streamfiles.StreamFiles`): the
 default reads and writes at once on the caller's thread, deterministic for tests; an adapter passes a
@@ -25,13 +26,11 @@ frame it carries (a file as a message whose value is the path), then :meth:`Stre
 
 from __future__ import annotations
 
-import hashlib
 import os
-from dataclasses import dataclass, field
 from typing import Final
 
 from .frames import FrameKind
-from .streamfiles import FileSource, InlineStreamFiles, SourceReader, SpillFile, SpillWriter, StreamFiles
+from .streamfiles import FileSource, InlineStreamFiles, SpillFile, StreamFiles
 from .streamwire import (
     FINISHED_BODY,
     FLAG_FILE,
@@ -39,8 +38,9 @@ from .streamwire import (
     OFFSET,
     START,
     End,
-    Hasher,
+    IncomingStream,
     OutFrame,
+    OutgoingStream,
     StreamCompleted,
     StreamEvent,
     StreamFailed,
@@ -85,40 +85,6 @@ _SENT_REMEMBERED: Final = 256
 
 
 # -- the machine --------------------------------------------------------------------------------------
-
-
-
-@dataclass(slots=True)
-class _Outgoing:
-    stream_id: int
-    kind: int
-    request_id: int
-    total: int
-    data: memoryview | None
-    source: SourceReader | None
-    name: str
-    offset: int = 0
-    started: bool = False
-    next_progress: int = 0
-    hasher: Hasher = field(default_factory=hashlib.sha256)
-
-
-@dataclass(slots=True)
-class _Incoming:
-    stream_id: int
-    kind: int
-    request_id: int
-    total: int
-    is_file: bool
-    name: str
-    last_ns: int
-    received: int = 0
-    next_progress: int = 0
-    buffer: bytearray | None = None
-    spill: SpillWriter | None = None
-    hasher: Hasher = field(default_factory=hashlib.sha256)
-    digest: bytes = b""
-    """Set by a checked end; the stream then waits for its file to be written and closed."""
 
 
 class Streams:
@@ -169,9 +135,9 @@ class Streams:
         self.stats = StreamStats()
         self.closed = False
         self._next_id = 0
-        self._outgoing: dict[int, _Outgoing] = {}
-        self._incoming: dict[int, _Incoming] = {}
-        self._finishing: dict[int, _Incoming] = {}
+        self._outgoing: dict[int, OutgoingStream] = {}
+        self._incoming: dict[int, IncomingStream] = {}
+        self._finishing: dict[int, IncomingStream] = {}
         """Checked, waiting for their files to be written and closed (they count as incoming)."""
         self._starved: set[int] = set()
         """Outgoing file streams that found no chunk read yet."""
@@ -207,7 +173,7 @@ class Streams:
             return True
         return any((o := self._outgoing.get(i)) and o.source is not None and o.source.due for i in self._starved)
 
-    def _spilling(self) -> list[_Incoming]:
+    def _spilling(self) -> list[IncomingStream]:
         """Incoming streams, those still arriving and those whose files are being closed."""
         return [*self._incoming.values(), *self._finishing.values()]
 
@@ -260,12 +226,15 @@ class Streams:
         self._check_target(kind, request_id)
         data = memoryview(bytes(payload) if isinstance(payload, bytearray) else payload).cast("B")
         stream_id = self._new_id()
-        self._outgoing[stream_id] = _Outgoing(stream_id, int(kind), request_id, len(data), data, None, "")
+        self._outgoing[stream_id] = OutgoingStream(stream_id, int(kind), request_id, len(data), data, None, "")
         return stream_id
 
-    def send_file(self, path: str | os.PathLike[str], *, kind: int = FrameKind.MESSAGE, request_id: int = 0) -> int:
-        """Stream a file's contents (the receiver gets a temporary copy); returns the stream id.
-        Raises StreamingError when the file cannot be opened."""
+    def send_file(
+        self, path: str | os.PathLike[str], *, kind: int = FrameKind.MESSAGE, request_id: int = 0, announce: bool = True
+    ) -> int:
+        """Stream a file's contents; returns the stream id. The receiver gets a copy under the file's name
+        in a private directory (``announce=False``: a nameless temporary file). Raises StreamingError when
+        the file cannot be opened."""
         self._check_target(kind, request_id)
         try:
             source = self._files.source(path, chunk=self.chunk_data, headroom=OFFSET.size)
@@ -273,7 +242,8 @@ class Streams:
             raise StreamingError(f"cannot send file {os.fspath(path)!r}: {exc}") from exc
         stream_id = self._new_id()
         name = source.name.encode("utf-8", "replace")[:MAX_NAME].decode("utf-8", "ignore")
-        self._outgoing[stream_id] = _Outgoing(stream_id, int(kind), request_id, source.size, None, source, name)
+        outgoing = OutgoingStream(stream_id, int(kind), request_id, source.size, None, source, name, announce)
+        self._outgoing[stream_id] = outgoing
         return stream_id
 
     def abort(self, stream_id: int, reason: str = "aborted by the sender") -> bool:
@@ -284,7 +254,7 @@ class Streams:
         self._fail_outgoing(stream, StreamFailure.SENDER_ABORTED, reason, tell_peer=True)
         return True
 
-    def _fail_outgoing(self, stream: _Outgoing, failure: StreamFailure, detail: str, *, tell_peer: bool) -> None:
+    def _fail_outgoing(self, stream: OutgoingStream, failure: StreamFailure, detail: str, *, tell_peer: bool) -> None:
         self._outgoing.pop(stream.stream_id, None)
         self._starved.discard(stream.stream_id)
         if stream.source is not None:
@@ -310,14 +280,17 @@ class Streams:
                 break
         return frames
 
-    def _step(self, stream: _Outgoing, frames: list[OutFrame]) -> int:
+    def _step(self, stream: OutgoingStream, frames: list[OutFrame]) -> int:
         """Hand out the stream's next frame (START, one chunk, or END); returns the data bytes used (0:
         its next chunk is still being read)."""
         if not stream.started:
             stream.started = True
             flags = FLAG_FILE if stream.source is not None else 0
             header = START.pack(flags, stream.kind, stream.request_id, stream.total)
-            frames.append((FrameKind.STREAM_START, stream.stream_id, header + stream.name.encode("utf-8")))
+            announced = stream.name.encode("utf-8") if stream.announce else b""
+            frames.append((FrameKind.STREAM_START, stream.stream_id, header + announced))
+            s = stream
+            self._events.append(StreamStarted(s.stream_id, s.total, bool(flags), s.name, s.kind, s.request_id, False))
             return 1
         if stream.offset < stream.total:
             n = min(self.chunk_data, stream.total - stream.offset)
@@ -391,7 +364,7 @@ class Streams:
             self.stats.malformed_frames += 1
             return
         if total > self.max_stream_size:
-            detail = f"announced {total} bytes exceed the maximum {self.max_stream_size}"
+            detail = f"announced {total} bytes exceed its max_stream_size ({self.max_stream_size})"
             self._refuse(stream_id, StreamFailure.TOO_LARGE, detail)
             return
         if (live := len(self._incoming) + len(self._finishing)) >= self.max_incoming:
@@ -399,17 +372,17 @@ class Streams:
             return
         is_file = bool(flags & FLAG_FILE)
         name = payload[START.size :].decode("utf-8", "replace")
-        stream = _Incoming(stream_id, inner_kind, inner_request_id, total, is_file, name, now_ns)
+        stream = IncomingStream(stream_id, inner_kind, inner_request_id, total, is_file, name, now_ns)
         stream.buffer = None if is_file or total > self.spill_threshold else bytearray()
         if stream.buffer is None and not self._spill(stream):
             return
         self._incoming[stream_id] = stream
         self._events.append(StreamStarted(stream_id, total, is_file, name, inner_kind, inner_request_id))
 
-    def _spill(self, stream: _Incoming) -> bool:
+    def _spill(self, stream: IncomingStream) -> bool:
         """Move the stream to a temporary file (writing what memory held); False if that failed."""
         try:
-            stream.spill = self._files.spill(self.temp_dir, self.temp_prefix)
+            stream.spill = self._files.spill(self.temp_dir, self.temp_prefix, stream.name if stream.is_file else "")
             if stream.buffer:
                 stream.spill.write(stream.buffer)
         except OSError as exc:
@@ -516,7 +489,7 @@ class Streams:
             return
         self._finish(stream)
 
-    def _finish(self, stream: _Incoming) -> None:
+    def _finish(self, stream: IncomingStream) -> None:
         """Take in what the stream's file did: a failure fails the stream (the sender is told); a checked
         stream completes once its file is written and closed."""
         assert stream.spill is not None
@@ -530,14 +503,14 @@ class Streams:
             self._handed[stream.stream_id] = path
             self._completed(stream, None, path)
 
-    def _completed(self, stream: _Incoming, data: bytes | None, path: str | None) -> None:
+    def _completed(self, stream: IncomingStream, data: bytes | None, path: str | None) -> None:
         self.stats.streams_received += 1
         s = stream
         event = StreamCompleted(s.stream_id, s.kind, s.request_id, s.total, s.digest, data, path, s.is_file, s.name)
         self._events.append(event)
 
     def _fail_incoming(
-        self, stream: _Incoming, failure: StreamFailure, detail: str, *, tell_peer: bool = False
+        self, stream: IncomingStream, failure: StreamFailure, detail: str, *, tell_peer: bool = False
     ) -> None:
         self._incoming.pop(stream.stream_id, None)
         self._finishing.pop(stream.stream_id, None)

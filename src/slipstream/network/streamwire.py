@@ -10,17 +10,19 @@ or response) or the contents of a file travel as:
   for ABORTED (the sender gave up) or REFUSED (the *receiver* refuses the stream, sent back to the
   sender under the sender's stream id) a UTF-8 reason.
 
-Kept apart from :mod:`.streaming` (the machine) so that module stays one idea and under the size rule;
-everything here is re-exported from there, with the stream events (in :mod:`.events`, beside every other
-machine's) and :class:`StreamingError` (in :mod:`.errors`).
+Kept apart from :mod:`.streaming` (the machine) so that module stays one idea and under the size rule,
+with the records the machine keeps of each stream (pure data); everything here is re-exported from
+there, with the stream events (in :mod:`.events`, beside every other machine's) and
+:class:`StreamingError` (in :mod:`.errors`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from .errors import StreamingError
 from .events import (
@@ -33,8 +35,13 @@ from .events import (
     StreamStarted,
 )
 
+if TYPE_CHECKING:
+    from .streamfiles import SourceReader, SpillWriter
+
 __all__ = [
     "Hasher",
+    "IncomingStream",
+    "OutgoingStream",
     "StreamCompleted",
     "StreamEvent",
     "StreamFailed",
@@ -95,3 +102,45 @@ class Hasher(Protocol):
     def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
 
     def digest(self) -> bytes: ...
+
+
+# -- the machine's records of its streams -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class OutgoingStream:
+    """What the stream machine keeps of a stream it sends."""
+
+    stream_id: int
+    kind: int
+    request_id: int
+    total: int
+    data: memoryview | None
+    source: SourceReader | None
+    name: str
+    announce: bool = True
+    """Whether the name goes on the wire (the receiver's copy keeps it)."""
+    offset: int = 0
+    started: bool = False
+    next_progress: int = 0
+    hasher: Hasher = field(default_factory=hashlib.sha256)
+
+
+@dataclass(slots=True)
+class IncomingStream:
+    """What the stream machine keeps of a stream it receives."""
+
+    stream_id: int
+    kind: int
+    request_id: int
+    total: int
+    is_file: bool
+    name: str
+    last_ns: int
+    received: int = 0
+    next_progress: int = 0
+    buffer: bytearray | None = None
+    spill: SpillWriter | None = None
+    hasher: Hasher = field(default_factory=hashlib.sha256)
+    digest: bytes = b""
+    """Set by a checked end; the stream then waits for its file to be written and closed."""

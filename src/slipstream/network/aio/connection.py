@@ -33,6 +33,7 @@ from ..errors import (
     PingTimeout,
     SendSyncTimeout,
     SendTimeout,
+    StreamRefused,
     UndeliveredError,
 )
 from ..events import (
@@ -47,12 +48,13 @@ from ..events import (
     RmiOnewayFailed,
     RmiRequestReceived,
     SyncCompleted,
+    SyncFailed,
     SyncTimedOut,
 )
 from ..listeners import Listeners
 from ..results import Ping, Transfers, connection_stats
 from ..streamfiles import WRITE_BACKLOG_PAUSE
-from ..streaming import StreamFailed, StreamingError, StreamProgressed, StreamSent, StreamStarted
+from ..streaming import StreamFailed, StreamFailure, StreamingError, StreamProgressed, StreamSent, StreamStarted
 from ..transport import BUSY_CADENCE_NS, Link
 from .rmi import RmiSession
 
@@ -239,8 +241,13 @@ class Connection:
         self._after_append()
 
     async def send_sync(self, message: object, timeout: float | None = None) -> None:
-        """Send ``message`` and wait until the remote's listeners have handled it (a buffered
-        session's successor carries it; a closed connection raises ConnectionClosedError)."""
+        """Send ``message`` and wait until the remote's listeners have handled it (a buffered session's
+        successor carries it; a closed connection raises ConnectionClosedError). ``timeout`` (default
+        ``send_timeout``) bounds the wait for the acknowledgement; for a large message or a file it counts
+        from the transfer's last progress: a stalled transfer is cancelled (the peer never gets it) and
+        raises SendSyncTimeout; once every byte left it is not taken back, and the call returns even if no
+        acknowledgement comes within ``timeout`` after that. A refusal (StreamRefused, naming the peer's
+        limit) or a failed transfer (StreamingError) raises as soon as it is known."""
         if self._successor is not None:
             return await self._successor.send_sync(message, timeout)
         if self._full():
@@ -477,19 +484,13 @@ class Connection:
             self.rmi.handle(event)
         elif isinstance(event, (StreamStarted, StreamProgressed, StreamSent, StreamFailed)):
             self._on_stream_event(event)
-        elif isinstance(event, SyncCompleted):
-            future = self._syncs.pop(event.sync_id, None)
-            if future is not None and not future.done():
-                future.set_result(None)
+        elif isinstance(event, (SyncCompleted, SyncTimedOut, SyncFailed)):
+            self._sync_ended(event)
         elif isinstance(event, PingAcknowledged):
             ping = self._pings.pop(event.ping_id, None)
             if ping is not None and not ping.done():
                 ping.set_result(Ping(event.round_trip_ns / 1e9, event.outbound_ns / 1e9, event.inbound_ns / 1e9))
             owner.round_trip(self, event.round_trip_ns)
-        elif isinstance(event, SyncTimedOut):
-            future = self._syncs.pop(event.sync_id, None)
-            if future is not None and not future.done():
-                future.set_exception(SendSyncTimeout(f"connection {self.id}: no acknowledgement in time"))
         elif isinstance(event, PingTimedOut):
             ping = self._pings.pop(event.ping_id, None)
             if ping is not None and not ping.done():
@@ -517,6 +518,28 @@ class Connection:
         self._room.set()
         self._closed_event.set()
         self._owner.connection_ended(self, event)
+
+    def _sync_ended(self, event: SyncCompleted | SyncTimedOut | SyncFailed) -> None:
+        """A ``send_sync`` outcome: its waiter resumes, or raises what went wrong (said once: a failed
+        stream of a sync is not reported to ``on_error`` as well)."""
+        future = self._syncs.pop(event.sync_id, None)
+        error: Exception | None = None
+        if isinstance(event, SyncTimedOut):
+            if event.stream_id:
+                self.transfers.pop((False, event.stream_id), None)
+            stalled = "its transfer made no progress in time and was cancelled" if event.stream_id else ""
+            error = SendSyncTimeout(f"connection {self.id}: {stalled or 'no acknowledgement in time'}")
+        elif isinstance(event, SyncFailed):
+            self.transfers.pop((False, event.stream_id), None)
+            what = f"connection {self.id}: send_sync's stream failed ({event.failure.name.lower()}): {event.detail}"
+            lost = event.failure is StreamFailure.CONNECTION_LOST
+            refused = event.failure is StreamFailure.REFUSED
+            error = ConnectionClosedError(what) if lost else StreamRefused(what) if refused else StreamingError(what)
+        if future is not None and not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
     def _on_stream_event(self, event: StreamStarted | StreamProgressed | StreamSent | StreamFailed) -> None:
         failure = self.transfers.record(event)

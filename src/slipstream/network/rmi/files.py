@@ -87,7 +87,7 @@ class StreamsChannel:
         self._streams = streams
 
     def send(self, path: os.PathLike[str]) -> FileRef:
-        stream_id = self._streams.send_file(path, kind=FrameKind.MESSAGE, request_id=FILE_STREAM_MARK)
+        stream_id = self._streams.send_file(path, kind=FrameKind.MESSAGE, request_id=FILE_STREAM_MARK, announce=False)
         progress = self._streams.progress(stream_id, incoming=False)
         return FileRef(stream_id, progress[1] if progress is not None else 0, Path(path).name)
 
