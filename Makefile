@@ -4,14 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo transport-demo test bench lint clean system-deps ext asan test-pure
+.PHONY: demo transport-demo test bench lint clean system-deps ext asan test-pure docs
 
 # One environment with the dev extras serves both `demo` and `test`, so `make test` after `make demo`
 # installs nothing more. The demo alone needs only the core dependencies: `pip install . && slipstream demo`.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,pipeline]'
+	$(PY) -m pip install -q -e '.[dev,pipeline,docs]'
 	touch $(STAMP)
 
 # The end-to-end tour: typed streams and a server with UDP and IPC clients, recorded; the Spark report
@@ -23,6 +23,12 @@ demo: $(STAMP)
 # The transport alone: two processes exchange messages over shared memory and print what they measured.
 transport-demo: $(STAMP)
 	$(VENV)/bin/slipstream demo
+
+# The documentation site (docs/: Markdown guides and the API reference from the docstrings) into
+# build/docs, rebuilt whole (-E: docstrings are not sources Sphinx tracks); warnings are errors.
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -E -q -b html docs build/docs
+	@echo "open build/docs/index.html"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

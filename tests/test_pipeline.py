@@ -33,6 +33,8 @@ from slipstream.pipeline.run import ReportOutcome, generate_report
 from slipstream.pipeline.submit import SUBMIT_SCRIPT
 from slipstream.telemetry import DriverSampler, Recorder, RecorderConfig, Recording, StreamStats
 
+from .browser import chromium
+
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("SLIPSTREAM_ARTIFACTS", ROOT / "test-artifacts"))
 MESSAGES = 3000
@@ -407,39 +409,17 @@ window.addEventListener("load", () => {
 </script>
 """
 
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--virtual-time-budget=10000",
-]
-
-
-def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess[str]:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.fail("chromium is missing: `make test` installs it (scripts/ensure-system-deps.sh)")
-    return subprocess.run(
-        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120
-    )
-
-
 def test_report_opens_in_headless_chromium_with_every_plot_loaded(report: ReportOutcome, tmp_path: Path) -> None:
     page = report.html.read_text()
     assert page.count("<img ") == 4
     check = report.html.with_name("check.html")
     check.write_text(page.replace("</body>", CHECK_SCRIPT + "</body>"))
-    dom = _chromium(["--dump-dom", check.as_uri()], tmp_path / "profile1")
+    dom = chromium(["--dump-dom", check.as_uri()], tmp_path / "profile1")
     assert 'data-images="4/4"' in dom.stdout, dom.stdout[-2000:] + dom.stderr[-2000:]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "pipeline-report.png"
     shot.unlink(missing_ok=True)
-    result = _chromium([f"--screenshot={shot}", "--window-size=1280,2400", report.html.as_uri()], tmp_path / "profile2")
+    result = chromium([f"--screenshot={shot}", "--window-size=1280,2400", report.html.as_uri()], tmp_path / "profile2")
     assert shot.is_file() and shot.stat().st_size > 10_000, result.stderr[-2000:]
 
 
