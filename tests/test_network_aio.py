@@ -483,7 +483,7 @@ def test_tampered_and_replayed_records_on_the_wire_are_dropped_and_counted(drive
                 await keeper.connect("127.0.0.1", port, timeout=10)
                 await server.close()
                 await client.close()
-                assert not labels & set(dropped_counters(driver_dir))  # freed with their endpoints
+                await wait_for(lambda: not labels & set(dropped_counters(driver_dir)), 10)  # freed with their endpoints
 
     run(main())
 

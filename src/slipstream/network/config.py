@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from .errors import NetworkError
+from .rmi.registry import RmiRegistry
+from .serialization import Serialization
 
 if TYPE_CHECKING:
     from ..telemetry.config import RecordingConfig  # imported when a config records: telemetry is a feature
@@ -157,6 +159,14 @@ class _EndpointConfig:
             if not (isinstance(kind, type) and issubclass(kind, Exception)):
                 raise ConfigTypeError(f"exceptions[{index}] must be an Exception subclass: {kind!r}")
         object.__setattr__(self, "exceptions", tuple(self.exceptions))
+        try:  # registered as an endpoint registers them, so a bad type fails here, not in Server()/Client()
+            messages = Serialization(self.messages)
+        except TypeError as exc:
+            raise ConfigTypeError(f"messages: {exc}") from None
+        try:
+            RmiRegistry(self.interfaces, messages=messages, exceptions=self.exceptions)
+        except TypeError as exc:  # (InterfaceError is a TypeError)
+            raise ConfigTypeError(f"interfaces: {exc}") from None
         _check_type("rmi_timeout", self.rmi_timeout, (int, float))
         if self.rmi_timeout < 0:
             raise ConfigError(f"rmi_timeout must not be negative (0 = forever): {self.rmi_timeout!r}")

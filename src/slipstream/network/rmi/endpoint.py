@@ -213,6 +213,7 @@ class RmiEndpoint:
                 body = self._encoder.encode(values)
             except (TypeError, ValueError, OverflowError) as exc:
                 raise InterfaceError(f"{spec.name}.{m.name}: arguments cannot be serialized ({exc})") from exc
+            m.check(body)
         flags = FLAG_GLOBAL if ref.is_global else 0
         payload = REQUEST_HEADER.pack(flags, ref.object_id, ref.interface_id, m.index) + body
         if oneway:

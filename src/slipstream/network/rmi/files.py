@@ -110,11 +110,12 @@ def encode_with_files(
         paths.append((position, value))
         values[position] = FileRef(0, 0, "")
     try:
-        encoder.encode(values)
+        body = encoder.encode(values)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InterfaceError(f"{m.qualname}: arguments cannot be serialized ({exc})") from exc
+    m.check(body)
     if not paths:
-        return encoder.encode(values)
+        return body
     if files is None:
         raise InterfaceError(f"{m.qualname}: this connection cannot stream a Path argument")
     started: list[int] = []

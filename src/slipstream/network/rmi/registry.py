@@ -72,6 +72,14 @@ class MethodSpec:
     """The result is a ``pathlib.Path`` (a streamed file)."""
     file_result_optional: bool = False
 
+    def check(self, body: bytes) -> None:
+        """Whether the host would take ``body`` (the encoded arguments): decoded here with its own decoder,
+        so an argument of the wrong type raises InterfaceError before anything is sent."""
+        try:
+            self.arg_decoder.decode(body)
+        except msgspec.ValidationError as exc:
+            raise InterfaceError(f"{self.qualname}() arguments do not fit its annotations: {exc}") from None
+
     def bind(self, args: Sequence[object], kwargs: dict[str, object] | None = None) -> tuple[object, ...]:
         """The call's arguments as one positional tuple (defaults applied); InterfaceError if they do not fit."""
         if not kwargs and len(args) == len(self.param_names):
