@@ -279,7 +279,10 @@ def test_only_a_lost_buffered_connection_that_was_up_leaves_a_session_waiting() 
     assert table.take_events() == [] and len(sessions) == 0
 
 
-def test_one_session_waits_per_key_and_a_twin_that_never_came_up_does_not_end_it() -> None:
+def test_one_session_per_key_goes_with_its_latest_connection_and_a_twin_that_never_came_up_does_not_end_it() -> None:
+    """A key up twice at once (a restarted client, before its old connection was seen lost): the session is
+    the later connection's; the earlier one's end, lost or closed, leaves it alone and names its successor
+    (issue 28: the restarted client's session was marked waiting when its old connection expired)."""
     pair = HandshakePair()
     first, twin, half_up = same_client(pair, 3)
     table, now = buffered(pair)
@@ -288,12 +291,25 @@ def test_one_session_waits_per_key_and_a_twin_that_never_came_up_does_not_end_it
     table.open(half_up, now)
     table.opened(half_up.connection_id, now)
     assert not table.ended(half_up.connection_id, now, lost=False)  # never up: the key's session is not its own
-    lose(table, first.connection_id, now)
-    assert not table.ended(twin.connection_id, now, lost=True)  # one waits per key: the twin's end is due now
-    assert table.hold(twin.connection_id, "x") is Hold.CLOSED
-    assert table.hold(first.connection_id, "m0") is Hold.QUEUED
+    assert not table.ended(first.connection_id, now, lost=True)  # the twin carries the session: nothing waits
+    assert table.successor(first.connection_id) == twin.connection_id
+    assert table.hold(first.connection_id, "x") is Hold.CLOSED
+    lose(table, twin.connection_id, now)  # the key's latest connection lost: its session waits
+    assert table.successor(first.connection_id) is None and table.successor(twin.connection_id) is None
+    assert table.hold(twin.connection_id, "m0") is Hold.QUEUED
     table.handle_timer(now + BUFFERED_NS)
-    assert table.take_events() == [SessionEnded(first.connection_id, ("m0",))]
+    assert table.take_events() == [SessionEnded(twin.connection_id, ("m0",))]
+
+
+def test_a_twin_closed_deliberately_does_not_end_the_session_of_the_later_connection() -> None:
+    pair = HandshakePair()
+    first, twin = same_client(pair, 2)
+    table, now = buffered(pair)
+    bring_up(table, first, now)
+    bring_up(table, twin, now)
+    assert not table.ended(first.connection_id, now, lost=False)
+    lose(table, twin.connection_id, now)  # the later connection's session was not ended by the close
+    assert table.hold(twin.connection_id, "m0") is Hold.QUEUED
 
 
 def test_a_waiting_sessions_connection_id_handed_out_again_ends_that_session() -> None:

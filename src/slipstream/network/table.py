@@ -32,7 +32,10 @@ Rules of this module (read these first):
    When the key starts a connection again in time, ``ConnectionStarted`` names the lost one it resumes
    and carries the queue, to send first; the lost one's ``on_disconnect`` is due then. A session that
    expires, is closed, or whose connection id is handed out again ends with ``SessionEnded`` and
-   what was never delivered; its ``on_disconnect`` is due then. One session waits per key.
+   what was never delivered; its ``on_disconnect`` is due then. One session waits per key. A key that
+   starts a connection while its earlier one is still UP (a restarted client, before its old connection
+   was seen lost) moves its session to the new one: the old one's end, lost or closed, leaves that session
+   alone, and :meth:`ConnectionTable.successor` names the connection that carries it now.
 6. One ``deadline_ns`` (starting timeouts, release delays, session expiries), :meth:`handle_timer` at
    or after it; pure-data events (:data:`~.events.TableEvent`) from :meth:`take_events`.
 """
@@ -127,6 +130,8 @@ class ConnectionTable:
         self._waiting: dict[bytes, int] = {}
         """Peer key -> the lost connection its buffered session waits for."""
         self._waiting_key: dict[int, bytes] = {}
+        self._holders: dict[bytes, int] = {}
+        """Peer key -> the UP connection its buffered session belongs to (with sessions only)."""
         self._events: list[TableEvent] = []
 
     # -- outputs ------------------------------------------------------------------------------------
@@ -227,6 +232,7 @@ class ConnectionTable:
             resumes = self._waiting.pop(entry.key, None)
             if resumes is not None:
                 del self._waiting_key[resumes]
+            self._holders[entry.key] = connection_id
         self._events.append(ConnectionStarted(connection_id, resumes, queued))
         return True
 
@@ -240,8 +246,9 @@ class ConnectionTable:
         was_up = entry.state is ConnectionState.UP
         self._move(connection_id, entry, ConnectionState.LINGERING)
         sessions = self.sessions
-        if not was_up or sessions is None:
-            return False
+        if not was_up or sessions is None or self._holders.get(entry.key) != connection_id:
+            return False  # (a later connection of its key holds the session now: it goes on there)
+        del self._holders[entry.key]
         if not lost:
             sessions.ended(entry.key)  # only a lost peer is waited for; a deliberate close ends the session
             return False
@@ -250,6 +257,13 @@ class ConnectionTable:
         self._waiting[entry.key] = connection_id
         self._waiting_key[connection_id] = entry.key
         return True
+
+    def successor(self, connection_id: int) -> int | None:
+        """The UP connection that carries the buffered session of ``connection_id``'s peer, when it is a
+        later one (what is sent to the earlier one belongs there)."""
+        entry = self._entries.get(connection_id)
+        holder = None if entry is None else self._holders.get(entry.key)
+        return holder if holder != connection_id else None
 
     def streams_closed(self, connection_id: int, now_ns: int) -> bool:
         """The ended connection's streams are closed: its ids go back after the release delay."""
@@ -324,6 +338,8 @@ class ConnectionTable:
             self._timers[connection_id] = deadline_ns
 
     def _release(self, connection_id: int, entry: _Entry) -> None:
+        if self._holders.get(entry.key) == connection_id:
+            del self._holders[entry.key]
         self._move(connection_id, entry, ConnectionState.RELEASED)
         del self._entries[connection_id]
         self.allocations.release(connection_id)

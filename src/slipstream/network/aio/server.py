@@ -276,6 +276,9 @@ class Server(Endpoint):
         if previous is not None:  # the session resumes here: the lost connection's end is reported now
             log.info("buffered session resumed: %d queued messages delivered", len(event.queued))
             previous.hand_over(connection)
+            ended = self._deliveries.end(previous.id)  # the key came back as a new process: not resumed
+            if (error := self._undelivered(f"connection {previous.id}'s client restarted", ended)) is not None:
+                self.report_error(previous, error)
             self._fire_disconnect(previous)
         connection.deliver(event.queued)  # what waited for this peer goes first, in order
         self._connection_up(connection)
@@ -306,6 +309,8 @@ class Server(Endpoint):
         waits = self._table.ended(connection.id, time.monotonic_ns(), lost=event.expired)
         if waits:
             self._lost[connection.id] = connection
+        elif (later := self._connections.get(self._table.successor(connection.id) or 0)) is not None:
+            connection.hand_over(later)  # its peer restarted and is up again there: what is sent goes there
         ended = self._deliveries.detach(connection.id, keep=waits)
         error = self._undelivered(f"connection {connection.id} was lost", ended) if event.expired else None
         if error is not None:  # (a close delivers what went before it: nothing to report then)
