@@ -185,7 +185,7 @@ def test_a_lost_server_driver_ends_what_it_carried_once_and_both_sides_come_back
     """The server's driver (standalone, external) is killed: one DriverLostError naming its directory,
     the connection closed (no buffered session here: its on_disconnect fires once, now), sends refused
     as ``driver lost``, no spinning; the driver comes back: the server binds the same port again and
-    the client, which lost its connection meanwhile, connects again by itself."""
+    the client, whose server went quiet, connects again by itself before the connection's expiry."""
     driver = start_driver(external_dir)
 
     async def main() -> None:
@@ -207,6 +207,7 @@ def test_a_lost_server_driver_ends_what_it_carried_once_and_both_sides_come_back
             await first.send_sync(Note(1), timeout=10)
             (server_side,) = server.connections
             kill(driver)
+            killed_at = time.monotonic()
             await wait_for(lambda: not server.is_bound, 10)
             assert [type(e) for e in errors] == [DriverLostError] and str(external_dir) in str(errors[0])
             assert ended == [server_side] and server_side.is_closed and server.connections == []
@@ -221,6 +222,9 @@ def test_a_lost_server_driver_ends_what_it_carried_once_and_both_sides_come_back
             try:
                 await wait_for(lambda: server.is_bound, 15)
                 await wait_for(lambda: client.connection is not None and client.connection is not first, 20)
+                # The server forgot the connection with its driver: the client, hearing nothing for half the
+                # expiry (4 s), connected again alongside instead of waiting it out (recovery.QUIET_PART).
+                assert time.monotonic() - killed_at < 3.5 and first.is_closed
                 assert client.connection is not None
                 await client.connection.send_sync(Note(4), timeout=10)
                 assert got == [1, 4]

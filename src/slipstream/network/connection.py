@@ -126,7 +126,7 @@ class ConnectionMachine:
         """Plain messages numbered, retained and replayed across connections (None: not)."""
         if delivery is not None:  # RESUME alone, then the replay of what the peer has not acknowledged
             self._sealed += map(records.seal, delivery.begin(self.batch_limit))
-        self._last_received_ns = now_ns
+        self.last_received_ns = now_ns  # when the peer was last heard from (anything received)
         self._last_sent_ns = now_ns
         self.liveness_records = 0
         """Records sent or received that carried only a KEEPALIVE (see the module's docstring)."""
@@ -141,7 +141,7 @@ class ConnectionMachine:
         """When :meth:`handle_timer` must run: expiry, keepalive, or a ping/sync timeout."""
         if self.closed:
             return None
-        deadline = min(self._last_received_ns + self.expiry_ns, self._last_sent_ns + self.keepalive_ns)
+        deadline = min(self.last_received_ns + self.expiry_ns, self._last_sent_ns + self.keepalive_ns)
         if (request_deadline := self.requests.deadline_ns) is not None:
             deadline = min(deadline, request_deadline)
         if self.streams is not None and (stream_deadline := self.streams.deadline_ns) is not None:
@@ -163,7 +163,7 @@ class ConnectionMachine:
             assert self.streams is not None
             self.streams.abort(stream_id, "send_sync timed out: no progress")
             self._take_stream_events()
-        if now_ns - self._last_received_ns >= self.expiry_ns:
+        if now_ns - self.last_received_ns >= self.expiry_ns:
             self._close(by_peer=False, expired=True, reason=f"no word from the peer for {self.expiry_ns / 1e9:g} s")
             return
         if self.streams is not None:
@@ -395,7 +395,7 @@ class ConnectionMachine:
             delivery = delivery.first_record(frames)
         self.stats.records_received += 1
         self.stats.bytes_received += len(record)
-        self._last_received_ns = now_ns
+        self.last_received_ns = now_ns
         if len(frames) == 1 and frames[0][0] == FrameKind.KEEPALIVE:
             self.liveness_records += 1  # a keepalive is sent alone
             return True

@@ -16,13 +16,25 @@ from typing import Final
 
 from .errors import ConnectionNotPermitted, RegistrationMismatch, ServerKeyChanged
 
-__all__ = ["FIRST_RETRY_S", "PERMANENT", "RetryDelays", "driver_available"]
+__all__ = ["FIRST_RETRY_S", "PERMANENT", "QUIET_PART", "RetryDelays", "driver_available", "quiet_deadline_ns"]
 
 FIRST_RETRY_S: Final = 0.05
 """The wait before the first attempt after a fault."""
 
 PERMANENT: Final = (ServerKeyChanged, RegistrationMismatch, ConnectionNotPermitted)
 """Refusals that another attempt cannot change: reconnecting stops (and says why)."""
+
+QUIET_PART: Final = 2
+"""A client that hears nothing from its server for ``1/QUIET_PART`` of the connection's expiry (two of the
+server's keepalives missed) connects again alongside, and the new connection replaces the quiet one once
+up: a server whose driver restarted has forgotten the connection and sends nothing more, and waiting out
+the whole expiry would only add to the outage (the server ends the old connection when the same client
+session comes back, and delivery replays what it had not acknowledged, so a false alarm costs nothing)."""
+
+
+def quiet_deadline_ns(last_received_ns: int, expiry_ns: int) -> int:
+    """When a client's connection whose server was last heard from at ``last_received_ns`` counts as quiet."""
+    return last_received_ns + expiry_ns // QUIET_PART
 
 
 class RetryDelays:

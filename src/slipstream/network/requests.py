@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import ConnectionClosedError, SendSyncTimeout, StreamingError, StreamRefused
 from .events import (
     Event,
     PingTimedOut,
     StreamFailed,
+    StreamFailure,
     StreamProgressed,
     StreamSent,
     SyncCompleted,
@@ -24,7 +26,7 @@ from .events import (
     SyncTimedOut,
 )
 
-__all__ = ["MAX_OUTSTANDING", "Requests"]
+__all__ = ["MAX_OUTSTANDING", "Requests", "sync_error"]
 
 MAX_OUTSTANDING = 65535
 """Request ids are 16 bits on the wire: at most this many syncs and pings wait at once per connection."""
@@ -139,3 +141,16 @@ class Requests:
         self._syncs.clear()
         self._streams.clear()
         self._pings.clear()
+
+
+def sync_error(event: SyncCompleted | SyncTimedOut | SyncFailed, where: str) -> Exception | None:
+    """What ``send_sync`` raises for ``event`` (None: it returns); ``where`` names the connection."""
+    if isinstance(event, SyncTimedOut):
+        stalled = "its transfer made no progress in time and was cancelled" if event.stream_id else ""
+        return SendSyncTimeout(f"{where}: {stalled or 'no acknowledgement in time'}")
+    if isinstance(event, SyncFailed):
+        what = f"{where}: send_sync's stream failed ({event.failure.name.lower()}): {event.detail}"
+        if event.failure is StreamFailure.CONNECTION_LOST:
+            return ConnectionClosedError(what)
+        return StreamRefused(what) if event.failure is StreamFailure.REFUSED else StreamingError(what)
+    return None

@@ -14,6 +14,7 @@ from ..delivery import Delivery
 from ..errors import ClientClosedError, ClientError, ConnectTimeout
 from ..events import Closed, HandshakeCompleted, HandshakeTimedOut, Rejected
 from ..handshake import ClientHandshake, rejection_error
+from ..recovery import quiet_deadline_ns
 from ..session import PlainRecords, RecordLayer, Records
 from ..transport import (
     HANDSHAKE_IPC_REPLY_STREAM,
@@ -24,6 +25,7 @@ from ..transport import (
     addresses_of,
     client_streams,
     close_quietly,
+    earliest,
     handshake_cycle,
     host_port,
     ipc_channel,
@@ -63,8 +65,7 @@ class Client(Endpoint):
         """The lost connection whose sends wait for the next one (``ClientConfig.reconnect``)."""
         self._reconnecting: asyncio.Task[None] | None = None
         self._delivery: Delivery | None = None
-        """This client's delivery session with its server (what it has not acknowledged yet), kept across
-        connections to it: a lost connection's messages go out again on the next, once each."""
+        """The delivery session with its server, kept across connections (a lost one's messages go again)."""
 
     async def __aenter__(self) -> Client:
         return self
@@ -90,7 +91,8 @@ class Client(Endpoint):
             raise ValueError(f"timeout must be positive: {timeout_s}")
         self._last_target = (host, port, control_port, timeout_s)
         self._last_timeout = timeout_s
-        if self.connection is not None and not self.connection.is_closed:
+        replacing = self._reconnecting is not None and asyncio.current_task() is self._reconnecting
+        if self.connection is not None and not self.connection.is_closed and not replacing:
             raise ClientError(f"already connected (connection {self.connection.id}); close it first")
         config = self.config
         deadline = time.monotonic() + timeout_s
@@ -264,6 +266,8 @@ class Client(Endpoint):
                     f"{time.monotonic() - started:.1f} s"
                 )
             await backoff.idle(time.monotonic())
+        if (quiet := self.connection) is not None and not quiet.is_closed:  # replaced (a quiet server): it ends
+            quiet.lose("the server went quiet: a new connection replaces this one")  # first, with its delivery
         records: Records = PlainRecords() if plaintext else RecordLayer(done.send_key, done.receive_key)
         expiry_ns = done.connection_expiry_ns or int(config.connection_expiry * 1e9)
         connection = self._new_connection(
@@ -293,7 +297,22 @@ class Client(Endpoint):
         connection = self.connection
         if connection is None:
             return 0
-        return connection.poll(now_ns)
+        work = connection.poll(now_ns)
+        if (quiet := self._quiet_ns(connection)) is not None and now_ns >= quiet:
+            log.info("connection %d: the server went quiet, connecting again alongside", connection.id)
+            self._reconnecting = asyncio.ensure_future(self._reconnect())
+        return work
+
+    def _quiet_ns(self, connection: Connection) -> int | None:
+        """When the connection counts as quiet (``recovery.QUIET_PART``); None when that starts nothing."""
+        if not self.config.reconnect or self._reconnecting is not None or self._closing or connection.is_closed:
+            return None
+        machine = connection.machine
+        return None if self._last_target is None else quiet_deadline_ns(machine.last_received_ns, machine.expiry_ns)
+
+    def next_deadline_ns(self, now_ns: int) -> int | None:
+        quiet = None if self.connection is None else self._quiet_ns(self.connection)
+        return earliest((quiet,), super().next_deadline_ns(now_ns))
 
     def _live_connections(self) -> list[Connection]:
         connection = self.connection

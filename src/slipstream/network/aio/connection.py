@@ -31,9 +31,7 @@ from ..errors import (
     ConnectionClosedError,
     MessageDecodeError,
     PingTimeout,
-    SendSyncTimeout,
     SendTimeout,
-    StreamRefused,
     UndeliveredError,
 )
 from ..events import (
@@ -52,9 +50,10 @@ from ..events import (
     SyncTimedOut,
 )
 from ..listeners import Listeners
+from ..requests import sync_error
 from ..results import Ping, Transfers, connection_stats
 from ..streamfiles import WRITE_BACKLOG_PAUSE
-from ..streaming import StreamFailed, StreamFailure, StreamingError, StreamProgressed, StreamSent, StreamStarted
+from ..streaming import StreamFailed, StreamingError, StreamProgressed, StreamSent, StreamStarted
 from ..transport import BUSY_CADENCE_NS, Link
 from .rmi import RmiSession
 
@@ -520,22 +519,11 @@ class Connection:
         self._owner.connection_ended(self, event)
 
     def _sync_ended(self, event: SyncCompleted | SyncTimedOut | SyncFailed) -> None:
-        """A ``send_sync`` outcome: its waiter resumes, or raises what went wrong (said once: a failed
-        stream of a sync is not reported to ``on_error`` as well)."""
-        future = self._syncs.pop(event.sync_id, None)
-        error: Exception | None = None
-        if isinstance(event, SyncTimedOut):
-            if event.stream_id:
-                self.transfers.pop((False, event.stream_id), None)
-            stalled = "its transfer made no progress in time and was cancelled" if event.stream_id else ""
-            error = SendSyncTimeout(f"connection {self.id}: {stalled or 'no acknowledgement in time'}")
-        elif isinstance(event, SyncFailed):
+        """A ``send_sync`` outcome: its waiter resumes or raises (said once: not to ``on_error`` as well)."""
+        if not isinstance(event, SyncCompleted) and event.stream_id:
             self.transfers.pop((False, event.stream_id), None)
-            what = f"connection {self.id}: send_sync's stream failed ({event.failure.name.lower()}): {event.detail}"
-            lost = event.failure is StreamFailure.CONNECTION_LOST
-            refused = event.failure is StreamFailure.REFUSED
-            error = ConnectionClosedError(what) if lost else StreamRefused(what) if refused else StreamingError(what)
-        if future is not None and not future.done():
+        error = sync_error(event, f"connection {self.id}")
+        if (future := self._syncs.pop(event.sync_id, None)) is not None and not future.done():
             if error is None:
                 future.set_result(None)
             else:

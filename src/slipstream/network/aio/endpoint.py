@@ -22,7 +22,7 @@ from ..delivery import Delivery
 from ..endpoint import EndpointCore
 from ..errors import ErrorsSuppressed, MessageDispatchError, NetworkError
 from ..events import Closed
-from ..recovery import PERMANENT, RetryDelays, driver_available
+from ..recovery import FIRST_RETRY_S, PERMANENT, RetryDelays, driver_available
 from ..reporting import ErrorLimiter
 from ..rmi import ObjectTable
 from ..session import Records
@@ -362,10 +362,12 @@ class Endpoint(EndpointCore):
         """``attempt`` after a fault, again and again (``recovery.RetryDelays``), until it works (True), the
         endpoint closes, or a refusal no attempt can change (False); each failure goes to ``on_error``."""
         delays = RetryDelays(max_delay_s)
+        wait = delays.next()
         while not self._closing:
-            await asyncio.sleep(delays.next())
+            await asyncio.sleep(wait)
             if not driver_available(self.config.driver_directory, self.config.driver):
-                continue  # an external driver that is not back yet: attaching would block the loop
+                wait = FIRST_RETRY_S  # an external driver not back yet (attaching would block): look again soon
+                continue
             try:
                 await attempt()
             except PERMANENT as exc:
@@ -373,8 +375,9 @@ class Endpoint(EndpointCore):
                 return False
             except (NetworkError, DriverError, OSError) as exc:
                 self.report_error(None, exc)
-                continue
-            return True
+                wait = delays.next()
+            else:
+                return True
         return False
 
     # -- the driver context and the poller --------------------------------------------------------
