@@ -448,8 +448,8 @@ def run_streaming(p: Params) -> dict[str, Any]:
             finally:
                 for suffix in ("", "-client"):
                     shutil.rmtree(q.directory + suffix, ignore_errors=True)
-                for leftover in spill.iterdir():
-                    leftover.unlink()
+                for leftover in spill.iterdir():  # a received file's private directory, or a nameless file
+                    shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
             print("stream", transport, json.dumps(results[f"slipstream-{transport}"]), flush=True)
     return results
 

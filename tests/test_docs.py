@@ -229,7 +229,7 @@ def test_guide_snippet_runs_and_prints_what_it_says(guide: Path, index: int, dri
 
 def test_the_guides_have_snippets() -> None:
     """Each guide is found and has code that runs (the parametrization above could be empty)."""
-    assert len(GUIDES) == 5 and all(blocks(g, "python") for g in GUIDES), [g.name for g in GUIDES]
+    assert len(GUIDES) == 6 and all(blocks(g, "python") for g in GUIDES), [g.name for g in GUIDES]
 
 
 def test_spark_block_reads_a_recording(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+ECHO_GUIDE = README.parent / "docs" / "guides" / "echo.md"  # the echo section moved there with issue 30
 
 
 def blocks(language: str) -> list[str]:
@@ -74,7 +75,7 @@ def _shape(line: str) -> str:
 
 
 def test_echo_log_sample_matches_what_the_client_prints(driver_dir: Path) -> None:
-    sample = re.search(r"```text\n(.*?)```", README.read_text(), flags=re.S)
+    sample = re.search(r"```text\n(.*?)```", ECHO_GUIDE.read_text(), flags=re.S)
     assert sample is not None
     from .test_observe import free_port
 
