@@ -3,11 +3,14 @@ attack from outside and measure from outside, and a legitimate client that must 
 
     python tests/hostile_peer.py --dir D --port P --store S --spill T [--config JSON] [--driver MODE]
 
-The server registers :class:`Chat` (echoed back), :class:`Numbers` (a message that is large when decoded)
-and hosts :class:`ICalc` as global object 1 (``add``, ``sleep``, ``fail``, ``upload``). ``--config`` adds
-``ServerConfig`` fields (a JSON object), so a test can set the limit it attacks. stdout says ``ready``
-once bound. Commands on stdin, a line each: ``measure`` prints ``measure <json>``
-(see :func:`measure`), ``close`` closes the server and prints ``closed``; end of input closes too.
+The server registers :class:`Chat` (echoed back), :class:`Numbers` (a message that is large when
+decoded), :class:`Bounded` (listened for, but a negative ``n`` fails to decode), :class:`Unheard` (listened for
+by nobody) and hosts :class:`ICalc`
+as global object 1 (``add``, ``sleep``, ``fail``, ``upload``). ``--config`` adds ``ServerConfig``
+fields (a JSON object), so a test can set the limit it attacks; ``--log-errors`` leaves out the
+``on_error`` listener, so errors go to the log (stderr: the target's log file). stdout says ``ready``
+once bound. Commands on stdin, a line each: ``measure`` prints ``measure <json>`` (see
+:func:`measure`), ``close`` closes the server and prints ``closed``; end of input closes too.
 
 :class:`HostileTarget` runs it from a test with every wait bounded; :meth:`HostileTarget.measure` reads
 what the server costs (resident memory, the driver directory's shared memory, open files, the spill
@@ -28,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import msgspec
 
@@ -52,6 +55,18 @@ class Numbers(msgspec.Struct):
     """Small on the wire per element, large once decoded: the decode-explosion attack's message."""
 
     values: list[int]
+
+
+class Bounded(msgspec.Struct):
+    """Encodes whatever ``n`` is, decodes only ``n >= 0``: a message that fails to decode on arrival."""
+
+    n: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class Unheard(msgspec.Struct):
+    """Registered, and nobody listens for it: each one is an undispatched message."""
+
+    n: int
 
 
 class ICalc(Protocol):
@@ -80,9 +95,8 @@ class Calc:
 
 def common(**extra: Any) -> dict[str, Any]:
     """What the target and a legitimate client agree on."""
-    return {
-        "app_id": APP_ID, "messages": [Chat, Numbers], "enable_ipc": False, "enable_ipv6": False, **extra,
-    }  # fmt: skip
+    messages = [Chat, Numbers, Bounded, Unheard]
+    return {"app_id": APP_ID, "messages": messages, "enable_ipc": False, "enable_ipv6": False, **extra}
 
 
 # -- the target --------------------------------------------------------------------------------------------
@@ -98,10 +112,11 @@ def tree_bytes(path: str | os.PathLike[str]) -> int:
     return total
 
 
-def measure(driver_dir: str, spill_dir: str, errors: Counter[str]) -> dict[str, Any]:
+def measure(driver_dir: str, spill_dir: str, errors: Counter[str], server: Any) -> dict[str, Any]:
     """What this process costs now: ``rss_bytes`` (resident), ``shm_bytes`` (allocated under the driver
     directory), ``fds`` (open files), ``spill_bytes`` (allocated under the spill directory), ``tasks``
-    (asyncio tasks), ``errors`` (what ``on_error`` heard, by type)."""
+    (asyncio tasks), ``errors`` (what ``on_error`` heard, by type), ``errors_met`` and ``errors_suppressed``
+    (the server's own counts: every error, and those counted instead of told)."""
     with open("/proc/self/statm") as statm:
         rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     return {
@@ -111,6 +126,8 @@ def measure(driver_dir: str, spill_dir: str, errors: Counter[str]) -> dict[str, 
         "spill_bytes": tree_bytes(spill_dir),
         "tasks": len(asyncio.all_tasks()),
         "errors": dict(errors),
+        "errors_met": server.errors,
+        "errors_suppressed": server.errors_suppressed,
     }
 
 
@@ -127,19 +144,21 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     loop.add_reader(sys.stdin.fileno(), lambda: lines.put_nowait(sys.stdin.readline() or None))
     async with Server(config) as server:
-        server.on_error(lambda connection, error: errors.update([type(error).__name__]))
+        if not args.log_errors:
+            server.on_error(lambda connection, error: errors.update([type(error).__name__]))
 
         @server.on_message(Chat)
         async def echo(connection: Connection, message: Chat) -> None:
             await connection.send(Chat(f"echo {message.text}"))
 
         server.on_message(Numbers)(lambda connection, message: None)
+        server.on_message(Bounded)(lambda connection, message: None)
         server.rmi.save(Calc(), CALC_ID)
         await server.bind(args.port)
         print("ready", flush=True)
         while (line := await lines.get()) is not None and line.strip() != "close":
             if line.strip() == "measure":
-                print("measure", json.dumps(measure(args.dir, args.spill, errors)), flush=True)
+                print("measure", json.dumps(measure(args.dir, args.spill, errors, server)), flush=True)
         loop.remove_reader(sys.stdin.fileno())
     print("closed", flush=True)
 
@@ -154,6 +173,7 @@ def main() -> None:
     parser.add_argument("--store", required=True, help="settings store (keeps the server's key)")
     parser.add_argument("--spill", required=True, help="temp_directory: where received streams spill")
     parser.add_argument("--config", default="{}", help="more ServerConfig fields, a JSON object")
+    parser.add_argument("--log-errors", action="store_true", help="no on_error listener: errors are logged")
     parser.add_argument("--lifetime", type=float, default=600.0, help="seconds before it gives up")
     args = parser.parse_args()
     run_async(serve(args), args.lifetime)
@@ -164,10 +184,13 @@ def main() -> None:
 
 class HostileTarget(LineProcess):
     """The target server in its own process, in ``workdir`` (its driver directory, store, spill directory
-    and log live there); ``config``: more ``ServerConfig`` fields. A context manager: closed (or killed,
+    and log live there); ``config``: more ``ServerConfig`` fields; ``flags`` (``"--log-errors"``) and
+    ``options`` (``driver="invoker"``) go to its command line. A context manager: closed (or killed,
     if it does not close within its bound) on exit."""
 
-    def __init__(self, workdir: Path, port: int, config: dict[str, Any] | None = None, **options: str) -> None:
+    def __init__(
+        self, workdir: Path, port: int, config: dict[str, Any] | None = None, *flags: str, **options: str
+    ) -> None:
         self.port = port
         self.driver_dir = workdir / "driver"
         self.spill_dir = workdir / "spill"
@@ -176,6 +199,7 @@ class HostileTarget(LineProcess):
             sys.executable, TARGET, "--dir", str(self.driver_dir), "--port", str(port),
             "--store", str(workdir / "server.store"), "--spill", str(self.spill_dir),
             "--config", json.dumps(config or {}),
+            *flags,
         ]  # fmt: skip
         for name, value in options.items():
             argv += [f"--{name.replace('_', '-')}", value]

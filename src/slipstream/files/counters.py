@@ -44,6 +44,9 @@ APPLICATION_TYPE_ID_MIN: Final = 1000
 """Type ids from here on are for clients' own counters (``Context.add_counter``); below, the driver's."""
 NETWORK_RECORDS_DROPPED_TYPE_ID: Final = 1001
 """``slipstream.network``: records an endpoint dropped (tampered, replayed, forged or malformed)."""
+NETWORK_ERRORS_TYPE_ID: Final = 1002
+"""``slipstream.network``: errors an endpoint met (undispatched or undecodable messages, failed listeners...),
+reported to ``on_error`` or counted there as repeats: a flood shows here, not in the log."""
 
 _META_HEAD = struct.Struct("<iiq")
 _LABEL_LEN = struct.Struct("<i")

@@ -26,6 +26,7 @@ from ..errors import DriverError
 from ..wire.uri import ChannelUri, ChannelUriError, udp_channel
 from .cnc import STATE_CLOSED, STATE_RUNNING, STATE_STARTING, CncError, CncFile
 from .counters import (
+    NETWORK_ERRORS_TYPE_ID,
     NETWORK_RECORDS_DROPPED_TYPE_ID,
     PUBLISHER_LIMIT_TYPE_ID,
     PUBLISHER_POSITION_TYPE_ID,
@@ -78,6 +79,7 @@ TYPE_NAMES: Final[dict[int, str]] = {
     RECEIVER_NAKS_SENT_TYPE_ID: "rcv-naks",
     RECEIVER_BYTES_LOST_TYPE_ID: "rcv-lost",
     NETWORK_RECORDS_DROPPED_TYPE_ID: "net-drop",
+    NETWORK_ERRORS_TYPE_ID: "net-err",
 }
 """Short names of the counter type ids, as the labels spell them."""
 

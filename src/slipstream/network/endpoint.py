@@ -1,5 +1,5 @@
 """What a server or client is before any event loop: its config's registrations (messages, remote
-interfaces), its identity and settings store, its listeners, its records-dropped counter, and how a
+interfaces), its identity and settings store, its listeners, its error limiter and counters, and how a
 connection's machine is put together (sized to its publication, with streams and remote objects). The
 asyncio adapter's ``Endpoint`` builds on it; so would a blocking one."""
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from ..client import Context, Counter, DriverError, ExclusivePublication
-from ..files.counters import NETWORK_RECORDS_DROPPED_TYPE_ID
+from ..files.counters import NETWORK_ERRORS_TYPE_ID, NETWORK_RECORDS_DROPPED_TYPE_ID
 from .buffered import Hold
 from .config import ClientConfig, ServerConfig
 from .connection import ConnectionMachine
@@ -22,6 +22,7 @@ from .events import Closed
 from .frames import FRAME_OVERHEAD
 from .listeners import Listeners
 from .registrations import Registrations
+from .reporting import ErrorLimiter
 from .rmi import ObjectTable, RemoteCalls, RmiEndpoint, RmiRegistry, StreamsChannel
 from .serialization import Serialization
 from .session import RECORD_OVERHEAD, Records
@@ -109,7 +110,25 @@ class EndpointCore:
         """Records this endpoint's connections dropped, unopened: tampered, replayed, forged or malformed
         (each connection's ``stats`` splits its own by reason). Also a counter in the driver's counters
         file while the endpoint holds a driver, which ``slipstream stat`` shows as ``net records dropped``."""
-        self._dropped_counter: Counter | None = None
+        self.errors = 0
+        """Errors this endpoint met (messages nobody listens for or that failed to decode, listeners that
+        failed...), whether ``on_error`` heard them or they were counted as repeats; also the ``net errors``
+        counter in the driver's counters file while the endpoint holds a driver."""
+        self._limiter = ErrorLimiter()
+        self._counters: dict[int, Counter] = {}
+
+    @property
+    def errors_suppressed(self) -> int:
+        """Errors counted instead of reported to ``on_error``: repeats of one kind from one source
+        (``on_error`` hears the first, then an ErrorsSuppressed with the count)."""
+        return self._limiter.suppressed
+
+    def admit_error(self, source: int | None, error: BaseException, now_ns: int) -> bool:
+        """Count ``error`` (from connection ``source``, None: the endpoint); whether ``on_error`` hears it
+        now (the first of its kind from its source in a while) or it is a repeat, counted only."""
+        self.errors += 1
+        self._set_counter(NETWORK_ERRORS_TYPE_ID, self.errors)
+        return self._limiter.admit(source, error, now_ns)
 
     # -- listener decorators ----------------------------------------------------------------------
 
@@ -196,27 +215,35 @@ class EndpointCore:
             return None
         return UndeliveredError(f"{where}: {len(messages)} messages were not delivered", messages)
 
-    # -- the records-dropped counter --------------------------------------------------------------
+    # -- the endpoint's counters in the driver's counters file ------------------------------------
 
-    def _add_dropped_counter(self, context: Context) -> None:
-        """The ``records_dropped`` counter in the driver's counters file (a context may be shared: each
-        endpoint has its own, keyed by its public key). Not having one never stops the endpoint."""
-        label = f"net records dropped: {self._role} {self.config.app_id} pid {os.getpid()} {self.public_key[:4].hex()}"
-        try:
-            counter = context.add_counter(NETWORK_RECORDS_DROPPED_TYPE_ID, label, self.public_key)
-        except DriverError as exc:
-            log.warning("no records-dropped counter in %s: %s", context.directory, exc)
-            return
-        counter.set(self.records_dropped)
-        self._dropped_counter = counter
+    def _add_counters(self, context: Context) -> None:
+        """The ``records_dropped`` and ``errors`` counters in the driver's counters file (a context may be
+        shared: each endpoint has its own, keyed by its public key). Not having them never stops the endpoint."""
+        where = f"{self._role} {self.config.app_id} pid {os.getpid()} {self.public_key[:4].hex()}"
+        for type_id, name, value in (
+            (NETWORK_RECORDS_DROPPED_TYPE_ID, "net records dropped", self.records_dropped),
+            (NETWORK_ERRORS_TYPE_ID, "net errors", self.errors),
+        ):
+            try:
+                counter = context.add_counter(type_id, f"{name}: {where}", self.public_key)
+            except DriverError as exc:
+                log.warning("no %s counter in %s: %s", name, context.directory, exc)
+                continue
+            counter.set(value)
+            self._counters[type_id] = counter
 
-    def _close_dropped_counter(self) -> None:
-        counter, self._dropped_counter = self._dropped_counter, None
-        if counter is not None:
+    def _close_counters(self) -> None:
+        counters, self._counters = self._counters, {}
+        for counter in counters.values():
             counter.close()
+
+    def _set_counter(self, type_id: int, value: int) -> None:
+        counter = self._counters.get(type_id)
+        if counter is not None:
+            counter.set(value)
 
     def record_dropped(self, connection: object) -> None:
         """A connection dropped a record it could not open (counted in its stats too)."""
         self.records_dropped += 1
-        if self._dropped_counter is not None:
-            self._dropped_counter.set(self.records_dropped)
+        self._set_counter(NETWORK_RECORDS_DROPPED_TYPE_ID, self.records_dropped)

@@ -23,7 +23,6 @@ from ..endpoint import EndpointCore
 from ..errors import ErrorsSuppressed, MessageDispatchError, NetworkError
 from ..events import Closed
 from ..recovery import FIRST_RETRY_S, PERMANENT, RetryDelays, driver_available
-from ..reporting import ErrorLimiter
 from ..rmi import ObjectTable
 from ..session import Records
 from ..streamfiles import ThreadedStreamFiles, shared_stream_files
@@ -63,13 +62,6 @@ class Endpoint(EndpointCore):
         """Set while recording (``config.recording``): from the first bind or connect until ``close``."""
         self._files: ThreadedStreamFiles | None = None
         """The loop's stream-file worker, from the first connection until ``close``."""
-        self._limiter = ErrorLimiter()
-
-    @property
-    def errors_suppressed(self) -> int:
-        """Errors counted instead of reported to ``on_error``: repeats of one kind from one source
-        (``on_error`` hears the first, then an ErrorsSuppressed with the count)."""
-        return self._limiter.suppressed
 
     # -- running listeners ------------------------------------------------------------------------
 
@@ -217,7 +209,7 @@ class Endpoint(EndpointCore):
     def report_error(self, connection: Connection | None, error: BaseException) -> None:
         """Tell the ``on_error`` listeners (logged when there is none), once per kind of error from one
         connection in a while (``reporting.ErrorLimiter``: repeats are counted, then reported as one)."""
-        if self._limiter.admit(None if connection is None else connection.id, error, time.monotonic_ns()):
+        if self.admit_error(None if connection is None else connection.id, error, time.monotonic_ns()):
             self._tell(connection, error)
 
     def _report_suppressed(self, now_ns: int, source: int | None = None) -> None:
@@ -346,7 +338,7 @@ class Endpoint(EndpointCore):
         self._stop_polling()
         self._context = None
         with contextlib.suppress(Exception):  # the counter lived in the dead driver's files
-            self._close_dropped_counter()
+            self._close_counters()
         self._stop_recording()
         error = DriverLostError(f"the media driver in {context.directory} was lost: {context.driver_error}")
         self.report_error(None, error)
@@ -385,7 +377,7 @@ class Endpoint(EndpointCore):
     def _acquire_context(self) -> Context:
         if self._context is None:
             self._context = shared_contexts.acquire(self.config.driver_directory, self.config.driver)
-            self._add_dropped_counter(self._context)
+            self._add_counters(self._context)
         recording = self.config.recording
         if self._recording is None and recording is not None and recording.enabled:
             from ..recording import EndpointRecording  # telemetry loads only where a config records
@@ -402,7 +394,7 @@ class Endpoint(EndpointCore):
     def _release_context(self) -> None:
         if self._context is not None:
             context, self._context = self._context, None
-            self._close_dropped_counter()
+            self._close_counters()
             shared_contexts.release(context)
 
     async def _release_context_drained(self) -> None:
@@ -410,7 +402,7 @@ class Endpoint(EndpointCore):
         finish without stopping the event loop (see ``release_context_drained``)."""
         if self._context is not None:
             context, self._context = self._context, None
-            self._close_dropped_counter()
+            self._close_counters()
             await release_context_drained(context)
 
     def _stop_polling(self) -> None:
