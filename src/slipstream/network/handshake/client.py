@@ -231,7 +231,9 @@ class ClientHandshake:
             # Cannot be ours: a corrupted or forged answer. The Noise state is unusable after a
             # failed read, so this attempt ends (the caller may retry with a fresh one).
             self.ignored += 1
-            self._finish_rejected(0, "the server's handshake answer failed to authenticate")
+            self._finish_rejected(
+                0, "the server's handshake answer failed to authenticate (altered on the way, or not from the server)"
+            )
             return
         server_key = self._noise.remote_static
         assert server_key is not None

@@ -503,4 +503,3 @@ class ServerHandshake:
         """Accepted clients (open their streams, then :meth:`accept`) and rejections since the last call."""
         events, self._events = self._events, []
         return events
-
