@@ -12,11 +12,12 @@ and ``server`` the two machines):
    the HELLO up to its Noise message (header with the nonce, app id, tag, flags), so a HELLO altered on
    the way cannot complete. The client refuses a WELCOME offering plaintext records it did not ask for.
 3. Nothing about the application before admission, and every answer readable by its client alone
-   (answers share one broadcast channel): a refusal at HELLO (app id, filters, limits) is the payload of
-   the Noise message 2, encrypted to that HELLO's ephemeral key; a refusal after DONE (the client's key,
-   filters and limits again, then the registrations, then the allocation) is a ``REJECT`` sealed under
-   the handshake's keys. Only a client that passed admission is told how the registrations differ (the
-   REJECT carries the server's description; the client names the difference itself).
+   (answers share one broadcast channel; a stream per HELLO would be state before admission): a
+   refusal at HELLO (app id, filters, limits) is the payload of the Noise message 2, encrypted to that
+   HELLO's ephemeral key; a refusal after DONE (the client's key, filters and limits again, then the
+   registrations, then the allocation) is a ``REJECT`` sealed under the handshake's keys. Only a
+   client that passed admission is told how the registrations differ (the REJECT carries the
+   server's description; the client names the difference itself).
 4. Every packet starts with ``version, type, nonce`` (the nonce is the client's random 64-bit
    connect key). The server keys half-open handshakes by (transport source, nonce), so a packet from
    another source cannot touch a client's handshake.
