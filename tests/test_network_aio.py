@@ -530,6 +530,7 @@ def test_hello_flood_over_the_wire(driver_dir: Path) -> None:
     import uuid
 
     from slipstream import Context
+    from slipstream.network.handshake import VERSION
     from slipstream.network.transport import HANDSHAKE_STREAM
 
     async def main() -> None:
@@ -553,7 +554,7 @@ def test_hello_flood_over_the_wire(driver_dir: Path) -> None:
                     sent = 0
                     while flooding:
                         for publication in publications:
-                            hello = bytes([1, 1]) + os.urandom(8) + b"\x04test\x00\x00" + os.urandom(32)
+                            hello = bytes([VERSION, 1]) + os.urandom(8) + b"\x04test\x00\x00" + os.urandom(32)
                             if publication.offer(hello) > 0:
                                 sent += 1
                         peak = max(peak, server.pending_handshakes)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.network.events import ClientAccepted, HandshakeCompleted, HandshakeTimedOut, Rejected
-from slipstream.network.handshake import KEY_CHANGED, REGISTRATION_MISMATCH_LOCAL, ClientState, PacketType
+from slipstream.network.handshake import KEY_CHANGED, REGISTRATION_MISMATCH_LOCAL, VERSION, ClientState, PacketType
 from slipstream.testing import HandshakePair, LinkConditions
 
 
@@ -149,7 +149,10 @@ def test_hello_flood_keeps_memory_bounded_and_lets_real_clients_in() -> None:
         for i in range(50):
             source = 1000 + round_ * 50 + i
             packet = (
-                bytes([1, PacketType.HELLO]) + (source + 7).to_bytes(8, "big") + b"\x04test\x00\x00" + os.urandom(32)
+                bytes([VERSION, PacketType.HELLO])
+                + (source + 7).to_bytes(8, "big")
+                + b"\x04test\x00\x00"
+                + os.urandom(32)
             )
             pair.server.receive(packet, source=source, address="10.9.0.1", port=source, now_ns=pair.clock.now_ns())
         pair.server.messages_to_send()
@@ -175,7 +178,7 @@ def test_forged_done_does_not_disturb_a_real_handshake() -> None:
     for packet in client.messages_to_send():
         pair.server.receive(packet, source=1, address="10.0.0.2", port=40001, now_ns=pair.clock.now_ns())
     # A forged DONE with the client's nonce but from another transport source is ignored.
-    forged = bytes([1, PacketType.DONE]) + client.nonce.to_bytes(8, "big") + bytes(64)
+    forged = bytes([VERSION, PacketType.DONE]) + client.nonce.to_bytes(8, "big") + bytes(64)
     pair.server.receive(forged, source=2, address="10.0.0.66", port=1, now_ns=pair.clock.now_ns())
     assert pair.server.stats.unknown == 1 and pair.server.pending_count == 1
     for packet in pair.server.messages_to_send():
@@ -233,7 +236,7 @@ def test_a_done_for_an_expired_handshake_gets_start_over_and_a_forger_cannot_sen
     for packet in server.messages_to_send():
         client.receive(packet, now())
     (done,) = client.messages_to_send()
-    forged = bytes([1, PacketType.DONE]) + client.nonce.to_bytes(8, "big") + bytes(64)
+    forged = bytes([VERSION, PacketType.DONE]) + client.nonce.to_bytes(8, "big") + bytes(64)
     server.receive(forged, source=2, address="10.0.0.66", port=1, now_ns=now())
     for packet in server.messages_to_send():
         client.receive(packet, now())
@@ -251,18 +254,24 @@ def test_a_done_for_an_expired_handshake_gets_start_over_and_a_forger_cannot_sen
 
 def test_malformed_packets_are_counted_and_dropped() -> None:
     pair = HandshakePair()
-    for data in (b"", b"\x01", b"\x09\x01" + bytes(8), bytes([1, 1]) + bytes(8) + b"\xff", bytes([1, 9]) + bytes(20)):
+    for data in (
+        b"",
+        b"\x01",
+        b"\x09\x01" + bytes(8),
+        bytes([VERSION, 1]) + bytes(8) + b"\xff",
+        bytes([VERSION, 9]) + bytes(20),
+    ):
         pair.server.receive(data, source=1, address="10.0.0.2", port=1, now_ns=pair.clock.now_ns())
     assert pair.server.stats.malformed == 5 and pair.server.pending_count == 0
     assert pair.server.messages_to_send() == []
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=300), st.integers(0, 5))
+@given(st.binary(max_size=300), st.integers(0, 7))
 def test_hostile_bytes_never_raise_and_allocate_nothing(data: bytes, kind: int) -> None:
     pair = _FUZZ_PAIR
     client = _FUZZ_CLIENT
-    framed = bytes([1, kind]) + data  # also reach past the version check
+    framed = bytes([VERSION, kind]) + data  # also reach past the version check
     for packet in (data, framed, framed[:2] + client.nonce.to_bytes(8, "big") + data):
         pair.server.receive(packet, source=9, address="10.9.9.9", port=9, now_ns=pair.clock.now_ns())
         client.receive(packet, pair.clock.now_ns())

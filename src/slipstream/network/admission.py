@@ -49,7 +49,8 @@ class RejectReason(IntEnum):
     HANDSHAKE_FAILED = 7
     HANDSHAKE_EXPIRED = 8
     """Not a refusal: the server lost this half-open handshake (it expired, was evicted, or the
-    server restarted it from a late HELLO), so the client starts over with a fresh HELLO."""
+    server restarted it from a late HELLO), so the client starts over with a fresh HELLO. On the wire
+    it is the handshake's EXPIRED packet, not a REJECT."""
 
     @property
     def message(self) -> str:

@@ -96,15 +96,18 @@ class HandshakePair:
         tag: str = "",
         start: bool = True,
         timeout_ns: int | None = None,
+        static_private: bytes | None = None,
+        plaintext_ipc: bool = False,
     ) -> ClientHandshake:
         """A client with transport source id ``source`` at ``address`` (default ``10.0.0.2:40000+source``);
-        it gives up after ``timeout_ns`` (default: the server's handshake timeout)."""
+        it gives up after ``timeout_ns`` (default: the server's handshake timeout). Its static key is
+        ``static_private`` (default: a fresh one)."""
         where = address or (CLIENT[0], CLIENT[1] + source)
-        key = generate_keypair()
         client = ClientHandshake(
             app_id=app_id or self.app_id,
             tag=tag,
-            static_private=key[0],
+            static_private=static_private or generate_keypair()[0],
+            plaintext_ipc=plaintext_ipc,
             description=self.client_serialization.description(),
             describe_difference=self.client_serialization.first_difference,
             pinned_key=pinned_key,

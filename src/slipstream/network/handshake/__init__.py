@@ -5,25 +5,33 @@ Rules of this package (read these first; its modules are their code: ``packets``
 and ``server`` the two machines):
 
 1. Noise XX in three messages, then a WELCOME: ``HELLO`` (-> e), ``HELLO_ACK`` (<- e, ee, s, es + the
-   server's registration description), ``DONE`` (-> s, se + the client's description), ``WELCOME``
-   (<- the allocation, sealed under a key derived from the server's send key). A ``REJECT`` carries a
-   reason code and a short text; it is not authenticated (it can only stop a handshake, which a
-   man in the middle can do anyway by dropping packets).
-2. Every packet starts with ``version, type, nonce`` (the nonce is the client's random 64-bit
+   connection expiry and a *fingerprint* of the server's registrations, or a refusal), ``DONE``
+   (-> s, se + the client's delivery session and, only when the fingerprints differ, its registration
+   description), ``WELCOME`` (<- the allocation, sealed under a key derived from the server's send key).
+2. The transcript binds what the server decides on: the Noise prologue is the protocol name followed by
+   the HELLO up to its Noise message (header with the nonce, app id, tag, flags), so a HELLO altered on
+   the way cannot complete. The client refuses a WELCOME offering plaintext records it did not ask for.
+3. Nothing about the application before admission, and every answer readable by its client alone
+   (answers share one broadcast channel; a stream per HELLO would be state before admission): a
+   refusal at HELLO (app id, filters, limits) is the payload of the Noise message 2, encrypted to that
+   HELLO's ephemeral key; a refusal after DONE (the client's key, filters and limits again, then the
+   registrations, then the allocation) is a ``REJECT`` sealed under the handshake's keys. Only a
+   client that passed admission is told how the registrations differ (the REJECT carries the
+   server's description; the client names the difference itself).
+4. Every packet starts with ``version, type, nonce`` (the nonce is the client's random 64-bit
    connect key). The server keys half-open handshakes by (transport source, nonce), so a packet from
    another source cannot touch a client's handshake.
-3. The server allocates nothing before ``DONE`` proves the client holds the keys of its HELLO:
+5. The server allocates nothing before ``DONE`` proves the client holds the keys of its HELLO:
    ids, ports and streams come only with ``ClientAccepted``. Half-open handshakes live in a table
    capped at ``max_pending`` (the oldest is dropped to make room) and expire after the handshake
-   timeout; the Diffie-Hellman work for new HELLOs is limited by a token bucket, so a flood of
-   forged HELLOs costs bounded memory and CPU, and a real client (which retries) still gets in.
-4. Retransmission: the client resends its last message with back-off until the timeout; the server
+   timeout; the Diffie-Hellman work for every answer to a new HELLO (a refusal too) is limited by a
+   token bucket, so a flood of forged HELLOs costs bounded memory and CPU, and a real client (which
+   retries) still gets in.
+6. Retransmission: the client resends its last message with back-off until the timeout; the server
    answers a repeated HELLO or DONE with the answer it cached, never with new work. A DONE the server
    cannot use (its half-open handshake expired or was evicted, or a late HELLO made it start a new one)
-   gets a ``HANDSHAKE_EXPIRED`` REJECT, and the client starts over with a fresh nonce and ephemeral
-   key instead of repeating that DONE until its timeout.
-5. Admission (limits, filters, tag) is checked at HELLO (cheap refusals before any DH) and again at
-   DONE (the client's key is known only then; the counts may have changed).
+   gets an ``EXPIRED`` answer (a digest of that DONE, so no one else can send it), and the client starts
+   over with a fresh nonce and ephemeral key instead of repeating that DONE until its timeout.
 """
 
 from __future__ import annotations
@@ -32,19 +40,21 @@ from .client import ClientHandshake, ClientState, rejection_error
 from .packets import (
     BAD_APP_ID,
     KEY_CHANGED,
+    PLAINTEXT_REFUSED,
     PROTOCOL_NAME,
     REGISTRATION_MISMATCH_LOCAL,
     VERSION,
     PacketType,
     done_digest,
+    fingerprint,
     packet_nonce,
-    reject_packet,
 )
 from .server import REPEAT_GAP_NS, AdmissionCheck, ServerHandshake, ServerStats
 
 __all__ = [
     "BAD_APP_ID",
     "KEY_CHANGED",
+    "PLAINTEXT_REFUSED",
     "PROTOCOL_NAME",
     "REGISTRATION_MISMATCH_LOCAL",
     "REPEAT_GAP_NS",
@@ -56,7 +66,7 @@ __all__ = [
     "ServerHandshake",
     "ServerStats",
     "done_digest",
+    "fingerprint",
     "packet_nonce",
-    "reject_packet",
     "rejection_error",
 ]

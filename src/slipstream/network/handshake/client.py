@@ -23,20 +23,23 @@ from ..events import HandshakeCompleted, HandshakeTimedOut, Rejected
 from ..noise import HandshakeState
 from .packets import (
     BAD_APP_ID,
-    HANDSHAKE_EXPIRED,
     HEADER,
     KEY_CHANGED,
     PLAINTEXT,
+    PLAINTEXT_REFUSED,
+    REGISTRATION_MISMATCH,
     REGISTRATION_MISMATCH_LOCAL,
-    U32,
     U64,
     VERSION,
     PacketType,
     done_digest,
+    fingerprint,
     header,
-    hello_packet,
+    hello_head,
     key_of,
+    open_reject,
     open_welcome,
+    parse_ack,
     prologue,
 )
 
@@ -54,9 +57,9 @@ class ClientState(Enum):
 
 _CLIENT_TRANSITIONS: dict[tuple[ClientState, PacketType], str] = {
     (ClientState.HELLO_SENT, PacketType.HELLO_ACK): "_on_hello_ack",
-    (ClientState.HELLO_SENT, PacketType.REJECT): "_on_reject",
     (ClientState.DONE_SENT, PacketType.WELCOME): "_on_welcome",
     (ClientState.DONE_SENT, PacketType.REJECT): "_on_reject",
+    (ClientState.DONE_SENT, PacketType.EXPIRED): "_on_expired",
 }
 """(state, packet) -> handler. Anything else is ignored (duplicates, other clients' packets)."""
 
@@ -100,12 +103,8 @@ class ClientHandshake:
         self._pinned_key = pinned_key
         self._allow_key_change = allow_key_change
         self._static_private = static_private
-        self._noise = HandshakeState(
-            initiator=True,
-            static_private=static_private,
-            prologue=prologue(app_id),
-            ephemeral_private=ephemeral_private,
-        )
+        self._ephemeral_private = ephemeral_private
+        self._noise = self._new_noise()
         self.restarts = 0
         """Times the server said it no longer held our handshake and we started over."""
         self._started_ns = now_ns
@@ -122,6 +121,20 @@ class ClientHandshake:
         self.ignored = 0
         """Packets with our nonce that did not fit (forged, duplicated, corrupted): counted, dropped."""
 
+    def _hello_head(self) -> bytes:
+        return hello_head(self.nonce, self.app_id.encode(), self._tag, self._flags)
+
+    def _new_noise(self) -> HandshakeState:
+        """A Noise state for this nonce: the HELLO's fields are its prologue (a given ephemeral key,
+        for tests, is used once)."""
+        ephemeral, self._ephemeral_private = self._ephemeral_private, None
+        return HandshakeState(
+            initiator=True,
+            static_private=self._static_private,
+            prologue=prologue(self._hello_head()),
+            ephemeral_private=ephemeral,
+        )
+
     @property
     def deadline_ns(self) -> int | None:
         """When :meth:`handle_timer` must run next (None once finished)."""
@@ -135,7 +148,7 @@ class ClientHandshake:
         """Send HELLO."""
         if self.state is not ClientState.START:
             raise RuntimeError(f"handshake already started ({self.state.value})")
-        hello = hello_packet(self.nonce, self.app_id.encode(), self._tag, self._flags, self._noise.write_message(b""))
+        hello = self._hello_head() + self._noise.write_message(b"")
         self.state = ClientState.HELLO_SENT
         self._send(hello, now_ns)
 
@@ -174,33 +187,33 @@ class ClientHandshake:
             return  # a duplicate or late packet
         getattr(self, handler)(memoryview(data)[HEADER.size :], now_ns)
 
+    def _on_expired(self, body: memoryview, now_ns: int) -> None:
+        last = self._last
+        if last is not None and hmac.compare_digest(bytes(body), done_digest(memoryview(last)[HEADER.size :])):
+            self._start_over(now_ns)
+        else:
+            self.ignored += 1  # not about our DONE: a stale answer, or someone else's doing
+
     def _on_reject(self, body: memoryview, now_ns: int) -> None:
-        if len(body) < 1:
-            self.ignored += 1
+        assert self._keys is not None
+        opened = open_reject(self._keys[1], self.nonce, body)
+        if opened is None:
+            self.ignored += 1  # not sealed for us: forged, corrupted, or another handshake's
             return
-        reason = body[0]
-        if reason == HANDSHAKE_EXPIRED:
-            last = self._last
-            if (
-                self.state is ClientState.DONE_SENT
-                and last is not None
-                and hmac.compare_digest(bytes(body[1:]), done_digest(memoryview(last)[HEADER.size :]))
-            ):
-                self._start_over(now_ns)
-            else:
-                self.ignored += 1  # not about our DONE: a stale answer, or someone else's doing
+        reason, detail = opened
+        if reason == REGISTRATION_MISMATCH:
+            # Told only now that we are admitted: the server's description, to say what differs here.
+            difference = self._describe_difference(detail)
+            self._finish_rejected(REGISTRATION_MISMATCH_LOCAL, difference or "the server's registrations differ")
             return
-        text = bytes(body[1:]).decode("utf-8", "replace")
-        self._finish_rejected(reason, text)
+        self._finish_rejected(reason, detail.decode("utf-8", "replace"))
 
     def _start_over(self, now_ns: int) -> None:
         """The server lost our half-open handshake: a fresh nonce and ephemeral key, and HELLO again
         (within the same timeout)."""
         self.restarts += 1
         self.nonce = int.from_bytes(os.urandom(8), "big") or 1
-        self._noise = HandshakeState(
-            initiator=True, static_private=self._static_private, prologue=prologue(self.app_id)
-        )
+        self._noise = self._new_noise()
         self.remote_public_key = None
         self._keys = None
         self._handshake_hash = b""
@@ -218,7 +231,9 @@ class ClientHandshake:
             # Cannot be ours: a corrupted or forged answer. The Noise state is unusable after a
             # failed read, so this attempt ends (the caller may retry with a fresh one).
             self.ignored += 1
-            self._finish_rejected(0, "the server's handshake answer failed to authenticate")
+            self._finish_rejected(
+                0, "the server's handshake answer failed to authenticate (altered on the way, or not from the server)"
+            )
             return
         server_key = self._noise.remote_static
         assert server_key is not None
@@ -230,15 +245,18 @@ class ClientHandshake:
                 f"{self._pinned_key.hex()[:16]}...",
             )
             return
-        if len(payload) < U32.size:
+        ack = parse_ack(payload)
+        if ack is None:
             self._finish_rejected(0, "the server's handshake answer is malformed")
             return
-        self.connection_expiry_ns = U32.unpack_from(payload)[0] * 1_000_000
-        difference = self._describe_difference(payload[U32.size :])
-        if difference is not None:
-            self._finish_rejected(REGISTRATION_MISMATCH_LOCAL, difference)
+        if ack.reason:
+            self._finish_rejected(ack.reason, ack.text)
             return
-        payload = U64.pack(self._resume) + self._description
+        self.connection_expiry_ns = ack.expiry_ms * 1_000_000
+        # Only a fingerprint so far: how the registrations differ the server says once it has
+        # admitted us. Ours goes to it (encrypted, in DONE) only when they differ; empty means "the same".
+        same = hmac.compare_digest(ack.fingerprint, fingerprint(self._description))
+        payload = U64.pack(self._resume) + (b"" if same else self._description)
         done = header(PacketType.DONE, self.nonce) + self._noise.write_message(payload)
         send, receive = self._noise.split()
         self._keys = (key_of(send), key_of(receive))
@@ -252,6 +270,11 @@ class ClientHandshake:
         welcome = open_welcome(receive_key, self.nonce, body)
         if welcome is None:
             self.ignored += 1
+            return
+        if welcome.plaintext and not self._flags & PLAINTEXT:
+            self._finish_rejected(
+                PLAINTEXT_REFUSED, "the server offered plaintext records, which this client did not ask for"
+            )
             return
         self.plaintext = welcome.plaintext
         self.state = ClientState.COMPLETED

@@ -3,7 +3,10 @@
 Its bounds are its rules: nothing is allocated before a DONE proves the client's keys; half-open
 handshakes live in a table of at most ``max_pending`` (the greediest source's oldest is dropped to make
 room) that expires; new Diffie-Hellman work is paid for with tokens from a per-source and a server-wide
-bucket; repeated HELLOs and DONEs get the cached answer, spaced, never new work."""
+bucket; repeated HELLOs and DONEs get the cached answer, spaced, never new work. Answers go out on a
+broadcast channel, so each is readable by its client alone: a refusal at HELLO inside the Noise message
+2 (encrypted to that HELLO's ephemeral key), one after DONE sealed under the handshake's keys; and
+nothing about the application (the registrations' names) goes to a client before it is admitted."""
 
 from __future__ import annotations
 
@@ -18,21 +21,24 @@ from ..events import ClientAccepted, Rejected
 from ..noise import HandshakeState
 from .packets import (
     BAD_APP_ID,
+    HANDSHAKE_FAILED,
     HEADER,
     PLAINTEXT,
     REGISTRATION_MISMATCH,
     SERVER_FULL,
-    U32,
     U64,
     VERSION,
     PacketType,
     Welcome,
+    ack_payload,
     expired_packet,
     header,
     key_of,
     parse_hello,
     prologue,
-    reject_packet,
+    refusal_payload,
+    reject_text,
+    seal_reject,
     seal_welcome,
 )
 
@@ -134,7 +140,6 @@ class ServerHandshake:
         """connection id -> (pending key, nonce, send key, plaintext, expiry) awaiting :meth:`accept`."""
         self._app = app_id.encode()
         self._static_private = static_private
-        self._prologue = prologue(app_id)
         self._description = description
         self._describe_difference = describe_difference
         self._admission = admission
@@ -206,8 +211,8 @@ class ServerHandshake:
             self.stats.malformed += 1
 
     def _start_over(self, key: tuple[int, int], nonce: int, body: memoryview, now_ns: int) -> None:
-        """Tell a client we hold no handshake for its DONE: a ``HANDSHAKE_EXPIRED`` REJECT (not a
-        refusal: no event) carrying a digest of that DONE. DONEs travel only from their client to us,
+        """Tell a client we hold no handshake for its DONE: an EXPIRED packet (not a refusal: no
+        event) carrying a digest of that DONE. DONEs travel only from their client to us,
         so only the client that sent it can match the digest: another peer that copies a nonce off
         the broadcast channel cannot make that client start over. Each answer costs its source a
         token, like a new HELLO, so bogus DONEs cannot make us flood the channel."""
@@ -217,9 +222,11 @@ class ServerHandshake:
         self.stats.restarted += 1
         self._out.append(expired_packet(nonce, body))
 
-    def _reject(self, nonce: int, reason: int, message: str, address: str | None, tag: str) -> None:
+    def _reject(self, reason: int, message: str, address: str | None, tag: str, answer: bytes) -> None:
+        """Refuse a client: ``answer`` is readable by it alone (a refusing HELLO_ACK encrypted to its
+        ephemeral key, or a REJECT sealed under the handshake's keys); ``message`` is for our event."""
         self.stats.rejected += 1
-        self._out.append(reject_packet(nonce, reason, message))
+        self._out.append(answer)
         self._events.append(Rejected(reason, message, address, tag))
 
     def _on_hello(
@@ -242,27 +249,31 @@ class ServerHandshake:
         if hello is None:
             self.stats.malformed += 1
             return
-        app, tag, flags, first = hello
-        if app != self._app:
-            self._reject(
-                nonce, BAD_APP_ID, f"application id {app.decode('utf-8', 'replace')!r} is not served here", address, tag
-            )
-            return
-        verdict = self._admission(address, tag, None, len(self.connections), self._count_for(address))
-        if verdict is not None:
-            self._reject(nonce, verdict[0], verdict[1], address, tag)
-            return
+        app, tag, flags, first, head_length = hello
+        # Every answer, a refusal too, is a Noise message 2 (encrypted to the HELLO's ephemeral key):
+        # it costs a token, and no other listener of the broadcast answers can read it.
         if not self._take_token(key[0], now_ns):
             self.stats.rate_limited += 1
             return
-        noise = HandshakeState(initiator=False, static_private=self._static_private, prologue=self._prologue)
+        verdict: tuple[int, str] | None = None
+        if app != self._app:
+            verdict = BAD_APP_ID, f"application id {app.decode('utf-8', 'replace')!r} is not served here"
+        else:
+            verdict = self._admission(address, tag, None, len(self.connections), self._count_for(address))
+        noise = HandshakeState(
+            initiator=False,
+            static_private=self._static_private,
+            prologue=prologue(header(PacketType.HELLO, nonce) + bytes(body[:head_length])),  # as received
+        )
+        payload = ack_payload(self._expiry_ms, self._description) if verdict is None else refusal_payload(*verdict)
         try:
             noise.read_message(first)
-            answer = header(PacketType.HELLO_ACK, nonce) + noise.write_message(
-                U32.pack(self._expiry_ms) + self._description
-            )
+            answer = header(PacketType.HELLO_ACK, nonce) + noise.write_message(payload)
         except (NoiseError, ValueError):  # e.g. a low-order ephemeral key: no shared secret
             self.stats.malformed += 1
+            return
+        if verdict is not None:
+            self._reject(verdict[0], verdict[1], address, tag, answer)
             return
         if len(self._pending) >= self.max_pending:
             self._evict()
@@ -329,28 +340,36 @@ class ServerHandshake:
             return
         client_key = pending.noise.remote_static
         assert client_key is not None
-        address = pending.address
+        address, tag = pending.address, pending.tag
+        send, receive = pending.noise.split()
+        send_key = key_of(send)
+
+        def refuse(reason: int, message: str, detail: bytes | None = None) -> None:
+            sealed = seal_reject(send_key, nonce, reason, reject_text(message) if detail is None else detail)
+            self._reject(reason, message, address, tag, sealed)
+
+        # Admission first: only an admitted client learns anything of our registrations.
+        verdict = self._admission(address, tag, client_key, len(self.connections), self._count_for(address))
+        if verdict is not None:
+            refuse(*verdict)
+            return
         if len(payload) < U64.size:
-            self._reject(nonce, REGISTRATION_MISMATCH, "the client's handshake is malformed", address, pending.tag)
+            refuse(HANDSHAKE_FAILED, "the client's handshake is malformed")
             return
         resume = U64.unpack_from(payload)[0]
-        difference = self._describe_difference(payload[U64.size :])
+        remote = payload[U64.size :]  # empty: the client found our fingerprint equal to its own
+        difference = self._describe_difference(remote) if remote else None
         if difference is not None:
-            self._reject(nonce, REGISTRATION_MISMATCH, difference, address, pending.tag)
-            return
-        verdict = self._admission(address, pending.tag, client_key, len(self.connections), self._count_for(address))
-        if verdict is not None:
-            self._reject(nonce, verdict[0], verdict[1], address, pending.tag)
+            refuse(REGISTRATION_MISMATCH, difference, self._description)  # the client describes it itself
             return
         allocation = self._allocate(address)
         if allocation is None:
-            self._reject(nonce, SERVER_FULL, "no ids or ports left on the server", address, pending.tag)
+            refuse(SERVER_FULL, "no ids or ports left on the server")
             return
-        send, receive = pending.noise.split()
         self.stats.accepted += 1
         allocation.key = key
         self._live_keys[key] = allocation.server_session_id
-        self._unconfirmed[allocation.server_session_id] = (key, nonce, key_of(send), pending.plaintext, now_ns)
+        self._unconfirmed[allocation.server_session_id] = (key, nonce, send_key, pending.plaintext, now_ns)
         if not self._confirm_accept:
             self.accept(allocation.server_session_id, now_ns)
         self._events.append(
@@ -359,14 +378,14 @@ class ServerHandshake:
                 pending_key=key,
                 address=address,
                 port=pending.port,
-                tag=pending.tag,
+                tag=tag,
                 server_session_id=allocation.server_session_id,
                 client_session_id=allocation.client_session_id,
                 server_stream_id=allocation.server_stream_id,
                 client_stream_id=allocation.client_stream_id,
                 control_port=allocation.control_port,
                 remote_public_key=client_key,
-                send_key=key_of(send),
+                send_key=send_key,
                 receive_key=key_of(receive),
                 plaintext=pending.plaintext,
                 resume=resume,
