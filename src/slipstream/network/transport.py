@@ -71,10 +71,11 @@ HANDSHAKE_CLIENT_TERM_LENGTH = 64 * 1024
 """Term length of a client's UDP handshake publication, and the largest a server's handshake endpoint
 accepts in a SETUP: a handshake is a few hundred bytes, and a stranger's SETUP costs the server's driver
 one image log of three such terms (196 KiB of shared memory at most)."""
-HANDSHAKE_IMAGES = 128
-"""Images a server's UDP handshake endpoint holds at once (lingering ones included): with the term
-length above, a flood of forged SETUPs costs its driver at most 128 x 196 KiB = 24.5 MiB of shared memory."""
-HANDSHAKE_IMAGES_PER_ADDRESS = 64
+HANDSHAKE_IMAGES = 160
+"""Images a server's UDP handshake endpoint holds at once (draining ones included; a closed one gives
+its log back about a second after its end of stream): with the term length above, a flood of forged
+SETUPs costs its driver at most 160 x 196 KiB = 30.6 MiB of shared memory."""
+HANDSHAKE_IMAGES_PER_ADDRESS = 128
 """Of those, images from one source address: one flooding host leaves room for the others."""
 HANDSHAKE_IPC_STREAM = 0x5EED_0000 + 0x10000
 """Base stream id of IPC handshakes: + the server's UDP port (0 for ``bind_ipc``), so several servers

@@ -504,6 +504,8 @@ class ReceiveEndpoint:
             image = self._images.pop(key)
             if not image.is_end_of_stream:
                 self._cool_down.add(key)
+            elif key[1] in self._limits:
+                image.unsubscribe()  # a budgeted stream's finished image gives its log back now, not after the linger
             self._lingering.append(image)
         wake = 1 << 63
         if self._lingering:
