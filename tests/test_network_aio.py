@@ -541,10 +541,8 @@ def test_hello_flood_over_the_wire(driver_dir: Path) -> None:
             await server.bind(port)
             attacker = Context(attacker_dir)
             try:
-                publications = [
-                    attacker.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", HANDSHAKE_STREAM)
-                    for _ in range(12)
-                ]
+                channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k"  # all a handshake port accepts
+                publications = [attacker.add_exclusive_publication(channel, HANDSHAKE_STREAM) for _ in range(12)]
                 await wait_for(lambda: all(p.is_connected for p in publications))
                 flooding = True
                 peak = 0
@@ -821,8 +819,10 @@ def test_160_clients_at_once_are_never_refused_an_image(driver_dir: Path) -> Non
                 results = await asyncio.gather(
                     *(client.connect("127.0.0.1", port, timeout=60) for client in clients), return_exceptions=True
                 )
+                # Only the handshake port's budget per address (128 at once) may have refused a SETUP: that
+                # client's publication tried again once an earlier handshake image was given back.
                 refused = [e.text for e in observe.errors(driver_dir) if "SETUP refused" in e.text]
-                assert refused == []
+                assert all("max-images-per-source" in text for text in refused), refused
                 assert [r for r in results if isinstance(r, BaseException)] == []
                 # A client is up when its WELCOME and the server's stream arrived; the server counts it
                 # once it sees the client's stream too, a moment later.

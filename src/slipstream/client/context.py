@@ -840,17 +840,27 @@ class Context:
     def _remove(self, kind: _Removal, registration_id: int) -> None:
         """Tell the driver, without waiting for its answer (as Aeron's clients close): commands are
         handled in order, so whatever this context asks next sees the removal done. A refusal is logged."""
+        if kind is cmd.RemovePublication and self._driver_error is None and not self._closed:
+            self._undrained = True
+        self._tell(lambda correlation_id: kind(correlation_id, registration_id), f"closing {registration_id}")
+
+    def reject_image(self, image: Image, reason: str) -> None:
+        """Refuse an image of one of our UDP subscriptions (Aeron's ``Image.reject``): the driver sends its
+        publisher an ERR frame carrying ``reason`` and removes the image (``ImageUnavailable`` follows).
+        Not awaited; a refusal (an image already gone) is logged."""
+        self._tell(lambda correlation_id: cmd.RejectImage(correlation_id, image.correlation_id, reason[:256]), "reject")
+
+    def _tell(self, build: Callable[[int], cmd.ClientMessage], what: str) -> None:
+        """Send a command without waiting for its answer (a refusal is logged when it comes)."""
         if self._driver_error is not None or self._closed:
             return
         correlation_id = self._next_correlation_id()
         self._ignored.add(correlation_id)
-        if kind is cmd.RemovePublication:
-            self._undrained = True
         try:
-            self._send(kind(correlation_id, registration_id))
+            self._send(build(correlation_id))
         except OSError as exc:
             self._ignored.discard(correlation_id)  # no answer is coming: a drain must not wait for it
-            log.warning("closing %d: %s", registration_id, exc)
+            log.warning("%s: %s", what, exc)
 
     # -- observation ------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..files.directory import map_file
 from ..logbuffer import LogBuffers, compute_log_length
-from ..protocol.config import ReceiverConfig, SenderConfig
+from ..protocol.config import ImageLimits, ReceiverConfig, SenderConfig
 from ..wire.positions import wrap_i32
 from ..wire.uri import ChannelUri, ChannelUriError, UnsupportedChannelError, check_supported
 from .config import DriverConfig
@@ -32,6 +32,7 @@ which a reliable stream repairs by NAK and an unreliable one reports as loss."""
 __all__ = [
     "CommandRefused",
     "channel_key",
+    "image_limits",
     "map_publication_log",
     "open_publication_socket",
     "open_receive_socket",
@@ -200,6 +201,12 @@ def open_receive_socket(channel: str, uri: ChannelUri, endpoint: UdpEndpoint, co
         return open_socket(endpoint.family, bind=endpoint.address, so_rcvbuf=rcvbuf, so_sndbuf=uri.so_sndbuf)
     except OSError as exc:
         raise CommandRefused("RESOURCE", f"{channel}: cannot bind {endpoint.host_port}: {exc}") from None
+
+
+def image_limits(uri: ChannelUri) -> ImageLimits | None:
+    """The budget a subscription's URI asks for its stream's images, if any."""
+    limits = ImageLimits(uri.max_term_length, uri.max_images, uri.max_images_per_source)
+    return None if limits.is_unlimited else limits
 
 
 def receiver_config(uri: ChannelUri, actual_rcvbuf: int, config: DriverConfig) -> ReceiverConfig:

@@ -42,6 +42,7 @@ from ..files.error_log import DistinctErrorLog
 from ..files.loss_report import LossReport
 from ..logbuffer import LogBuffers
 from ..logbuffer.layout import PARKING_SLOTS
+from ..protocol.config import ImageLimits
 from ..protocol.events import (
     GapFilled,
     ImageCreated,
@@ -56,6 +57,7 @@ from ..wire.uri import ChannelUri
 from .channels import (
     CommandRefused,
     channel_key,
+    image_limits,
     map_publication_log,
     open_publication_socket,
     open_receive_socket,
@@ -104,6 +106,9 @@ class SubscriptionLink:
     session_id: int | None
     receive_channel: ReceiveChannel | None = None
     """The UDP endpoint it listens on; None for IPC."""
+    reliable: bool = True
+    limits: ImageLimits | None = None
+    """The budget its channel URI asks for its stream's images (``max-term-length`` and so on)."""
 
 
 class DriverConductor:
@@ -319,6 +324,8 @@ class DriverConductor:
                     self._add_counter(client, message, now_ns)
                 case cmd.RemoveCounter():
                     self._remove_counter(client, message, now_ns)
+                case cmd.RejectImage():
+                    self._reject_image(client, message)
                 case cmd.CloseClient():
                     self._close_client(client, now_ns, "client closed")
                 case cmd.Hello():
@@ -489,14 +496,15 @@ class DriverConductor:
         uri = parse_channel(message.channel, message.stream_id)
         receive_channel = self._receive_channel(message.channel, uri) if uri.is_udp else None
         link = SubscriptionLink(
-            correlation_id, client, message.channel, message.stream_id, uri.session_id, receive_channel
-        )
+            correlation_id, client, message.channel, message.stream_id, uri.session_id, receive_channel,
+            uri.reliable is not False, image_limits(uri),
+        )  # fmt: skip
         self.subscriptions[correlation_id] = link
         client.subscriptions.add(correlation_id)
         self._send(client, cmd.SubscriptionReady(correlation_id, correlation_id))
         if receive_channel is not None:
             receive_channel.subscriptions.add(correlation_id)
-            receive_channel.receive.add_subscription(message.stream_id, reliable=uri.reliable is not False)
+            self._declare_interest(receive_channel, link)
             for image in receive_channel.images.values():
                 if not image.removed and self._image_matches(link, image):
                     self._link_image(link, image, image.receiver.rebuild_position, now_ns)
@@ -504,6 +512,35 @@ class DriverConductor:
         for publication in self.publications.values():
             if publication.state is PublicationState.ACTIVE and self._matches(link, publication):
                 self._link(link, publication, now_ns)
+
+    def _declare_interest(self, channel: ReceiveChannel, latest: SubscriptionLink) -> None:
+        """Tell the endpoint what the subscriptions of ``latest``'s stream want together: images of any
+        session unless each names one, within the widest of their budgets (none if one has none)."""
+        links = [
+            link
+            for r in channel.subscriptions
+            if (link := self.subscriptions.get(r)) is not None and link.stream_id == latest.stream_id
+        ]
+        sessions: set[int] | None = set()
+        limits = latest.limits
+        for link in links:
+            if sessions is not None:
+                sessions = None if link.session_id is None else sessions | {link.session_id}
+            limits = None if limits is None else limits.widest(link.limits)
+        channel.receive.add_subscription(latest.stream_id, reliable=latest.reliable, sessions=sessions, limits=limits)
+
+    def _reject_image(self, client: ClientSession, message: cmd.RejectImage) -> None:
+        """A subscriber refuses an image it is linked to: the endpoint sends ERR and removes it."""
+        for channel in self.receive_channels.values():
+            for image in channel.images.values():
+                if image.correlation_id == message.image_correlation_id:
+                    if not client.subscriptions & image.subscribers.keys():
+                        raise CommandRefused("UNKNOWN_IMAGE", f"image {image.correlation_id} is not yours")
+                    if not channel.receive.reject_image(image.receiver.image_id, message.reason):
+                        raise CommandRefused("UNKNOWN_IMAGE", f"image {image.correlation_id} is already going")
+                    self._send(client, cmd.OperationSuccess(message.correlation_id))
+                    return
+        raise CommandRefused("UNKNOWN_IMAGE", f"no image {message.image_correlation_id}")
 
     def _receive_channel(self, channel: str, uri: ChannelUri) -> ReceiveChannel:
         """The bound endpoint for a UDP subscription: shared by every subscription on the same address."""
@@ -717,12 +754,18 @@ class DriverConductor:
             if counter_id is not None:
                 self.counters.free(counter_id, now_ns // 1_000_000)
                 _free_parking_slot(image.receiver.log, image.parking, link.registration_id)
-        still_wanted = any(
-            (other := self.subscriptions.get(r)) is not None and other.stream_id == link.stream_id
-            for r in channel.subscriptions
+        still_wanted = next(
+            (
+                other
+                for r in channel.subscriptions
+                if (other := self.subscriptions.get(r)) is not None and other.stream_id == link.stream_id
+            ),
+            None,
         )
-        if not still_wanted:
+        if still_wanted is None:
             channel.receive.remove_subscription(link.stream_id)
+        else:
+            self._declare_interest(channel, still_wanted)
         if not channel.subscriptions:
             self.receive_channels.pop(channel.endpoint, None)
             self._unwatch(channel.sock)

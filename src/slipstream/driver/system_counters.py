@@ -47,6 +47,8 @@ SYSTEM_COUNTERS: Final = (
     (28, "Loss observations"),
     (29, "Bytes lost"),
     (30, "Driver stalls"),
+    (31, "SETUPs refused"),
+    (32, "Images rejected"),
 )
 BYTES_SENT, BYTES_RECEIVED = 0, 1
 NAKS_SENT, NAKS_RECEIVED, SMS_SENT, SMS_RECEIVED, HEARTBEATS_SENT, HEARTBEATS_RECEIVED = 5, 6, 7, 8, 9, 10
@@ -55,6 +57,8 @@ SENDER_FLOW_CONTROL_LIMITS, LOSS_GAP_FILLS, CLIENT_TIMEOUTS = 18, 23, 24
 RETRANSMITTED_BYTES, SMS_REJECTED, ERROR_FRAMES_RECEIVED, LOSS_OBSERVATIONS, BYTES_LOST = 25, 26, 27, 28, 29
 DRIVER_STALLS = 30
 """Gaps between duty cycles above ``stall_threshold_ns`` (the process stopped): timeouts left them out."""
+SETUPS_REFUSED, IMAGES_REJECTED = 31, 32
+"""Valid SETUPs that made no image (beyond a limit or a stream's budget); images a subscriber rejected."""
 
 
 def _sender_totals(publication: NetworkPublication) -> dict[int, int]:
@@ -78,6 +82,8 @@ def _receiver_totals(channel: ReceiveChannel) -> dict[int, int]:
     totals = {
         INVALID_PACKETS: channel.receive.invalid_packets,
         SHORT_SENDS: channel.short_sends,
+        SETUPS_REFUSED: channel.receive.setups_rejected,
+        IMAGES_REJECTED: channel.receive.images_rejected,
     }
     for image in channel.images.values():
         r = image.receiver

@@ -82,6 +82,15 @@ class RemoveCounter(msgspec.Struct, tag=True, frozen=True):
     registration_id: int
 
 
+class RejectImage(msgspec.Struct, tag=True, frozen=True):
+    """A subscriber refuses an image (Aeron's ``Image.reject``): the driver sends its publisher an ERR
+    frame with ``reason`` and removes it."""
+
+    correlation_id: int
+    image_correlation_id: int
+    reason: str
+
+
 class Wake(msgspec.Struct, tag=True, frozen=True):
     """Doorbell: a parked driver has UDP work (a client appended to a network publication)."""
 
@@ -113,6 +122,7 @@ ClientMessage = (
     | RemoveDestination
     | AddCounter
     | RemoveCounter
+    | RejectImage
     | Wake
     | Keepalive
     | CloseClient

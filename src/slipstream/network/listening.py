@@ -12,7 +12,7 @@ allowed keys.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from ..client import Context, DriverError, ExclusivePublication, Header, Registration, Subscription
@@ -28,6 +28,8 @@ from .transport import (
     IPC_MTU,
     Link,
     close_quietly,
+    earliest,
+    handshake_cycle,
     host_port,
     ipc_channel,
     parse_source,
@@ -40,6 +42,7 @@ __all__ = [
     "AcceptedStreams",
     "HandshakeChannel",
     "HandshakeChannels",
+    "HandshakeImages",
     "Pending",
     "admission_check",
 ]
@@ -81,9 +84,41 @@ def admission_check(
     return check
 
 
+class HandshakeImages:
+    """Which images of a UDP handshake channel to reject: those that held no handshake (half-open or
+    answered) for most of ``timeout_ns``. A stranger's SETUP costs an image log; one that never brings a
+    HELLO worth answering gives it back within the handshake timeout, not at the driver's liveness timeout
+    (which more SETUPs would keep postponing). Sans-I/O: session ids and ``now_ns`` in, sessions out; it
+    looks every quarter of the timeout, so an image is refused at most ``timeout_ns`` after it came."""
+
+    def __init__(self, timeout_ns: int) -> None:
+        self.cadence_ns = max(1, timeout_ns // 4)
+        self.grace_ns = timeout_ns - self.cadence_ns
+        self.deadline_ns = 0
+        """When :meth:`check` is next due."""
+        self._unheld_since: dict[int, int] = {}
+        self._rejected: set[int] = set()
+        """Sessions told to go whose images are still listed (not rejected twice)."""
+        self.rejected = 0
+
+    def check(self, sessions: Collection[int], held: Collection[int], now_ns: int) -> list[int]:
+        """The sessions (of the images now on the channel) to reject: unheld for ``grace_ns``."""
+        self.deadline_ns = now_ns + self.cadence_ns
+        self._rejected &= set(sessions)
+        since = {s: self._unheld_since.get(s, now_ns) for s in sessions if s not in held and s not in self._rejected}
+        stale = [s for s, first in since.items() if now_ns - first >= self.grace_ns]
+        for session in stale:
+            del since[session]
+        self._unheld_since = since
+        self._rejected.update(stale)
+        self.rejected += len(stale)
+        return stale
+
+
 class HandshakeChannel:
     """One handshake channel (UDP port or IPC): its machine and its transport (answers the handshake
-    publication refuses for now wait in the link's outbox, the oldest dropped past OUTBOX_LIMIT)."""
+    publication refuses for now wait in the link's outbox, the oldest dropped past OUTBOX_LIMIT). Over
+    UDP, images that hold no handshake are rejected within the handshake timeout (``HandshakeImages``)."""
 
     def __init__(
         self,
@@ -92,6 +127,9 @@ class HandshakeChannel:
         port: int,
         publication: ExclusivePublication,
         subscription: Subscription,
+        *,
+        context: Context | None = None,
+        timeout_ns: int = 0,
     ) -> None:
         self.machine = machine
         self.host = host
@@ -100,6 +138,27 @@ class HandshakeChannel:
         self.link = Link(
             publication, subscription, self._on_packet, poll_limit=HANDSHAKE_POLL_LIMIT, outbox_limit=OUTBOX_LIMIT
         )
+        self._context = context
+        self.images = HandshakeImages(timeout_ns) if host is not None and context is not None else None
+        """None: this channel rejects no image (IPC, or no context to ask the driver with)."""
+
+    @property
+    def deadline_ns(self) -> int | None:
+        """The machine's next timer, or the next look at the channel's images."""
+        return earliest((self.machine.deadline_ns,), None if self.images is None else self.images.deadline_ns)
+
+    def cycle(self, now_ns: int) -> int:
+        """One duty cycle: the machine's (packets, timers, answers), then, when due, images rejected."""
+        work = handshake_cycle(self.link, self.machine, now_ns)
+        watch, context = self.images, self._context
+        if watch is not None and context is not None and now_ns >= watch.deadline_ns:
+            images = self.link.subscription.images
+            stale = set(watch.check([image.session_id for image in images], self.machine.held_sources(), now_ns))
+            for image in images:
+                if image.session_id in stale:
+                    context.reject_image(image, "no handshake")
+                    work += 1
+        return work
 
     def _on_packet(self, payload: memoryview, header: Header) -> None:
         address: str | None = None
@@ -164,7 +223,9 @@ class HandshakeChannels(list[HandshakeChannel]):
             allow_plaintext=host is None and not config.encrypt_ipc,
             confirm_accept=True,
         )
-        channel = HandshakeChannel(machine, host, port, answering, listening)
+        channel = HandshakeChannel(
+            machine, host, port, answering, listening, context=context, timeout_ns=int(config.handshake_timeout * 1e9)
+        )
         self.append(channel)
         return channel
 

@@ -67,6 +67,16 @@ log = logging.getLogger("slipstream.network")
 
 HANDSHAKE_STREAM = 0x5EED_0000
 """Stream id of every server's UDP handshake channel (outside the 1-65533 the server allocates)."""
+HANDSHAKE_CLIENT_TERM_LENGTH = 64 * 1024
+"""Term length of a client's UDP handshake publication, and the largest a server's handshake endpoint
+accepts in a SETUP: a handshake is a few hundred bytes, and a stranger's SETUP costs the server's driver
+one image log of three such terms (196 KiB of shared memory at most)."""
+HANDSHAKE_IMAGES = 160
+"""Images a server's UDP handshake endpoint holds at once (draining ones included; a closed one gives
+its log back about a second after its end of stream): with the term length above, a flood of forged
+SETUPs costs its driver at most 160 x 196 KiB = 30.6 MiB of shared memory."""
+HANDSHAKE_IMAGES_PER_ADDRESS = 128
+"""Of those, images from one source address: one flooding host leaves room for the others."""
 HANDSHAKE_IPC_STREAM = 0x5EED_0000 + 0x10000
 """Base stream id of IPC handshakes: + the server's UDP port (0 for ``bind_ipc``), so several servers
 on one driver each have their own."""
@@ -270,6 +280,21 @@ def client_streams(
         mtu=config.network_mtu, linger="500ms",
     )  # fmt: skip
     return (subscription, done.server_stream_id), (publication, done.client_stream_id)
+
+
+def handshake_listen_channel(host: str, port: int) -> str:
+    """A server's UDP handshake subscription: the port anyone may reach, so its images are budgeted."""
+    return udp_channel(
+        endpoint=host_port(host, port), max_term_length=HANDSHAKE_CLIENT_TERM_LENGTH,
+        max_images=HANDSHAKE_IMAGES, max_images_per_source=HANDSHAKE_IMAGES_PER_ADDRESS,
+    )  # fmt: skip
+
+
+def handshake_channels(host: str, port: int, control_port: int) -> tuple[str, str]:
+    """A connecting client's handshake subscription (the server's broadcast answers, from its control
+    port) and publication (small terms: all the server's handshake endpoint accepts)."""
+    answers = udp_channel(control=host_port(host, control_port), control_mode="dynamic")
+    return answers, udp_channel(endpoint=host_port(host, port), term_length=HANDSHAKE_CLIENT_TERM_LENGTH)
 
 
 def is_local_host(host: str) -> bool:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .config import ReceiverConfig, SenderConfig
+    from .config import ImageLimits, ReceiverConfig, SenderConfig
     from .events import (
         DestinationAdded,
         DestinationRemoved,
@@ -40,7 +40,7 @@ else:  # mypy reads the imports (a module __getattr__ would hide typos from it);
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
-            ".config": ["ReceiverConfig", "SenderConfig"],
+            ".config": ["ImageLimits", "ReceiverConfig", "SenderConfig"],
             ".events": [
                 "DestinationAdded",
                 "DestinationRemoved",
@@ -95,6 +95,7 @@ __all__ = [
     "PublicationFinished",
     "PublicationImageReceiver",
     "ReceiveEndpoint",
+    "ImageLimits",
     "ReceiverConfig",
     "ReceiverEvent",
     "SenderConfig",

@@ -33,7 +33,7 @@ from .defaults import (
     STATUS_MESSAGE_TIMEOUT_NS,
 )
 
-__all__ = ["ReceiverConfig", "SenderConfig", "require_non_negative", "require_positive"]
+__all__ = ["ImageLimits", "ReceiverConfig", "SenderConfig", "require_non_negative", "require_positive"]
 
 
 def require_positive(config: object, *names: str) -> None:
@@ -50,6 +50,46 @@ def require_non_negative(config: object, *names: str) -> None:
         value = getattr(config, name)
         if value is not None and value < 0:
             raise ValueError(f"{name} must not be negative: {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class ImageLimits:
+    """What SETUPs for one subscribed stream may cost: a budget a subscriber asks for (channel URI keys
+    ``max-term-length``, ``max-images``, ``max-images-per-source``), so that a port anyone can reach (a
+    server's handshake stream) makes images only within a small, fixed amount of shared memory.
+
+    A SETUP beyond it is refused like one beyond ``ReceiverConfig``'s limits: no image, no answer, counted
+    (``setups_rejected``). None: no limit beyond the endpoint's. Images count while they linger (their
+    logs are still mapped); the source is the sender's address, its port ignored."""
+
+    max_term_length: int | None = None
+    max_images: int | None = None
+    max_images_per_source: int | None = None
+
+    def validate(self) -> None:
+        require_positive(self, *(name for name in self.__slots__ if getattr(self, name) is not None))
+        if self.max_term_length is not None and not TERM_MIN_LENGTH <= self.max_term_length <= TERM_MAX_LENGTH:
+            raise ValueError(
+                f"max_term_length must be in [{TERM_MIN_LENGTH}, {TERM_MAX_LENGTH}]: {self.max_term_length}"
+            )
+
+    def widest(self, other: ImageLimits | None) -> ImageLimits | None:
+        """The budget of a stream two subscriptions share: each limit the larger (None, none, wins)."""
+        if other is None:
+            return None
+
+        def wider(a: int | None, b: int | None) -> int | None:
+            return None if a is None or b is None else max(a, b)
+
+        return ImageLimits(
+            wider(self.max_term_length, other.max_term_length),
+            wider(self.max_images, other.max_images),
+            wider(self.max_images_per_source, other.max_images_per_source),
+        )
+
+    @property
+    def is_unlimited(self) -> bool:
+        return self.max_term_length is None and self.max_images is None and self.max_images_per_source is None
 
 
 @dataclass(frozen=True, slots=True)

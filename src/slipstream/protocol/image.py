@@ -115,6 +115,8 @@ class PublicationImageReceiver:
         self.receiver_id = receiver_id
         self.config = config
         self.control_address = params.source
+        self.source = params.source
+        """Where its SETUP came from (a budget per source counts images by its address)."""
         self._bits = log.bits
         self._mask = params.term_length - 1
         self.receiver_window = min(config.receiver_window, params.term_length // 2)
@@ -136,6 +138,7 @@ class PublicationImageReceiver:
         self._last_packet_ns = now_ns
         self._last_activity_ns = now_ns
         self._unsubscribed = False
+        self._rejected = False
         self.state = ImageState.ACTIVE
         self.removal_reason: str | None = None
         self._state_change_ns = now_ns
@@ -237,6 +240,12 @@ class PublicationImageReceiver:
         """No subscriber is left: drain and go."""
         self._unsubscribed = True
         self.deadline_ns = 0
+
+    def reject(self) -> None:
+        """A subscriber refused the image (Aeron's ``Image.reject``): it goes at once, as if unsubscribed,
+        with removal reason ``rejected``."""
+        self._rejected = True
+        self.unsubscribe()
 
     def is_connection_alive(self, now_ns: int) -> bool:
         return now_ns < self._last_activity_ns + self.config.connection_timeout_ns
@@ -441,7 +450,7 @@ class PublicationImageReceiver:
         config = self.config
         if state is ImageState.ACTIVE:
             if self._unsubscribed:
-                reason = "unsubscribed"
+                reason = "rejected" if self._rejected else "unsubscribed"
             elif self._eos_position is not None and self._rcv_pos >= self._hwm:
                 reason = "end_of_stream"
             elif now_ns > self._last_packet_ns + config.image_liveness_timeout_ns:

@@ -22,6 +22,12 @@ Where this differs from the C driver, on purpose:
   On the wire these are ordinary NAKs; a C sender answers each as it arrives.
 - SETUPs are also refused above ``max_term_length`` (64 MiB by default, not 1 GiB) and beyond
   ``max_images``; SETUP requests to unknown sessions are bounded by ``max_pending_setups``.
+- A subscribed stream may carry its own budget (:class:`~slipstream.protocol.config.ImageLimits`: term
+  length, images in total and per source address): a port anyone can reach then costs a stranger only
+  that much. A stream whose every subscription names a session (``session-id``) makes images only for
+  those sessions, as Aeron's session-specific subscriptions do, and asks no other session for SETUP.
+- A subscriber may reject an image (:meth:`ReceiveEndpoint.reject_image`): an ERR frame (code 13,
+  IMAGE_REJECTED) goes to its sender and the image is removed at once.
 - The subscribers' consumption position is capped at the high-water mark and never moves back.
 - With ``reliable=False`` a gap may wait ``gap_fill_delay_ns`` for reordered data before it is
   padded (default: the NAK delay, as in C).
@@ -31,12 +37,14 @@ from __future__ import annotations
 
 import random
 import struct
+from collections.abc import Collection
 
 from ..logbuffer.fastpath import FAST
-from ..wire.address import Address
+from ..wire.address import Address, host_of
 from ..wire.constants import (
     DATA_HEADER_LENGTH,
     EOS_FLAG,
+    ERROR_CODE_IMAGE_REJECTED,
     FRAME_ALIGNMENT,
     HDR_TYPE_DATA,
     HDR_TYPE_PAD,
@@ -50,6 +58,7 @@ from ..wire.constants import (
 from ..wire.frames import (
     BytesLike,
     DataScan,
+    ErrorFrame,
     RttMeasurement,
     SetupFrame,
     StatusMessage,
@@ -58,7 +67,7 @@ from ..wire.frames import (
     scan_equal_frames,
 )
 from ..wire.positions import is_power_of_two, wrap_i32
-from .config import ReceiverConfig
+from .config import ImageLimits, ReceiverConfig
 from .events import ImageCreated, ReceiverEvent
 from .image import (
     ImageParams,
@@ -69,7 +78,10 @@ from .image import (
     default_log_factory,
 )
 
-__all__ = ["ReceiveEndpoint"]
+__all__ = ["MAX_REJECT_TEXT", "ReceiveEndpoint"]
+
+MAX_REJECT_TEXT = 256
+"""Bytes of a rejection's reason an ERR frame carries."""
 
 _c_scan_equal_frames = FAST.scan_equal_frames if FAST is not None else None
 """``scan_equal_frames`` in C when the fast path is active (same result; tests/test_fastpath.py)."""
@@ -120,6 +132,10 @@ class ReceiveEndpoint:
         self._next_registration_ns = 0
         self._subscriptions: dict[int, bool] = {}
         """stream_id -> reliable."""
+        self._sessions: dict[int, frozenset[int]] = {}
+        """stream_id -> the only sessions it makes images for (streams every subscription of which names one)."""
+        self._limits: dict[int, ImageLimits] = {}
+        """stream_id -> its budget, for streams that have one."""
         self._images: dict[tuple[int, int], PublicationImageReceiver] = {}
         self._lingering: list[PublicationImageReceiver] = []
         self._by_id: dict[int, PublicationImageReceiver] = {}
@@ -142,7 +158,12 @@ class ReceiveEndpoint:
         """DATA/SETUP for streams nobody subscribed to here."""
         self.setups_received = 0
         self.setups_rejected = 0
-        """Valid SETUPs refused by local limits (max_images, max_term_length) or a failing log factory."""
+        """Valid SETUPs refused by local limits (max_images, max_term_length, a stream's budget) or a failing
+        log factory."""
+        self.setups_over_budget = 0
+        """Of those, SETUPs beyond their stream's :class:`ImageLimits`."""
+        self.images_rejected = 0
+        """Images a subscriber rejected (``reject_image``)."""
         self.setup_requests_sent = 0
         """SMs with SEND_SETUP sent to unknown sessions."""
         self.setup_requests_suppressed = 0
@@ -152,13 +173,33 @@ class ReceiveEndpoint:
 
     # -- subscriptions --------------------------------------------------------------------------
 
-    def add_subscription(self, stream_id: int, *, reliable: bool = True) -> None:
-        """Receive ``stream_id``: its SETUPs make images (``reliable=False``: gaps are padded, not NAKed)."""
+    def add_subscription(
+        self,
+        stream_id: int,
+        *,
+        reliable: bool = True,
+        sessions: Collection[int] | None = None,
+        limits: ImageLimits | None = None,
+    ) -> None:
+        """Receive ``stream_id``: its SETUPs make images (``reliable=False``: gaps are padded, not NAKed),
+        only for ``sessions`` when given and only within ``limits``. Called again for the same stream, it
+        replaces what was said (the driver passes what all the stream's subscriptions want together)."""
         self._subscriptions[stream_id] = reliable
+        if sessions is None:
+            self._sessions.pop(stream_id, None)
+        else:
+            self._sessions[stream_id] = frozenset(sessions)
+        if limits is None or limits.is_unlimited:
+            self._limits.pop(stream_id, None)
+        else:
+            limits.validate()
+            self._limits[stream_id] = limits
 
     def remove_subscription(self, stream_id: int) -> None:
         """Stop receiving ``stream_id``: its images drain and are removed."""
         self._subscriptions.pop(stream_id, None)
+        self._sessions.pop(stream_id, None)
+        self._limits.pop(stream_id, None)
         for (_, stream), image in self._images.items():
             if stream == stream_id:
                 image.unsubscribe()
@@ -279,6 +320,10 @@ class ReceiveEndpoint:
             return
         if scan.flags & EOS_FLAG or key in self._cool_down:
             return
+        sessions = self._sessions.get(stream_id)
+        if sessions is not None and scan.session_id not in sessions:
+            self.no_interest_packets += 1
+            return
         self._request_setup(key, now_ns, source)
 
     def _request_setup(self, key: tuple[int, int], now_ns: int, source: Address) -> None:
@@ -305,6 +350,10 @@ class ReceiveEndpoint:
         if reliable is None:
             self.no_interest_packets += 1
             return
+        sessions = self._sessions.get(stream_id)
+        if sessions is not None and setup.session_id not in sessions:
+            self.no_interest_packets += 1
+            return
         self.setups_received += 1
         key = (setup.session_id, stream_id)
         image = self._images.get(key)
@@ -323,6 +372,12 @@ class ReceiveEndpoint:
             return
         if len(self._images) + len(self._lingering) >= self.config.max_images:
             self._reject(f"SETUP refused: {self.config.max_images} images already")
+            return
+        limits = self._limits.get(stream_id)
+        over = None if limits is None else self._over_budget(limits, setup, source)
+        if over is not None:
+            self.setups_over_budget += 1
+            self._reject(f"SETUP refused: stream {stream_id} {over}")
             return
         params = ImageParams(
             setup.session_id,
@@ -368,6 +423,37 @@ class ReceiveEndpoint:
         self._pending_setups.pop(key, None)
         self.images_created += 1
         self._events.append(ImageCreated(setup.session_id, stream_id, source, image.join_position, image.image_id))
+
+    def _over_budget(self, limits: ImageLimits, setup: SetupFrame, source: Address) -> str | None:
+        """Why a new image of ``setup``'s stream would exceed the stream's budget, or None."""
+        if limits.max_term_length is not None and setup.term_length > limits.max_term_length:
+            return f"term length {setup.term_length} above its max-term-length {limits.max_term_length}"
+        stream_id, host = setup.stream_id, host_of(source)
+        total = from_source = 0
+        for image in (*self._images.values(), *self._lingering):
+            if image.stream_id == stream_id:
+                total += 1
+                from_source += host_of(image.source) == host
+        if limits.max_images is not None and total >= limits.max_images:
+            return f"has its max-images {limits.max_images}"
+        if limits.max_images_per_source is not None and from_source >= limits.max_images_per_source:
+            return f"has its max-images-per-source {limits.max_images_per_source}"
+        return None
+
+    def reject_image(self, image_id: int, reason: str) -> bool:
+        """A subscriber refuses an image (Aeron's ``Image.reject``): its sender is sent an ERR frame with
+        ``reason`` (truncated, ASCII) and the image is removed at once (its session then waits out the
+        linger, as after a timeout). False if no such image is active."""
+        image = self._by_id.get(image_id)
+        if image is None or image.state is not ImageState.ACTIVE:
+            return False
+        text = reason.encode("ascii", "replace")[:MAX_REJECT_TEXT].decode("ascii")
+        frame = ErrorFrame(image.session_id, image.stream_id, self.receiver_id, ERROR_CODE_IMAGE_REJECTED, text)
+        self._queue(frame.encode(), image.control_address)
+        image.reject()
+        self.images_rejected += 1
+        self._wake_ns = 0
+        return True
 
     def _setup_problem(self, setup: SetupFrame) -> str | None:
         """Why a SETUP breaks the receiver's rules (reference 1.3), or None if it is acceptable."""
@@ -418,6 +504,8 @@ class ReceiveEndpoint:
             image = self._images.pop(key)
             if not image.is_end_of_stream:
                 self._cool_down.add(key)
+            elif key[1] in self._limits:
+                image.unsubscribe()  # a budgeted stream's finished image gives its log back now, not after the linger
             self._lingering.append(image)
         wake = 1 << 63
         if self._lingering:

@@ -55,6 +55,8 @@ def udp_channel(endpoint: str) -> str:
     """``aeron:udp?endpoint=<host:port>``: the one spelling of a bare UDP channel, so labels in counters,
     the loss report and observation compare equal wherever they are made."""
     return f"{AERON_PREFIX}{MEDIA_UDP}?endpoint={endpoint}"
+
+
 ControlMode = Literal["dynamic", "manual", "response"]
 CongestionControl = Literal["static", "cubic"]
 ParamValue = str | int | bool
@@ -264,6 +266,10 @@ def _max_resend(text: str, key: str) -> int:
     return _int_in(text, key, 1, 256)
 
 
+def _count(text: str, key: str) -> int:
+    return _int_in(text, key, 1, _I32_MAX)
+
+
 def _mtu(text: str, key: str) -> int:
     value = parse_size(text, key)
     try:
@@ -346,6 +352,9 @@ _PARSERS: Final[Mapping[str, Callable[[str, str], object]]] = MappingProxyType(
         "group": _bool,
         "alias": _any_text,
         "tags": _tags,
+        "max-term-length": _term_length,
+        "max-images": _count,
+        "max-images-per-source": _count,
     }
 )
 KNOWN_KEYS: Final = frozenset(_PARSERS)
@@ -729,6 +738,21 @@ class ChannelUri:
     def rcv_wnd(self) -> int | None:
         """``rcv-wnd``, parsed and checked; None when absent."""
         return self._typed("rcv-wnd", _window)
+
+    @property
+    def max_term_length(self) -> int | None:
+        """``max-term-length`` (slipstream's, on a subscription): the largest term a SETUP may ask for."""
+        return self._typed("max-term-length", _term_length)
+
+    @property
+    def max_images(self) -> int | None:
+        """``max-images`` (slipstream's, on a subscription): images its stream holds at once."""
+        return self._typed("max-images", _count)
+
+    @property
+    def max_images_per_source(self) -> int | None:
+        """``max-images-per-source`` (slipstream's, on a subscription): images from one source address."""
+        return self._typed("max-images-per-source", _count)
 
     @property
     def pub_wnd(self) -> int | None:

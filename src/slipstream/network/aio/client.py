@@ -26,13 +26,13 @@ from ..transport import (
     client_streams,
     close_quietly,
     earliest,
+    handshake_channels,
     handshake_cycle,
     host_port,
     ipc_channel,
     is_local_host,
     resolve_host,
     shared_contexts,
-    udp_channel,
 )
 from .connection import Connection
 from .endpoint import Endpoint
@@ -158,14 +158,11 @@ class Client(Endpoint):
                 )
             else:
                 assert control_port is not None
+                answers, hellos = handshake_channels(host, port, control_port)
                 hs_sub, hs_pub = await registered_pair(
                     context,
-                    context.async_add_subscription(
-                        udp_channel(control=host_port(host, control_port), control_mode="dynamic"), HANDSHAKE_STREAM
-                    ),
-                    context.async_add_exclusive_publication(
-                        udp_channel(endpoint=host_port(host, port)), HANDSHAKE_STREAM
-                    ),
+                    context.async_add_subscription(answers, HANDSHAKE_STREAM),
+                    context.async_add_exclusive_publication(hellos, HANDSHAKE_STREAM),
                 )
         except BaseException:
             self._release_if_idle()

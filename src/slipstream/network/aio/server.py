@@ -43,7 +43,7 @@ from ..transport import (
     HANDSHAKE_IPC_STREAM,
     HANDSHAKE_STREAM,
     earliest,
-    handshake_cycle,
+    handshake_listen_channel,
     host_port,
     ipc_channel,
     listen_host,
@@ -149,7 +149,7 @@ class Server(Endpoint):
             first, count = config.connection_ports or (port + 2, config.max_clients)
             control = host_port(host, control_port)
             answers = udp_channel(control=control, control_mode="dynamic", term_length=HANDSHAKE_TERM_LENGTH)
-            listen = udp_channel(endpoint=host_port(host, port))
+            listen = handshake_listen_channel(host, port)
             ports = (first, min(count, 65536 - first))
             self._add_link(host, port, ports, (listen, HANDSHAKE_STREAM), (answers, HANDSHAKE_STREAM))
         if config.enable_ipc:
@@ -220,7 +220,7 @@ class Server(Endpoint):
 
     def _handshake_cycle(self, link: HandshakeChannel, now_ns: int) -> int:
         machine = link.machine
-        work = handshake_cycle(link.link, machine, now_ns)
+        work = link.cycle(now_ns)
         for event in machine.take_events():
             if isinstance(event, ClientAccepted):
                 if self._recording is not None:
@@ -346,7 +346,7 @@ class Server(Endpoint):
         if self._pending:
             due = earliest((now_ns + BUSY_CADENCE_NS,), due)
         for link in self._links:
-            due = earliest((now_ns + BUSY_CADENCE_NS if len(link.link) else link.machine.deadline_ns,), due)
+            due = earliest((now_ns + BUSY_CADENCE_NS if len(link.link) else link.deadline_ns,), due)
         return earliest((self._table.deadline_ns,), due)
 
     def _release_connection(self, connection: Connection) -> None:

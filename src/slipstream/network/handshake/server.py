@@ -177,6 +177,11 @@ class ServerHandshake:
         times = [table[next(iter(table))].expires_ns for table in (self._pending, self._accepted) if table]
         return min(times) if times else None
 
+    def held_sources(self) -> set[int]:
+        """Transport sources (image session ids) a handshake is held for now, half-open or answered: an
+        image of the handshake channel outside this set carries nothing we wait for."""
+        return {key[0] for key in self._pending} | {key[0] for key in self._accepted}
+
     def handle_timer(self, now_ns: int) -> None:
         """Drop expired half-open handshakes and cached WELCOMEs (insertion order is expiry order)."""
         while self._pending:
