@@ -1,4 +1,4 @@
-"""Issue 29, item 1's target: what an unauthenticated flood of forged SETUPs costs a server's driver.
+"""Issue 29's flood targets: what an unauthenticated flood costs a server, and what it costs a legitimate client.
 
     python -m bench.hostile [--sessions N] [--json PATH]
 
@@ -10,6 +10,9 @@ spends its pages). Measured: growth of the server driver directory's allocated b
 and of the server's RSS and open files at the flood's peak and after ``handshake_timeout``, the
 driver's ``SETUPs refused`` and ``Images rejected`` counters, and a legitimate client's connect-and-echo
 time unloaded, during the flood and after it. Target: at most 32 MiB of ``/dev/shm`` during the flood.
+Then the HELLO flood: 10,000 forged HELLOs for the target's app id (each worth a Diffie-Hellman to the
+server) from 100 sessions, while a legitimate client connects and exchanges a message; five rounds with
+and five without. Target: the median during the flood within 2x the median without.
 Writes ``bench/results/hostile-flood-<date>.json`` unless ``--json`` says otherwise.
 """
 
@@ -20,6 +23,7 @@ import asyncio
 import json
 import os
 import socket
+import statistics
 import tempfile
 import time
 from datetime import datetime
@@ -27,10 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.files import observe
+from slipstream.network.handshake.packets import hello_head
 from slipstream.network.transport import HANDSHAKE_STREAM
 from slipstream.wire.frames import DataFrame, SetupFrame
 
 from .report import machine_info
+
+APP_ID = "hostile"
+"""The target's app id (``tests/hostile_peer.py``)."""
+HELLOS = 10_000
+HELLO_SESSIONS = 100
+"""The HELLO flood: ``HELLOS`` forged HELLOs, spread over this many sessions from one address (within
+the handshake port's per-address budget, so every HELLO reaches the handshake machine)."""
 
 SHM_TARGET_BYTES = 32 * 1024 * 1024
 FLOOD_SOURCES = ("127.0.0.2",)
@@ -39,8 +51,9 @@ from several addresses can fill the port's total budget, which keeps new handsha
 
 
 def forged_hello() -> bytes:
-    """A handshake HELLO as a stranger makes one: version 1, HELLO, a nonce, an app id, no tag, a key."""
-    return bytes([1, 1]) + os.urandom(8) + b"\x08hostile!\x00\x00" + os.urandom(32)
+    """A HELLO as a stranger makes one, for the target's own app id (so the server gets as far as its
+    Diffie-Hellman): this protocol version, a random nonce, no tag, a random ephemeral key."""
+    return hello_head(int.from_bytes(os.urandom(8), "big"), APP_ID.encode(), b"", 0) + os.urandom(32)
 
 
 def flood(port: int, sessions: int, term_length: int, *, with_hello: bool, seconds: float = 20.0) -> int:
@@ -74,6 +87,73 @@ def flood(port: int, sessions: int, term_length: int, *, with_hello: bool, secon
         for sock in sockets:
             sock.close()
     return sent
+
+
+def hello_flood(port: int, hellos: int = HELLOS, sessions: int = HELLO_SESSIONS, seconds: float = 30.0) -> int:
+    """``hellos`` forged HELLOs to the handshake stream on 127.0.0.1:``port`` from ``FLOOD_SOURCES[0]``: a
+    SETUP (64 KiB terms) for each of ``sessions`` sessions, then DATA frames one after another in each
+    session's term, round robin; bounded by ``seconds``. The HELLOs sent."""
+    target = ("127.0.0.1", port)
+    first = 0x5000_0000 + int.from_bytes(os.urandom(2), "big") * sessions
+    offsets = [0] * sessions
+    sent = 0
+    deadline = time.monotonic() + seconds
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((FLOOD_SOURCES[0], 0))
+        for n in range(sessions):
+            sock.sendto(SetupFrame(0, first + n, HANDSHAKE_STREAM, 0, 0, 64 * 1024, 1408, 0).encode(), target)
+        time.sleep(0.2)  # the images are made
+        while sent < hellos and time.monotonic() < deadline:
+            n = sent % sessions
+            frame = DataFrame(offsets[n], first + n, HANDSHAKE_STREAM, 0, payload=forged_hello()).encode()
+            if offsets[n] + len(frame) > 64 * 1024:
+                break  # a term is full: enough for one flood
+            sock.sendto(frame, target)
+            offsets[n] += (len(frame) + 31) // 32 * 32
+            sent += 1
+            if sent % 100 == 0:
+                time.sleep(0.001)  # a socket buffer's worth at a time
+    return sent
+
+
+def median_exchange(port: int, rounds: int, during: Any = None) -> list[float]:
+    """``rounds`` legitimate connect-and-echo times, each while ``during()`` (if given) runs on a thread."""
+    from tests.hostile_peer import legitimate_exchange
+
+    async def once() -> float:
+        if during is None:
+            return await legitimate_exchange(port)
+        flooding = asyncio.ensure_future(asyncio.to_thread(during))
+        await asyncio.sleep(0.05)  # the flood is under way
+        took = await legitimate_exchange(port)
+        await flooding
+        return took
+
+    return [asyncio.run(once()) for _ in range(rounds)]
+
+
+def run_hellos(rounds: int = 5) -> dict[str, Any]:
+    """The 10,000-HELLO flood's target: a legitimate connect during it within 2x its unloaded time."""
+    from tests.hostile_peer import HostileTarget
+    from tests.test_network_aio import free_ports
+
+    port = free_ports(8)
+    with tempfile.TemporaryDirectory(prefix="slipstream-hostile-") as scratch, HostileTarget(Path(scratch), port) as t:
+        median_exchange(port, 1)  # warm: the first connect pays for imports
+        unloaded = median_exchange(port, rounds)
+        sent: list[int] = []
+        loaded = median_exchange(port, rounds, lambda: sent.append(hello_flood(port)))
+        after = t.measure()
+    ratio = statistics.median(loaded) / statistics.median(unloaded)
+    return {
+        "hellos_per_flood": sent,
+        "legit_connect_echo_s": {"unloaded": [round(x, 3) for x in unloaded], "during": [round(x, 3) for x in loaded]},
+        "ratio_of_medians": round(ratio, 2),
+        "target_ratio": 2.0,
+        "target_met": ratio <= 2.0,
+        "server_errors": after["errors"],
+        "server_handshakes": after["handshakes"],
+    }
 
 
 def driver_counters(driver_dir: Path) -> dict[str, int]:
@@ -143,13 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = {"machine": machine_info(), "when": datetime.now().isoformat(timespec="seconds")}
     results |= run(args.sessions)
+    results["hello_flood"] = run_hellos()
     text = json.dumps(results, indent=2) + "\n"
     path = args.json or Path(__file__).parent / "results" / f"hostile-flood-{datetime.now():%Y-%m-%d}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     print(text)
     print(f"written to {path}")
-    return 0 if results["target_met"] else 1
+    return 0 if results["target_met"] and results["hello_flood"]["target_met"] else 1
 
 
 if __name__ == "__main__":

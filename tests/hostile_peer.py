@@ -112,11 +112,16 @@ def tree_bytes(path: str | os.PathLike[str]) -> int:
     return total
 
 
+HANDSHAKE_COUNTS = ("hellos", "rate_limited", "evicted", "rejected", "accepted")
+"""The handshake machines' counters :func:`measure` sums up (``ServerStats``)."""
+
+
 def measure(driver_dir: str, spill_dir: str, errors: Counter[str], server: Any) -> dict[str, Any]:
     """What this process costs now: ``rss_bytes`` (resident), ``shm_bytes`` (allocated under the driver
     directory), ``fds`` (open files), ``spill_bytes`` (allocated under the spill directory), ``tasks``
     (asyncio tasks), ``errors`` (what ``on_error`` heard, by type), ``errors_met`` and ``errors_suppressed``
-    (the server's own counts: every error, and those counted instead of told)."""
+    (the server's own counts: every error, and those counted instead of told), ``handshakes`` (the
+    handshake machines' counters, summed over the server's handshake channels)."""
     with open("/proc/self/statm") as statm:
         rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     return {
@@ -128,6 +133,7 @@ def measure(driver_dir: str, spill_dir: str, errors: Counter[str], server: Any) 
         "errors": dict(errors),
         "errors_met": server.errors,
         "errors_suppressed": server.errors_suppressed,
+        "handshakes": {k: sum(getattr(s, k) for s in server.handshake_stats) for k in HANDSHAKE_COUNTS},
     }
 
 
