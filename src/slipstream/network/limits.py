@@ -108,11 +108,13 @@ class Workload:
         """Whether to dispatch ``event`` now; False: it is held. A message is held when the work is full
         (or paused); an ``ordered`` event (a call, a call's outcome, an object) when others wait before it
         or while paused. Anything else (stream progress, pings, the close) goes on."""
-        message = type(event) is MessageReceived
-        if (message or ordered) and (self._held or self._paused or (message and self.full)):
-            self._held.append(event)
-            return False
-        return True
+        if not (self._held or self._paused):  # the common case: nothing waits
+            if self.tasks < self.limit or type(event) is not MessageReceived:
+                return True
+        elif not ordered and type(event) is not MessageReceived:
+            return True
+        self._held.append(event)
+        return False
 
     def release(self) -> object | None:
         """The next held event to dispatch now (None: none, paused, or a message while still full; a held call
