@@ -11,7 +11,9 @@
   (:class:`~.errors.SpillQuotaExceeded`).
 - ``max_pending_calls`` (:class:`Workload`, one per connection): remote calls and listeners running as
   tasks (``async def``; a plain one runs inline and is done before the next record is read, so what one
-  record carries is the only other work in hand). A call beyond it is refused unrun, at once
+  record carries is the only other work in hand: async calls of one record all start before the next is
+  read, so up to that record's calls beyond the limit may run, about 50 over UDP). A call beyond it is
+  refused unrun, at once
   (``RmiRequestRefused``, ``reason == "busy"``: the caller may retry); a fire-and-forget call, which
   nothing answers, is reported on this side. A plain message cannot be refused (nothing answers it
   either) and is never dropped: it is held, and the adapter stops reading the connection until a task
