@@ -96,6 +96,8 @@ MESSAGES = [Point, Blob]
 SERVER_INTERFACES: list[Any] = [(ICalc, Calc), (ICounter, Counter), (IFactory, Factory), (IStore, Store)]
 CLIENT_INTERFACES: list[Any] = [ICalc, (ICounter, Counter), IFactory, IStore]
 TRANSPORTS = ["udp", "ipc"]
+BIG_MESSAGES = 64 * 1024 * 1024
+"""The seed's battery sends 32 MiB messages: above the default ``max_message_size`` (16 MiB), so opted in."""
 
 
 @contextlib.asynccontextmanager
@@ -107,8 +109,10 @@ async def connected(
     temp = {} if tmp_path is None else {"temp_directory": tmp_path}
     server = Server(server_config(
         driver_dir, messages=MESSAGES, interfaces=SERVER_INTERFACES, exceptions=[CalcError], enable_ipc=ipc, **temp,
+        max_message_size=BIG_MESSAGES,
     ))  # fmt: skip
     client_kwargs.setdefault("interfaces", CLIENT_INTERFACES)
+    client_kwargs.setdefault("max_message_size", BIG_MESSAGES)
     client = Client(client_config(
         driver_dir, messages=MESSAGES, exceptions=[CalcError], enable_ipc=ipc, **temp, **client_kwargs
     ))  # fmt: skip

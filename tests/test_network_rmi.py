@@ -327,6 +327,7 @@ def test_global_and_connection_scopes_are_separate() -> None:
 
 def test_remote_exceptions_registered_and_not() -> None:
     pair = Pair()
+    pair.server.tracebacks = True  # (the server's rmi_tracebacks; off by default: see the next test)
     ref = calc_ref(pair)
     with pytest.raises(CalcError, match="bad input") as info:
         pair.result(pair.client.call(ref, "fail", ["bad input"], 0))
@@ -336,6 +337,17 @@ def test_remote_exceptions_registered_and_not() -> None:
     assert remote.value.type_name == "Unregistered"
     assert remote.value.message == "nope"
     assert "raise Unregistered(message)" in remote.value.traceback_text
+
+
+def test_remote_exceptions_carry_no_traceback_unless_the_host_opts_in() -> None:
+    pair = Pair()
+    ref = calc_ref(pair)
+    with pytest.raises(RemoteError) as remote:
+        pair.result(pair.client.call(ref, "fail_unregistered", ["nope"], 0))
+    assert (remote.value.type_name, remote.value.message, remote.value.traceback_text) == ("Unregistered", "nope", "")
+    with pytest.raises(CalcError, match="bad input") as info:
+        pair.result(pair.client.call(ref, "fail", ["bad input"], 0))
+    assert info.value.remote_traceback == ""  # type: ignore[attr-defined]
 
 
 def test_missing_object_names_the_id() -> None:

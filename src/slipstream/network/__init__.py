@@ -21,6 +21,7 @@ from .errors import (
     ConnectionClosedError,
     ConnectionNotPermitted,
     ConnectTimeout,
+    MaxMessageSizeExceeded,
     MessageDecodeError,
     MessageDispatchError,
     MessageTooLarge,
@@ -32,12 +33,13 @@ from .errors import (
     ServerError,
     ServerFull,
     ServerKeyChanged,
+    SpillQuotaExceeded,
     StreamRefused,
     TooManyConnectionsForAddress,
     UndeliveredError,
     UnregisteredTypeError,
 )
-from .rmi import RemoteError, RemoteObjectMissing, RmiCallTimeout, RmiConnectionClosed, RmiError
+from .rmi import RemoteError, RemoteObjectMissing, RmiCallTimeout, RmiConnectionClosed, RmiError, RmiRequestRefused
 from .streaming import StreamingError
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "ConnectionNotPermitted",
     "MessageDecodeError",
     "MessageDispatchError",
+    "MaxMessageSizeExceeded",
     "MessageTooLarge",
     "NetworkError",
     "Ping",
@@ -75,6 +78,8 @@ __all__ = [
     "RmiCallTimeout",
     "RmiConnectionClosed",
     "RmiError",
+    "RmiRequestRefused",
+    "SpillQuotaExceeded",
     "StreamRefused",
     "StreamingError",
 ]

@@ -93,6 +93,17 @@ class _EndpointConfig:
     max_stream_size: int = 4 * 1024**3
     """Largest large message or file accepted from the peer (announced sizes above it are refused
     before anything is allocated)."""
+    max_message_size: int = 16 * _MIB
+    """Largest message (or remote call, or response) from the peer decoded in memory: one announced above
+    it is refused before anything is allocated (``MaxMessageSizeExceeded`` on both sides); send larger
+    payloads as files (a ``Path`` is not decoded). At least 64 KiB (a record)."""
+    max_pending_calls: int = 1024
+    """Remote calls running plus async listener tasks per connection: a call beyond it is refused at once
+    (``RmiRequestRefused``, ``reason == "busy"``); a message beyond it waits, unread, until one finishes
+    (back-pressure on the sender, never dropped)."""
+    rmi_tracebacks: bool = False
+    """Send the traceback of an exception a remote call raised here to the caller (off: type and
+    message only, so a peer learns nothing of this side's code)."""
     spill_threshold: int = 16 * _MIB
     """Incoming large messages are kept in memory up to this many bytes in all, then written to a
     temporary file (removed when handled); files always go to a temporary file."""
@@ -170,10 +181,15 @@ class _EndpointConfig:
         _check_type("rmi_timeout", self.rmi_timeout, (int, float))
         if self.rmi_timeout < 0:
             raise ConfigError(f"rmi_timeout must not be negative (0 = forever): {self.rmi_timeout!r}")
-        for name in ("max_stream_size", "spill_threshold"):
+        for name in ("max_stream_size", "spill_threshold", "max_message_size", "max_pending_calls"):
             _check_type(name, getattr(self, name), int)
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative: {getattr(self, name)}")
+        if self.max_message_size < 64 * 1024:
+            raise ConfigError(f"max_message_size must be at least 64 KiB (a record): {self.max_message_size}")
+        if self.max_pending_calls < 1:
+            raise ConfigError(f"max_pending_calls must be at least 1: {self.max_pending_calls}")
+        _check_type("rmi_tracebacks", self.rmi_tracebacks, bool)
         if self.temp_directory is not None:
             _check_type("temp_directory", self.temp_directory, (str, os.PathLike))
         if self.settings_store is not None:
@@ -224,6 +240,14 @@ class ServerConfig(_EndpointConfig):
             ``proxy.rmi_timeout``). Default ``3.0``.
         max_stream_size (int): Largest large message or file accepted from the peer (announced sizes above it are
             refused before anything is allocated). Default ``4 * 1024**3`` (4294967296).
+        max_message_size (int): Largest message (or remote call, or response) from the peer decoded in memory: one
+            announced above it is refused before anything is allocated (``MaxMessageSizeExceeded`` on both sides); send
+            larger payloads as files (a ``Path`` is not decoded). At least 64 KiB (a record). Default ``16777216``.
+        max_pending_calls (int): Remote calls running plus async listener tasks per connection: a call beyond it is
+            refused at once (``RmiRequestRefused``, ``reason == "busy"``); a message beyond it waits, unread, until one
+            finishes (back-pressure on the sender, never dropped). Default ``1024``.
+        rmi_tracebacks (bool): Send the traceback of an exception a remote call raised here to the caller (off: type and
+            message only, so a peer learns nothing of this side's code). Default ``False``.
         spill_threshold (int): Incoming large messages are kept in memory up to this many bytes in all, then written to
             a temporary file (removed when handled); files always go to a temporary file. Default ``16777216``.
         temp_directory (str | os.PathLike[str] | None): Where those temporary files go (None: the system's temporary
@@ -296,6 +320,9 @@ class ServerConfig(_EndpointConfig):
         rebind (bool): When the media driver is lost, restart the embedded one (or wait for the external one to come
             back) and bind the same UDP ports and IPC streams again (``server.is_bound`` says where it stands); lost
             clients' buffered sessions wait for them meanwhile. Default ``True``.
+        spill_quota (int): Bytes of incoming large messages and files on disk at once, over all connections: a stream
+            that does not fit is refused (``SpillQuotaExceeded`` on both sides); its room comes back when the file is
+            removed or handed to the application. Default ``1024**3`` (1073741824).
     """
 
     listen_address: str = "*"
@@ -339,9 +366,16 @@ class ServerConfig(_EndpointConfig):
     """When the media driver is lost, restart the embedded one (or wait for the external one to come
     back) and bind the same UDP ports and IPC streams again (``server.is_bound`` says where it stands);
     lost clients' buffered sessions wait for them meanwhile."""
+    spill_quota: int = 1024**3
+    """Bytes of incoming large messages and files on disk at once, over all connections: a stream that
+    does not fit is refused (``SpillQuotaExceeded`` on both sides); its room comes back when the file is
+    removed or handed to the application."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check_type("spill_quota", self.spill_quota, int)
+        if self.spill_quota < 0:
+            raise ConfigError(f"spill_quota must not be negative: {self.spill_quota}")
         _check_type("listen_address", self.listen_address, str)
         address = self.listen_address
         if address not in WILDCARD_ADDRESSES and address not in LOCALHOST_ALIASES:
@@ -420,6 +454,14 @@ class ClientConfig(_EndpointConfig):
             ``proxy.rmi_timeout``). Default ``3.0``.
         max_stream_size (int): Largest large message or file accepted from the peer (announced sizes above it are
             refused before anything is allocated). Default ``4 * 1024**3`` (4294967296).
+        max_message_size (int): Largest message (or remote call, or response) from the peer decoded in memory: one
+            announced above it is refused before anything is allocated (``MaxMessageSizeExceeded`` on both sides); send
+            larger payloads as files (a ``Path`` is not decoded). At least 64 KiB (a record). Default ``16777216``.
+        max_pending_calls (int): Remote calls running plus async listener tasks per connection: a call beyond it is
+            refused at once (``RmiRequestRefused``, ``reason == "busy"``); a message beyond it waits, unread, until one
+            finishes (back-pressure on the sender, never dropped). Default ``1024``.
+        rmi_tracebacks (bool): Send the traceback of an exception a remote call raised here to the caller (off: type and
+            message only, so a peer learns nothing of this side's code). Default ``False``.
         spill_threshold (int): Incoming large messages are kept in memory up to this many bytes in all, then written to
             a temporary file (removed when handled); files always go to a temporary file. Default ``16777216``.
         temp_directory (str | os.PathLike[str] | None): Where those temporary files go (None: the system's temporary

@@ -20,6 +20,7 @@ from .delivery import ACK_ROOM, Delivery
 from .errors import UndeliveredError
 from .events import Closed
 from .frames import FRAME_OVERHEAD
+from .limits import SpillQuota, Workload
 from .listeners import Listeners
 from .registrations import Registrations
 from .reporting import ErrorLimiter
@@ -110,6 +111,8 @@ class EndpointCore:
         """Records this endpoint's connections dropped, unopened: tampered, replayed, forged or malformed
         (each connection's ``stats`` splits its own by reason). Also a counter in the driver's counters
         file while the endpoint holds a driver, which ``slipstream stat`` shows as ``net records dropped``."""
+        self.spill_quota = SpillQuota(config.spill_quota) if isinstance(config, ServerConfig) else None
+        """Disk for incoming streams, shared by every connection of a server (a client: unbounded)."""
         self.errors = 0
         """Errors this endpoint met (messages nobody listens for or that failed to decode, listeners that
         failed...), whether ``on_error`` heard them or they were counted as repeats; also the ``net errors``
@@ -189,9 +192,16 @@ class EndpointCore:
             chunk_payload=chunk_record - FRAME_OVERHEAD,
             spill_threshold=config.spill_threshold,
             max_stream_size=config.max_stream_size,
+            max_message_size=config.max_message_size,
+            quota=self.spill_quota,
             temp_dir=None if config.temp_directory is None else os.fspath(config.temp_directory),
         )
-        rmi = RmiEndpoint(self.rmi_registry, global_objects=global_objects, files=StreamsChannel(streams))
+        rmi = RmiEndpoint(
+            self.rmi_registry,
+            global_objects=global_objects,
+            files=StreamsChannel(streams),
+            tracebacks=config.rmi_tracebacks,
+        )
         return ConnectionMachine(
             records=records,
             serialization=self.serialization,
@@ -201,7 +211,7 @@ class EndpointCore:
             max_record=max_record,
             wall_offset_ns=time.time_ns() - now_ns,
             streams=streams,
-            rmi=RemoteCalls(rmi, streams),
+            rmi=RemoteCalls(rmi, streams, Workload(config.max_pending_calls)),
             delivery=delivery,
         )
 

@@ -205,7 +205,13 @@ class RemoteObjectMissing(RmiError, LookupError):
 
 
 class RmiRequestRefused(RmiError):
-    """The remote refused the call as malformed (unknown method, bad arguments, interface not served)."""
+    """The remote refused the call: ``reason`` is ``"busy"`` when it already runs its ``max_pending_calls``
+    for this connection (nothing was run or queued: retry later), ``"malformed"`` for an unknown method,
+    bad arguments or an interface not served."""
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class RmiCallTimeout(RmiError, TimeoutError):
@@ -238,7 +244,18 @@ class StreamRefused(StreamingError):
     names the limit). Raised by ``send_sync`` as soon as the refusal arrives."""
 
 
-__all__ += ["StreamRefused", "StreamingError"]
+class MaxMessageSizeExceeded(StreamRefused):
+    """A large message (or remote call, or response) announced above the receiver's ``max_message_size``:
+    refused before anything was allocated, reported on both sides. Send a ``Path`` (files are not decoded
+    in memory) or raise the receiver's limit."""
+
+
+class SpillQuotaExceeded(StreamRefused):
+    """An incoming stream did not fit the receiving server's ``spill_quota`` (disk for incoming streams over
+    all its connections): refused, reported on both sides. Retry once earlier streams were handled."""
+
+
+__all__ += ["MaxMessageSizeExceeded", "SpillQuotaExceeded", "StreamRefused", "StreamingError"]
 
 
 class ErrorsSuppressed(NetworkError):

@@ -218,6 +218,8 @@ class RmiFailure(IntEnum):
     """The response did not decode as the method's result type."""
     FILE_FAILED = 7
     """A ``Path`` result's file did not arrive (its stream failed or did not match the response)."""
+    BUSY = 8
+    """The remote runs ``max_pending_calls`` calls and listener tasks for this connection already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +304,10 @@ class StreamFailure(IntEnum):
     """No chunk for the idle timeout."""
     SPILL_FAILED = 10
     """The temporary file could not be written (or the disk fell too far behind)."""
+    MESSAGE_TOO_LARGE = 11
+    """A message (not a file) announced above the receiver's ``max_message_size``; refused to both sides."""
+    OVER_QUOTA = 12
+    """The receiving server's ``spill_quota`` (disk for incoming streams) had no room; refused to both sides."""
 
 
 @dataclass(frozen=True, slots=True)

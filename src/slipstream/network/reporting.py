@@ -13,6 +13,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Final
 
+from .errors import ErrorsSuppressed
+
 __all__ = ["DEFAULT_DISTINCT", "DEFAULT_WINDOW_NS", "ErrorLimiter", "Suppressed"]
 
 DEFAULT_WINDOW_NS: Final = 10_000_000_000
@@ -95,4 +97,14 @@ class ErrorLimiter:
                 del self._windows[key]
                 if window.suppressed:
                     out.append(Suppressed(source, key[1], window.suppressed, window.last))
+        return out
+
+    def suppressed_errors(self, now_ns: int, source: Hashable | None = None) -> list[ErrorsSuppressed]:
+        """The summaries of windows that ended (or, with ``source``, all of that gone source's) as the
+        errors to report."""
+        out = []
+        for summary in self.take_summaries(now_ns) if source is None else self.forget(source):
+            where = "the endpoint" if summary.source is None else f"connection {summary.source}"
+            text = f"{where}: {summary.count} more {summary.type_name} not reported in {self.window_ns / 1e9:g} s: "
+            out.append(ErrorsSuppressed(text + summary.last, summary.type_name, summary.count, summary.last))
         return out

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConnectionClosedError, SendSyncTimeout, StreamingError, StreamRefused
+from .errors import (
+    ConnectionClosedError,
+    MaxMessageSizeExceeded,
+    SendSyncTimeout,
+    SpillQuotaExceeded,
+    StreamingError,
+    StreamRefused,
+)
 from .events import (
     Event,
     PingTimedOut,
@@ -26,7 +33,7 @@ from .events import (
     SyncTimedOut,
 )
 
-__all__ = ["MAX_OUTSTANDING", "Requests", "sync_error"]
+__all__ = ["MAX_OUTSTANDING", "Requests", "stream_error", "sync_error"]
 
 MAX_OUTSTANDING = 65535
 """Request ids are 16 bits on the wire: at most this many syncs and pings wait at once per connection."""
@@ -152,5 +159,20 @@ def sync_error(event: SyncCompleted | SyncTimedOut | SyncFailed, where: str) -> 
         what = f"{where}: send_sync's stream failed ({event.failure.name.lower()}): {event.detail}"
         if event.failure is StreamFailure.CONNECTION_LOST:
             return ConnectionClosedError(what)
-        return StreamRefused(what) if event.failure is StreamFailure.REFUSED else StreamingError(what)
+        return stream_error(event.failure, what)
     return None
+
+
+_REFUSALS = {
+    StreamFailure.MESSAGE_TOO_LARGE: MaxMessageSizeExceeded,
+    StreamFailure.OVER_QUOTA: SpillQuotaExceeded,
+    StreamFailure.REFUSED: StreamRefused,
+    StreamFailure.TOO_LARGE: StreamRefused,
+    StreamFailure.TOO_MANY: StreamRefused,
+}
+
+
+def stream_error(failure: StreamFailure, text: str) -> StreamingError:
+    """The error a stream that failed for ``failure`` is reported as (on either side): the limit it met,
+    when a limit refused it."""
+    return _REFUSALS.get(failure, StreamingError)(text)

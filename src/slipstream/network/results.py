@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .connection import ConnectionMachine
+from .errors import StreamingError
 from .events import StreamFailed, StreamProgressed, StreamSent, StreamStarted
+from .requests import stream_error
 
 __all__ = ["Ping", "Transfer", "Transfers", "connection_stats"]
 
@@ -36,8 +38,11 @@ class Transfers(dict[tuple[bool, int], Transfer]):
     """Large messages and files in flight, by (incoming, stream id): bytes so far and total, as the
     connection's stream events say."""
 
-    def record(self, event: StreamStarted | StreamProgressed | StreamSent | StreamFailed) -> str | None:
-        """Take ``event`` in; for a stream that failed, what to report (the side, the id and why)."""
+    def record(
+        self, event: StreamStarted | StreamProgressed | StreamSent | StreamFailed, where: str
+    ) -> StreamingError | None:
+        """Take ``event`` in; for a stream that failed, the error to report (``where``, the side, the id and
+        why; typed by the limit that refused it, see :func:`~.requests.stream_error`)."""
         if isinstance(event, StreamStarted):
             key = (event.incoming, event.stream_id)
             self[key] = Transfer(event.stream_id, event.incoming, 0, event.total, event.name)
@@ -53,7 +58,8 @@ class Transfers(dict[tuple[bool, int], Transfer]):
         else:
             self.pop((event.incoming, event.stream_id), None)
             side = "incoming" if event.incoming else "outgoing"
-            return f"{side} stream {event.stream_id} failed ({event.failure.name.lower()}): {event.detail}"
+            text = f"{where}: {side} stream {event.stream_id} failed ({event.failure.name.lower()}): {event.detail}"
+            return stream_error(event.failure, text)
         return None
 
 

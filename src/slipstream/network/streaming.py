@@ -30,12 +30,14 @@ import os
 from typing import Final
 
 from .frames import FrameKind
+from .limits import SpillQuota, stream_refusal
 from .streamfiles import FileSource, InlineStreamFiles, SpillFile, StreamFiles
 from .streamwire import (
     FINISHED_BODY,
     FLAG_FILE,
     MAX_NAME,
     OFFSET,
+    REFUSALS,
     START,
     End,
     IncomingStream,
@@ -53,6 +55,7 @@ from .streamwire import (
     end_frame,
     finished_frame,
     reason_of,
+    refusal_end,
 )
 
 __all__ = [
@@ -108,6 +111,8 @@ class Streams:
         temp_prefix: str = "slipstream-stream-",
         files: StreamFiles | None = None,
         max_write_backlog: int = DEFAULT_MAX_WRITE_BACKLOG,
+        max_message_size: int | None = None,
+        quota: SpillQuota | None = None,
     ) -> None:
         if chunk_payload <= OFFSET.size:
             raise ValueError(f"chunk_payload must exceed {OFFSET.size} bytes: {chunk_payload}")
@@ -131,6 +136,10 @@ class Streams:
         self.temp_dir = temp_dir
         self.temp_prefix = temp_prefix
         self.max_write_backlog = max_write_backlog
+        self.max_message_size = max_message_size
+        """Largest stream that is not a file (decoded in memory once whole); None: ``max_stream_size``."""
+        self.quota = quota
+        """Disk for spilled streams, shared with the server's other connections (None: unbounded)."""
         self._files: StreamFiles = files if files is not None else InlineStreamFiles()
         self.stats = StreamStats()
         self.closed = False
@@ -142,7 +151,8 @@ class Streams:
         self._starved: set[int] = set()
         """Outgoing file streams that found no chunk read yet."""
         self._in_memory = 0
-        self._handed: dict[int, str] = {}
+        self._handed: dict[int, tuple[str, int]] = {}
+        """Completed streams' files not yet released: path, bytes of quota held."""
         self._sent: dict[int, None] = {}
         """Ids of the last streams sent whole (oldest first, bounded): the receiver may refuse one
         after its last chunk left (it announced too much, say), and the sender must still hear it."""
@@ -351,7 +361,7 @@ class Streams:
     def _refuse(self, stream_id: int, failure: StreamFailure, detail: str, tell_peer: bool = True) -> None:
         """Tell the sender we will not take this stream, and report it here."""
         if tell_peer:
-            self._frames.append((FrameKind.STREAM_END, stream_id, end_frame(End.REFUSED, detail)))
+            self._frames.append((FrameKind.STREAM_END, stream_id, end_frame(refusal_end(failure), detail)))
         self.stats.streams_failed += 1
         self._events.append(StreamFailed(stream_id, failure, detail, True))
 
@@ -363,14 +373,12 @@ class Streams:
         if stream_id in self._incoming or stream_id in self._finishing or flags & ~FLAG_FILE:
             self.stats.malformed_frames += 1
             return
-        if total > self.max_stream_size:
-            detail = f"announced {total} bytes exceed its max_stream_size ({self.max_stream_size})"
-            self._refuse(stream_id, StreamFailure.TOO_LARGE, detail)
-            return
-        if (live := len(self._incoming) + len(self._finishing)) >= self.max_incoming:
-            self._refuse(stream_id, StreamFailure.TOO_MANY, f"already {live} incoming streams")
-            return
         is_file = bool(flags & FLAG_FILE)
+        live = len(self._incoming) + len(self._finishing)
+        limits = dict(max_stream_size=self.max_stream_size, max_incoming=self.max_incoming)
+        if refused := stream_refusal(total, is_file, live, max_message_size=self.max_message_size, **limits):
+            self._refuse(stream_id, *refused)
+            return
         name = payload[START.size :].decode("utf-8", "replace")
         stream = IncomingStream(stream_id, inner_kind, inner_request_id, total, is_file, name, now_ns)
         stream.buffer = None if is_file or total > self.spill_threshold else bytearray()
@@ -381,6 +389,12 @@ class Streams:
 
     def _spill(self, stream: IncomingStream) -> bool:
         """Move the stream to a temporary file (writing what memory held); False if that failed."""
+        if self.quota is not None:
+            if not self.quota.reserve(stream.total):
+                detail = f"{stream.total} bytes exceed its spill_quota ({self.quota.used} of {self.quota.limit} in use)"
+                self._fail_incoming(stream, StreamFailure.OVER_QUOTA, detail, tell_peer=True)
+                return False
+            stream.reserved = stream.total
         try:
             stream.spill = self._files.spill(self.temp_dir, self.temp_prefix, stream.name if stream.is_file else "")
             if stream.buffer:
@@ -441,14 +455,14 @@ class Streams:
             self.stats.malformed_frames += 1
             return
         status = payload[0]
-        if status == End.REFUSED:  # about a stream *we* send
+        if (refusal := REFUSALS.get(status)) is not None:  # about a stream *we* send
             detail = f"the receiver refused it: {reason_of(payload)}"
             if (outgoing := self._outgoing.get(stream_id)) is not None:
-                self._fail_outgoing(outgoing, StreamFailure.REFUSED, detail, tell_peer=False)
+                self._fail_outgoing(outgoing, refusal, detail, tell_peer=False)
             elif stream_id in self._sent:  # refused after its last chunk left
                 del self._sent[stream_id]
                 self.stats.streams_failed += 1
-                self._events.append(StreamFailed(stream_id, StreamFailure.REFUSED, detail, False))
+                self._events.append(StreamFailed(stream_id, refusal, detail, False))
             else:
                 self.stats.unknown_stream_frames += 1
             return
@@ -500,7 +514,7 @@ class Streams:
             return
         if path is not None and stream.stream_id in self._finishing:
             del self._finishing[stream.stream_id]
-            self._handed[stream.stream_id] = path
+            self._handed[stream.stream_id] = (path, stream.reserved)
             self._completed(stream, None, path)
 
     def _completed(self, stream: IncomingStream, data: bytes | None, path: str | None) -> None:
@@ -520,22 +534,33 @@ class Streams:
         if stream.spill is not None:
             stream.spill.discard()
             stream.spill = None
+        if self.quota is not None:
+            self.quota.release(stream.reserved)
+            stream.reserved = 0
         self._refuse(stream.stream_id, failure, detail, tell_peer)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     def release(self, stream_id: int) -> bool:
         """Remove the temporary file of a completed stream (after its listener ran); False if none."""
-        path = self._handed.pop(stream_id, None)
-        if path is None:
+        handed = self._handed.pop(stream_id, None)
+        if handed is None:
             return False
-        self._files.remove(path)
+        self._files.remove(handed[0])
+        if self.quota is not None:
+            self.quota.release(handed[1])
         return True
 
     def detach(self, stream_id: int) -> str | None:
         """Hand the temporary file of a completed stream over to the application: it is no longer
-        removed on :meth:`release` or close (the caller owns it now). Its path, or None if none."""
-        return self._handed.pop(stream_id, None)
+        removed on :meth:`release` or close (the caller owns it now, outside the spill quota). Its path, or
+        None if none."""
+        handed = self._handed.pop(stream_id, None)
+        if handed is None:
+            return None
+        if self.quota is not None:
+            self.quota.release(handed[1])
+        return handed[0]
 
     def handle_timer(self, now_ns: int) -> None:
         """Take in finished file I/O (completions, failures); fail incoming streams idle for

@@ -65,6 +65,25 @@ class End(IntEnum):
     FINISHED = 0
     ABORTED = 1
     REFUSED = 2
+    REFUSED_MESSAGE_SIZE = 3
+    """REFUSED for the receiver's ``max_message_size`` (so the sender can say which limit)."""
+    REFUSED_QUOTA = 4
+    """REFUSED for the receiving server's ``spill_quota``."""
+
+
+REFUSALS: Final[dict[int, StreamFailure]] = {
+    End.REFUSED: StreamFailure.REFUSED,
+    End.REFUSED_MESSAGE_SIZE: StreamFailure.MESSAGE_TOO_LARGE,
+    End.REFUSED_QUOTA: StreamFailure.OVER_QUOTA,
+}
+"""How the sender of a stream reports each refusal it hears."""
+
+
+def refusal_end(failure: StreamFailure) -> End:
+    """The end a receiver sends back for a stream it refuses because of ``failure``."""
+    if failure is StreamFailure.MESSAGE_TOO_LARGE:
+        return End.REFUSED_MESSAGE_SIZE
+    return End.REFUSED_QUOTA if failure is StreamFailure.OVER_QUOTA else End.REFUSED
 
 
 def end_frame(status: End, reason: str) -> bytes:
@@ -141,6 +160,8 @@ class IncomingStream:
     next_progress: int = 0
     buffer: bytearray | None = None
     spill: SpillWriter | None = None
+    reserved: int = 0
+    """Bytes of the server's spill quota its file holds."""
     hasher: Hasher = field(default_factory=hashlib.sha256)
     digest: bytes = b""
     """Set by a checked end; the stream then waits for its file to be written and closed."""

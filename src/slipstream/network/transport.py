@@ -13,11 +13,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import select
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -39,6 +40,7 @@ from .errors import ClientError
 from .events import HandshakeCompleted
 
 __all__ = [
+    "input_pending",
     "BUSY_CADENCE_NS",
     "HANDSHAKE_IPC_REPLY_STREAM",
     "HANDSHAKE_IPC_STREAM",
@@ -412,3 +414,11 @@ def handshake_cycle(link: Link, machine: HandshakeMachine, now_ns: int) -> int:
     if deadline is not None and now_ns >= deadline and work < link.poll_limit:
         machine.handle_timer(now_ns)
     return work + link.send(machine.messages_to_send())
+
+
+def input_pending(fds: Sequence[int]) -> bool:
+    """Whether any of ``fds`` is readable right now (a zero-timeout poll): input a duty cycle left unread."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))

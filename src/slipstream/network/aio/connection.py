@@ -53,7 +53,7 @@ from ..listeners import Listeners
 from ..requests import sync_error
 from ..results import Ping, Transfers, connection_stats
 from ..streamfiles import WRITE_BACKLOG_PAUSE
-from ..streaming import StreamFailed, StreamingError, StreamProgressed, StreamSent, StreamStarted
+from ..streaming import StreamFailed, StreamProgressed, StreamSent, StreamStarted
 from ..transport import BUSY_CADENCE_NS, Link
 from .rmi import RmiSession
 
@@ -127,8 +127,6 @@ class Connection:
         self._now_ns = time.monotonic_ns()
         self._successor: Connection | None = None
         """The connection that took over this one's buffered session (sends go there)."""
-        self._held: list[object] | None = None
-        """Events that wait while ``on_init`` runs (None: none wait)."""
         self._end_reason = ""
         self._handed_over = asyncio.Event()
         """Set when a successor takes over (or no successor will come): sends that wait for one go on."""
@@ -146,6 +144,7 @@ class Connection:
         )
         """Remote objects over this connection: ``get(Interface, id)``, ``get_global(Interface, id)``,
         ``await create(Interface, *args)``, ``save(obj[, id])``, ``delete(id)``."""
+        self._work = self.rmi.work  # async calls and listener tasks against max_pending_calls (..limits)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -295,10 +294,10 @@ class Connection:
         machine = self._machine
         liveness = machine.liveness_records
         work = 0
-        streams = machine.streams
-        if not machine.closed and (streams is None or streams.write_backlog <= WRITE_BACKLOG_PAUSE):
-            # (Above the pause, the disk is behind: the peer waits, held back by the transport's flow
-            # control, until the file worker's wake says the backlog went down.)
+        behind = (streams := machine.streams) is not None and streams.write_backlog > WRITE_BACKLOG_PAUSE
+        self._dispatch_held()  # (what finished made room for held messages and calls)
+        if not (machine.closed or behind or self._work.holding):
+            # (The disk behind, or the application: the peer waits, held back by the transport's flow control.)
             work = self._link.poll()
             if not work and not self._link.subscription.is_connected:
                 # The peer's publication is gone (closed, or silent past the image liveness): no CLOSE
@@ -374,16 +373,28 @@ class Connection:
         self._machine.lost(reason)
         self._process_events()
 
+    def track(self, task: asyncio.Task[Any]) -> None:
+        """An async listener of this connection runs as ``task``: it counts against ``max_pending_calls``."""
+        self._work.started()
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._work.finished()
+        self._dispatch_held()
+
+    def _dispatch_held(self) -> None:
+        """Dispatch held messages and calls, in order, while there is room (reading resumes once none wait)."""
+        while (event := self._work.release()) is not None:
+            self._on_event(event)
+
     def hold_messages(self) -> None:
         """Keep what arrives (messages, remote calls) undispatched until :meth:`release_messages`."""
-        if self._held is None:
-            self._held = []
+        self._work.pause()
 
     def release_messages(self) -> None:
         """Dispatch what was held, in order, then go on as usual."""
-        held, self._held = self._held, None
-        for event in held or ():
-            self._on_event(event)
+        self._work.resume()
+        self._dispatch_held()
 
     def deliver(self, messages: Iterable[object]) -> None:
         """Send what waited for this connection's peer (a buffered session's queue), in order, before
@@ -469,9 +480,7 @@ class Connection:
         events = self._machine.take_events()
         while events:
             for event in events:
-                if self._held is not None and isinstance(event, (MessageReceived, *_RMI_EVENTS)):
-                    self._held.append(event)  # on_init still runs
-                else:
+                if self._work.admit(event, isinstance(event, _RMI_EVENTS)):  # (else held: see ..limits)
                     self._on_event(event)
             events = self._machine.take_events()
 
@@ -482,7 +491,8 @@ class Connection:
         elif isinstance(event, _RMI_EVENTS):
             self.rmi.handle(event)
         elif isinstance(event, (StreamStarted, StreamProgressed, StreamSent, StreamFailed)):
-            self._on_stream_event(event)
+            if (error := self.transfers.record(event, f"connection {self.id}")) is not None:
+                owner.report_error(self, error)
         elif isinstance(event, (SyncCompleted, SyncTimedOut, SyncFailed)):
             self._sync_ended(event)
         elif isinstance(event, PingAcknowledged):
@@ -528,8 +538,3 @@ class Connection:
                 future.set_result(None)
             else:
                 future.set_exception(error)
-
-    def _on_stream_event(self, event: StreamStarted | StreamProgressed | StreamSent | StreamFailed) -> None:
-        failure = self.transfers.record(event)
-        if failure is not None:
-            self._owner.report_error(self, StreamingError(f"connection {self.id}: {failure}"))

@@ -20,7 +20,7 @@ from ..buffered import Hold
 from ..config import ClientConfig, ServerConfig
 from ..delivery import Delivery
 from ..endpoint import EndpointCore
-from ..errors import ErrorsSuppressed, MessageDispatchError, NetworkError
+from ..errors import MessageDispatchError, NetworkError
 from ..events import Closed
 from ..recovery import FIRST_RETRY_S, PERMANENT, RetryDelays, driver_available
 from ..rmi import ObjectTable
@@ -40,10 +40,6 @@ CLOSE_GRACE_S = 0.05
 """After the CLOSE frame was handed to the transport, how long before its publication is closed."""
 
 log = logging.getLogger("slipstream.network")
-
-def is_coroutine_result(result: object) -> bool:
-    """Did a listener return something to await (an ``async def`` listener)?"""
-    return inspect.isawaitable(result)
 
 
 class Endpoint(EndpointCore):
@@ -73,10 +69,12 @@ class Endpoint(EndpointCore):
         except Exception as exc:
             self.report_error(connection, exc)
             return None
-        if is_coroutine_result(result):
+        if inspect.isawaitable(result):
             task = asyncio.ensure_future(self._guard(connection, result))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            if connection is not None:
+                connection.track(task)
             return task
         return None
 
@@ -214,12 +212,8 @@ class Endpoint(EndpointCore):
 
     def _report_suppressed(self, now_ns: int, source: int | None = None) -> None:
         """The counts of errors suppressed in windows that ended (or all of ``source``'s)."""
-        limiter = self._limiter
-        for summary in limiter.take_summaries(now_ns) if source is None else limiter.forget(source):
-            where = "the endpoint" if summary.source is None else f"connection {summary.source}"
-            seconds = limiter.window_ns / 1e9
-            text = f"{where}: {summary.count} more {summary.type_name} not reported in {seconds:g} s: {summary.last}"
-            self._tell(None, ErrorsSuppressed(text, summary.type_name, summary.count, summary.last))
+        for error in self._limiter.suppressed_errors(now_ns, source):
+            self._tell(None, error)
 
     def _tell(self, connection: Connection | None, error: BaseException) -> None:
         if not self.listeners.error:
@@ -231,7 +225,7 @@ class Endpoint(EndpointCore):
             except Exception:
                 log.exception("on_error listener failed")
                 continue
-            if is_coroutine_result(result):
+            if inspect.isawaitable(result):
                 task = asyncio.ensure_future(self._quiet(result))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)

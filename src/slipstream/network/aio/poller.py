@@ -15,8 +15,8 @@ from ...client.aio import Parking
 from ...files.doorbell import Doorbell
 from ..endpoint import Polled
 from ..pacing import Pacer, Run, Sleep, Wake
-from ..transport import earliest
-from .transport import IdleBackoff, input_pending
+from ..transport import earliest, input_pending
+from .transport import IdleBackoff
 
 __all__ = ["PollGroup"]
 

@@ -118,6 +118,7 @@ class RmiSession:
             raise ValueError("the connection machine carries no remote objects (rmi=None)")
         self.machine = machine
         self.endpoint: RmiEndpoint = machine.rmi.endpoint
+        self.work = machine.rmi.work
         self._flush = flush
         self.caller = caller
         self.on_error = on_error
@@ -251,6 +252,8 @@ class RmiSession:
                 task = asyncio.get_running_loop().create_task(self._finish(invocation_id, result))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+                self.work.started()  # (max_pending_calls: a call beyond it is refused busy by the machine)
+                task.add_done_callback(self.work.finished)
                 return
             machine.complete_invocation(invocation_id, result)
         if not invocation.oneway:  # a fire-and-forget call is answered by nothing (a failure: on_error)

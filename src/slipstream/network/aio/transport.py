@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import time
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
@@ -20,7 +19,7 @@ from ...files.doorbell import Doorbell, wait_any
 from ..pacing import Backoff, Nap, Sleep, Step, Wake
 from ..transport import shared_contexts
 
-__all__ = ["IdleBackoff", "input_pending", "registered_pair", "release_context_drained"]
+__all__ = ["IdleBackoff", "registered_pair", "release_context_drained"]
 
 DRAIN_STEP_S = 5e-4
 """The pause between an asyncio drain's steps."""
@@ -136,14 +135,6 @@ class IdleBackoff(Backoff):
         finally:
             handle.cancel()
             self._waiter = None
-
-
-def input_pending(fds: Sequence[int]) -> bool:
-    """Whether any of ``fds`` is readable right now (a zero-timeout poll): input a duty cycle left unread."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _wake(waiter: asyncio.Future[bool | None]) -> None:

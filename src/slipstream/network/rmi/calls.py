@@ -6,13 +6,16 @@ back after each input, so frames keep the order of the calls that made them and 
 ``deadline_ns`` covers the calls' timeouts. A host call comes out as :class:`RmiRequestReceived`; the
 adapter takes it with :meth:`RemoteCalls.invocation`, runs it, and answers with
 :meth:`RemoteCalls.complete` or :meth:`RemoteCalls.fail`. A call whose caller went away
-(:meth:`RemoteCalls.abandon`) has its outcome dropped and a result file removed.
+(:meth:`RemoteCalls.abandon`) has its outcome dropped and a result file removed. A request that
+finds the connection's :class:`~..limits.Workload` full (``max_pending_calls`` tasks, which the adapter
+counts) is refused unrun, before its arguments are decoded (BUSY).
 """
 
 from __future__ import annotations
 
 from ..events import RmiCallCompleted, RmiCallFailed, RmiEvent, RmiRequestReceived
 from ..frames import FrameKind
+from ..limits import Workload
 from ..streaming import Streams
 from .endpoint import RmiEndpoint
 from .files import RmiFiles
@@ -25,8 +28,10 @@ __all__ = ["RemoteCalls"]
 class RemoteCalls:
     """The endpoint, its files and the running host calls (see the module)."""
 
-    def __init__(self, endpoint: RmiEndpoint, streams: Streams | None = None) -> None:
+    def __init__(self, endpoint: RmiEndpoint, streams: Streams | None = None, work: Workload | None = None) -> None:
         self.endpoint = endpoint
+        self.work = work if work is not None else Workload()
+        """Async calls and listener tasks running (the adapter counts them), against ``max_pending_calls``."""
         self.files = RmiFiles(streams) if streams is not None else None
         """Files of calls (None without streams: ``Path`` arguments and results are refused)."""
         self.objects_travel = bool(endpoint.registry.interfaces)
@@ -69,6 +74,10 @@ class RemoteCalls:
         """An RMI_REQUEST or RMI_RESPONSE frame (arrived whole or streamed)."""
         if kind == FrameKind.RMI_RESPONSE:
             self.endpoint.receive_response(request_id, payload)
+            return
+        if (work := self.work).full:
+            work.refused += 1
+            self.endpoint.refuse_busy(request_id, work.limit)
             return
         invocation = self.endpoint.receive_request(request_id, payload)
         if invocation is not None:

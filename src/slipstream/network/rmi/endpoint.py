@@ -110,8 +110,12 @@ class RmiEndpoint:
         global_objects: ObjectTable | None = None,
         response_ids: IdPool | None = None,
         files: FileChannel | None = None,
+        tracebacks: bool = False,
     ) -> None:
         self.registry = registry
+        self.tracebacks = tracebacks
+        """Whether an exception a hosted method raised goes back with its traceback (the server's
+        ``rmi_tracebacks``); without, the caller gets its type and message only."""
         self.global_objects = global_objects
         self.objects = ObjectTable(registry)
         self.stats = RmiStats()
@@ -313,10 +317,10 @@ class RmiEndpoint:
                 self._events.append(
                     RmiCallFailed(request_id, RmiFailure.MISSING, method, object_id=object_id, is_global=is_global)
                 )
-            elif status == Status.REFUSED:
-                self._events.append(
-                    RmiCallFailed(request_id, RmiFailure.REFUSED, method, message=TEXT_BODY.decode(body)[:MAX_TEXT])
-                )
+            elif status in (Status.REFUSED, Status.BUSY):
+                failure = RmiFailure.REFUSED if status == Status.REFUSED else RmiFailure.BUSY
+                text = TEXT_BODY.decode(body)[:MAX_TEXT]
+                self._events.append(RmiCallFailed(request_id, failure, method, message=text))
             else:
                 raise _Refused(f"unexpected response status {status}")
         except Exception as exc:  # a hostile or mismatched response: the call fails, nothing escapes
@@ -418,6 +422,17 @@ class RmiEndpoint:
                 self._respond(request_id, Status.REFUSED, self._encoder.encode(str(refused)))
             return None
 
+    def refuse_busy(self, request_id: int, limit: int) -> None:
+        """Refuse a request unrun because ``limit`` calls and listener tasks run already: the caller hears
+        BUSY; a fire-and-forget call, which nobody answers, is reported here (RmiOnewayFailed)."""
+        self.stats.requests_refused += 1
+        text = f"busy: {limit} calls and listener tasks already run for this connection (max_pending_calls)"
+        if request_id != ONEWAY_REQUEST_ID:
+            if not self.closed and request_id & 0xFFFF >= MIN_RESPONSE_ID:
+                self._respond(request_id, Status.BUSY, self._encoder.encode(text))
+        else:
+            self._events.append(RmiOnewayFailed(0, "?", "RmiRequestRefused", text, ""))
+
     def _create_invocation(self, request_id: int, oneway: bool, spec: InterfaceSpec, body: bytes) -> Invocation:
         impl = spec.implementation
         if impl is None:
@@ -477,15 +492,17 @@ class RmiEndpoint:
         self._respond(invocation.request_id, Status.OK, body)
 
     def fail(self, invocation: Invocation, exc: BaseException) -> None:
-        """Respond with the exception the method raised (type name, message, traceback text)."""
+        """Respond with the exception the method raised (type name, message; its traceback only with
+        ``tracebacks``)."""
         if self.closed:
             return
         type_name = type(exc).__qualname__
         message = str(exc)[:MAX_TEXT]
-        tb = "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]
-        if invocation.oneway:
+        if invocation.oneway:  # reported here (on_error), never sent: the traceback stays
+            tb = "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]
             self._events.append(RmiOnewayFailed(invocation.object_id, invocation.method, type_name, message, tb))
             return
+        tb = "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:] if self.tracebacks else ""
         args: list[object] | None = list(exc.args)
         if not all(isinstance(a, SIMPLE_ARG_TYPES) for a in exc.args):
             args = None
@@ -570,8 +587,9 @@ def exception_from(event: RmiCallFailed, registry: RmiRegistry) -> BaseException
         return RmiCallTimeout(f"no response to {event.method} within its timeout")
     if event.failure == RmiFailure.CLOSED:
         return RmiConnectionClosed(f"the connection closed before {event.method} returned: {event.message}")
-    if event.failure == RmiFailure.REFUSED:
-        return RmiRequestRefused(f"the remote refused {event.method}: {event.message}")
+    if event.failure in (RmiFailure.REFUSED, RmiFailure.BUSY):
+        reason = "busy" if event.failure == RmiFailure.BUSY else "malformed"
+        return RmiRequestRefused(f"the remote refused {event.method}: {event.message}", reason)
     if event.failure == RmiFailure.FILE_FAILED:
         return StreamingError(event.message)
     return RmiError(f"bad response to {event.method}: {event.message}")

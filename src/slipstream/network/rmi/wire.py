@@ -79,6 +79,8 @@ class Status(IntEnum):
     EXCEPTION = 2
     MISSING = 3
     REFUSED = 4
+    BUSY = 5
+    """Refused unrun: the host runs its ``max_pending_calls`` for this connection already (text body)."""
 
 
 class WireRef(msgspec.Struct, array_like=True, frozen=True):
