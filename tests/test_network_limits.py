@@ -260,6 +260,37 @@ def test_calls_beyond_max_pending_calls_are_refused_busy_and_messages_wait_unrea
     run(main(), 60)
 
 
+def test_async_calls_arriving_together_run_exactly_max_pending_calls(driver_dir: Path) -> None:
+    """Calls sent at once travel in one record, whose calls the machine takes in before the adapter runs
+    any: each ``async def`` call is counted as it arrives, so exactly ``limit`` run and the rest are
+    refused busy (before, every call of the record ran: 1,074 of 1,024 in the hostile burst)."""
+    limit, extra = 4, 6
+
+    async def main() -> None:
+        gate = Gate()
+        server = Server(server_config(driver_dir, messages=[Item], interfaces=[(IGate, Gate)], max_pending_calls=limit))
+        client = Client(client_config(driver_dir, messages=[Item], interfaces=[IGate]))
+        async with server, client:
+            server.rmi.save(gate, 1)
+            await server.bind(free_ports(50))
+            connection = await client.connect("127.0.0.1", server._links[0].port, timeout=20)
+            proxy = connection.rmi.get_global(IGate, 1)
+            await wait_for(lambda: len(server.connections) == 1)
+            (served,) = server.connections
+            work = served.rmi.work
+            calls = [asyncio.ensure_future(proxy.wait()) for _ in range(limit + extra)]  # one record
+            await wait_for(lambda: work.refused == extra)
+            assert work.tasks == limit
+            gate.open.set()
+            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+            assert results.count(1) == limit, results
+            refused = [r for r in results if isinstance(r, RmiRequestRefused)]
+            assert len(refused) == extra and {r.reason for r in refused} == {"busy"}
+            await wait_for(lambda: work.tasks == 0)
+
+    run(main(), 60)
+
+
 class Blob(msgspec.Struct):
     data: bytes
 

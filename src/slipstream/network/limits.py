@@ -10,10 +10,9 @@
   file is removed or handed to the application; one that does not fit is refused to both sides
   (:class:`~.errors.SpillQuotaExceeded`).
 - ``max_pending_calls`` (:class:`Workload`, one per connection): remote calls and listeners running as
-  tasks (``async def``; a plain one runs inline and is done before the next record is read, so what one
-  record carries is the only other work in hand: async calls of one record all start before the next is
-  read, so up to that record's calls beyond the limit may run, about 50 over UDP). A call beyond it is
-  refused unrun, at once
+  tasks (``async def``; a plain one runs inline and is done before the next record is read). A call of an
+  ``async def`` method is counted as the machine takes it in, before the adapter runs it, so the calls
+  one record carries cannot run past the limit. A call beyond it is refused unrun, at once
   (``RmiRequestRefused``, ``reason == "busy"``: the caller may retry); a fire-and-forget call, which
   nothing answers, is reported on this side. A plain message cannot be refused (nothing answers it
   either) and is never dropped: it is held, and the adapter stops reading the connection until a task

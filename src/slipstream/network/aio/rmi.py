@@ -246,13 +246,16 @@ class RmiSession:
         try:
             result = invocation.call(self.caller, self._resolve)
         except Exception as exc:
+            if invocation.counted:  # (an async method called with what it does not take)
+                self.work.finished()
             machine.fail_invocation(invocation_id, exc)
         else:
             if inspect.isawaitable(result):
                 task = asyncio.get_running_loop().create_task(self._finish(invocation_id, result))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-                self.work.started()  # (max_pending_calls: a call beyond it is refused busy by the machine)
+                if not invocation.counted:  # (max_pending_calls: the machine counts async methods' calls)
+                    self.work.started()
                 task.add_done_callback(self.work.finished)
                 return
             machine.complete_invocation(invocation_id, result)

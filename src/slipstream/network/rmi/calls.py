@@ -7,11 +7,16 @@ back after each input, so frames keep the order of the calls that made them and 
 adapter takes it with :meth:`RemoteCalls.invocation`, runs it, and answers with
 :meth:`RemoteCalls.complete` or :meth:`RemoteCalls.fail`. A call whose caller went away
 (:meth:`RemoteCalls.abandon`) has its outcome dropped and a result file removed. A request that
-finds the connection's :class:`~..limits.Workload` full (``max_pending_calls`` tasks, which the adapter
-counts) is refused unrun, before its arguments are decoded (BUSY).
+finds the connection's :class:`~..limits.Workload` full (``max_pending_calls`` tasks) is refused unrun,
+before its arguments are decoded (BUSY); a call of an ``async def`` method is counted as it arrives (its
+task ends it), so the calls of one record cannot run past the limit.
 """
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
 
 from ..events import RmiCallCompleted, RmiCallFailed, RmiEvent, RmiRequestReceived
 from ..frames import FrameKind
@@ -39,6 +44,7 @@ class RemoteCalls:
         self._running: dict[int, Invocation] = {}
         self._last_invocation = 0
         self._abandoned: set[int] = set()
+        self._async: dict[Callable[..., Any], bool] = {}
         self._frames: list[OutFrame] = []
         self._events: list[RmiEvent | RmiRequestReceived] = []
 
@@ -81,12 +87,26 @@ class RemoteCalls:
             return
         invocation = self.endpoint.receive_request(request_id, payload)
         if invocation is not None:
+            if not invocation.files and self._is_async(invocation.function):
+                if work.full:  # counted as it arrives: a record's calls cannot run past the limit
+                    work.refused += 1
+                    self.endpoint.refuse_busy(request_id, work.limit)
+                    return
+                work.started()
+                invocation.counted = True
             self._last_invocation += 1
             invocation.invocation_id = self._last_invocation
             if invocation.files and self.files is not None:
                 self.files.hold(invocation)
             else:
                 self._run(invocation)
+
+    def _is_async(self, function: Callable[..., Any]) -> bool:
+        """Whether a host function runs as a task (``async def``), looked up once per function."""
+        found = self._async.get(function)
+        if found is None:
+            found = self._async[function] = inspect.iscoroutinefunction(function)
+        return found
 
     def handle_timer(self, now_ns: int) -> None:
         """Time out calls past their deadline."""

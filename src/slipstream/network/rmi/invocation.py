@@ -37,6 +37,9 @@ class Invocation:
     caller_slot: int = -1
     invocation_id: int = 0
     """Set by the connection machine that holds the call while it runs (0: not held)."""
+    counted: bool = False
+    """The machine counted it against ``max_pending_calls`` as it arrived (an ``async def`` method), so
+    the calls of one record cannot run past the limit; the adapter counts it done when its task ends."""
 
     def arguments(
         self, caller: object = None, resolve: Callable[[RemoteRef], object] | None = None
