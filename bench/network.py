@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -269,6 +270,7 @@ class ManyParams:
     port: int
     directory: str
     clients: int
+    term_length: int = 65536
 
 
 def many_clients(pipe: Pipe, p: ManyParams) -> None:
@@ -284,7 +286,7 @@ def many_clients(pipe: Pipe, p: ManyParams) -> None:
             driver="invoker",
             enable_ipc=False,
             enable_ipv6=False,
-            term_length=65536,
+            term_length=p.term_length,
         )
         clients = [Client(config) for _ in range(p.clients)]
         pipe.send(("ready", None))
@@ -300,6 +302,74 @@ def many_clients(pipe: Pipe, p: ManyParams) -> None:
             await client.close()
 
     asyncio.run(main())
+
+
+def idle_server(pipe: Pipe, p: Params) -> None:
+    """A server on the default config that says what it costs (``memory``) until ``stop``."""
+    from slipstream.network import Server, ServerConfig
+    from tests.hostile_peer import tree_bytes
+
+    async def main() -> None:
+        config = ServerConfig(
+            app_id="bench", messages=[Quote], settings_store=":memory:", driver_directory=p.directory,
+            driver=p.driver, enable_ipc=False, enable_ipv6=False, max_clients=256,
+        )  # fmt: skip
+        async with Server(config) as server:
+            await server.bind(p.port)
+            pipe.send(("ready", None))
+            while (kind := (await expect_any(pipe, 600))[0]) != "stop":
+                assert kind == "memory", kind
+                gc.collect()
+                with open("/proc/self/statm") as statm:
+                    rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                pipe.send(
+                    ("memory", {"rss": rss, "shm": tree_bytes(p.directory), "connections": len(server.connections)})
+                )
+
+    asyncio.run(main())
+
+
+async def expect_any(pipe: Pipe, timeout_s: float) -> tuple[str, Any]:
+    """The next message from the parent, whatever it is, without blocking the event loop."""
+    await readable(pipe, timeout_s)
+    message: tuple[str, Any] = pipe.recv()
+    return message
+
+
+def run_idle_memory(clients: int = 64, settle_s: float = 2.0) -> dict[str, Any]:
+    """What an idle, authenticated UDP connection costs its server, both sides on the default config:
+    the server process's RSS and its driver directory's allocated bytes, before and after ``clients``
+    clients (one process) connected and went idle, per connection."""
+    directory = _dir()
+    port = 47000 + os.getpid() % 1000
+    try:
+        with Children() as children:
+            server = children.start("net-server", idle_server, Params("udp", port, directory))
+            server.expect("ready", 30)
+            worker = children.start(
+                "clients", many_clients, ManyParams(port, f"{directory}-c", clients, term_length=256 * 1024)
+            )
+            worker.expect("ready", 60)
+            time.sleep(settle_s)
+            server.send("memory")
+            before = server.expect("memory", 30)
+            worker.send("go")
+            _, failed, errors = worker.expect("connected", 120)
+            time.sleep(settle_s)  # handshakes' images reclaimed, the connections idle
+            server.send("memory")
+            after = server.expect("memory", 30)
+            worker.send("close")
+            server.send("stop")
+    finally:
+        for path in Path("/dev/shm").glob(Path(directory).name + "*"):
+            shutil.rmtree(path, ignore_errors=True)
+    connected = after["connections"] - before["connections"]
+    return {
+        "clients": clients, "connected": connected, "failed": failed, "errors": errors,
+        "server_rss_per_connection_bytes": (after["rss"] - before["rss"]) // max(1, connected),
+        "server_shm_per_connection_bytes": (after["shm"] - before["shm"]) // max(1, connected),
+        "before": before, "after": after,
+    }  # fmt: skip
 
 
 def run_many(total: int, processes: int) -> dict[str, Any]:
@@ -443,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         print(transport, json.dumps(results[f"slipstream-{transport}"], indent=None), flush=True)
     results["connect-200"] = run_many(200 if not args.quick else 100, 4)
     print("many", json.dumps(results["connect-200"]), flush=True)
+    results["idle-connection-memory"] = run_idle_memory(64 if not args.quick else 8)
+    print("idle memory", json.dumps(results["idle-connection-memory"]), flush=True)
     for kind in ("tcp", "ipc"):
         results[f"zmq-curve-{kind}"] = run_zmq(kind, args.quick)
         print("zmq", kind, json.dumps(results[f"zmq-curve-{kind}"]), flush=True)
