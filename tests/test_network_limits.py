@@ -209,6 +209,17 @@ class Gate:
         return 2
 
 
+async def gate_proxy(server: Server, client: Client, gate: Gate) -> tuple[Any, Any, Any]:
+    """The client connected to ``server``, which hosts ``gate`` as global object 1: the client's
+    connection, its proxy of the gate and the server side's workload."""
+    server.rmi.save(gate, 1)
+    await server.bind(free_ports(50))
+    connection = await client.connect("127.0.0.1", server._links[0].port, timeout=20)
+    await wait_for(lambda: len(server.connections) == 1)
+    (served,) = server.connections
+    return connection, connection.rmi.get_global(IGate, 1), served.rmi.work
+
+
 def test_calls_beyond_max_pending_calls_are_refused_busy_and_messages_wait_unread(driver_dir: Path) -> None:
     limit = 4
 
@@ -227,13 +238,7 @@ def test_calls_beyond_max_pending_calls_are_refused_busy_and_messages_wait_unrea
             handled.append(item.n)
 
         async with server, client:
-            server.rmi.save(gate, 1)
-            await server.bind(free_ports(50))
-            connection = await client.connect("127.0.0.1", server._links[0].port, timeout=20)
-            proxy = connection.rmi.get_global(IGate, 1)
-            await wait_for(lambda: len(server.connections) == 1)
-            (served,) = server.connections
-            work = served.rmi.work
+            connection, proxy, work = await gate_proxy(server, client, gate)
             calls = [asyncio.ensure_future(proxy.wait()) for _ in range(limit)]
             await wait_for(lambda: work.tasks == limit)  # at the limit: every one runs
             with pytest.raises(RmiRequestRefused, match="max_pending_calls") as refused:
@@ -271,13 +276,7 @@ def test_async_calls_arriving_together_run_exactly_max_pending_calls(driver_dir:
         server = Server(server_config(driver_dir, messages=[Item], interfaces=[(IGate, Gate)], max_pending_calls=limit))
         client = Client(client_config(driver_dir, messages=[Item], interfaces=[IGate]))
         async with server, client:
-            server.rmi.save(gate, 1)
-            await server.bind(free_ports(50))
-            connection = await client.connect("127.0.0.1", server._links[0].port, timeout=20)
-            proxy = connection.rmi.get_global(IGate, 1)
-            await wait_for(lambda: len(server.connections) == 1)
-            (served,) = server.connections
-            work = served.rmi.work
+            _, proxy, work = await gate_proxy(server, client, gate)
             calls = [asyncio.ensure_future(proxy.wait()) for _ in range(limit + extra)]  # one record
             await wait_for(lambda: work.refused == extra)
             assert work.tasks == limit
