@@ -152,6 +152,9 @@ class DriverStatus:
     process_exists: bool = True
     """Whether process ``pid`` exists (seen from this pid namespace): a SIGKILLed driver shows at once,
     before its heartbeat ages past the liveness timeout."""
+    cnc_version: int = 0
+    """The layout version of ``cnc.dat`` (``files.cnc.CNC_VERSION``: 'S' in the top byte, then
+    major, minor and patch bytes)."""
 
 
 def driver_status(directory: Path | str) -> DriverStatus:
@@ -175,6 +178,7 @@ def driver_status(directory: Path | str) -> DriverStatus:
         alive=exists and state == STATE_RUNNING and age_ms * 1_000_000 <= header.client_liveness_timeout_ns,
         counters=snapshot,
         process_exists=exists,
+        cnc_version=header.version,
     )
 
 

@@ -17,6 +17,7 @@ from .buffered import Hold
 from .config import ClientConfig, ServerConfig
 from .connection import ConnectionMachine
 from .delivery import ACK_ROOM, Delivery
+from .driverstats import DriverStats, read_driver_stats
 from .errors import UndeliveredError
 from .events import Closed
 from .frames import FRAME_OVERHEAD
@@ -27,7 +28,7 @@ from .reporting import ErrorLimiter
 from .rmi import ObjectTable, RemoteCalls, RmiEndpoint, RmiRegistry, StreamsChannel
 from .serialization import Serialization
 from .session import RECORD_OVERHEAD, Records
-from .store import SettingsStore
+from .store import AppSettings, SettingsStore
 from .streamfiles import StreamFiles
 from .streaming import Streams
 
@@ -106,7 +107,11 @@ class EndpointCore:
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.store = SettingsStore(path)
+        """The settings store: this endpoint's identity, pinned server keys and ``settings``."""
         self.private_key, self.public_key = self.store.identity()
+        self.settings: AppSettings = self.store.app
+        """The application's own settings, kept in the settings store's file beside the identity and
+        pins but apart from them: ``server.settings.set("theme", "dark")``, ``.get``, ``.delete``, ``.keys``."""
         self.records_dropped = 0
         """Records this endpoint's connections dropped, unopened: tampered, replayed, forged or malformed
         (each connection's ``stats`` splits its own by reason). Also a counter in the driver's counters
@@ -119,6 +124,21 @@ class EndpointCore:
         counter in the driver's counters file while the endpoint holds a driver."""
         self._limiter = ErrorLimiter()
         self._counters: dict[int, Counter] = {}
+        self._context: Context | None = None
+
+    @property
+    def context(self) -> Context | None:
+        """The driver context this endpoint holds (None before the first bind or connect, after close)."""
+        return self._context
+
+    def driver_stats(self) -> DriverStats:
+        """A snapshot of the media driver this endpoint holds (embedded, invoker or external): counters,
+        per-stream backlog, distinct errors, loss report, pid and version, read from the driver's files
+        as ``slipstream stat`` reads them (a few milliseconds: safe on the event loop).
+
+        Raises ``DriverNotAttachedError`` before the first bind or connect, after close, and after the
+        driver was lost (until a recovering endpoint holds one again)."""
+        return read_driver_stats(self._context, f"{self._role} {self.config.app_id}")
 
     @property
     def errors_suppressed(self) -> int:

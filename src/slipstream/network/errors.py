@@ -8,6 +8,7 @@ receive path.
 from __future__ import annotations
 
 from ..client.allocation import AllocationError
+from ..errors import DriverError
 
 __all__ = [
     "AllocationError",
@@ -20,6 +21,7 @@ __all__ = [
     "RecordReplayed",
     "RecordTampered",
     "SerializationError",
+    "SettingsLimitError",
     "SettingsStoreError",
     "UnregisteredTypeError",
 ]
@@ -67,6 +69,11 @@ class MessageDecodeError(SerializationError):
 
 class SettingsStoreError(NetworkError):
     """The settings store cannot be opened or holds invalid data (the message names the file)."""
+
+
+class SettingsLimitError(SettingsStoreError, ValueError):
+    """An application setting over the store's bounds: a key too long, a value too large, too many keys
+    (the message gives the limit). Nothing was written."""
 
 
 # -- client-facing errors (the "app" helper's part) ------------------------------------------------
@@ -138,6 +145,11 @@ class ServerError(NetworkError):
     """A server cannot do what was asked (bound twice, IPC disabled...)."""
 
 
+class DriverNotAttachedError(NetworkError, DriverError):
+    """The endpoint holds no media driver to report on (``driver_stats``): not bound or connected yet,
+    closed, or its driver was lost (a recovering endpoint holds one again once it is back)."""
+
+
 class UndeliveredError(NetworkError):
     """Messages for a peer of a buffered session that will never be delivered: its queue was full
     (raised by ``send``), or the session expired before the peer came back (reported to ``on_error``
@@ -155,6 +167,7 @@ __all__ += [
     "ConnectTimeout",
     "ConnectionClosedError",
     "ConnectionNotPermitted",
+    "DriverNotAttachedError",
     "MessageDispatchError",
     "MessageTooLarge",
     "PingTimeout",

@@ -1,4 +1,5 @@
-"""The settings store: this endpoint's long-term identity key and the server keys it pinned.
+"""The settings store: this endpoint's long-term identity key, the server keys it pinned, and the
+application's own settings (``AppSettings``, in a table of their own that the other two never see).
 
 SQLite (stdlib) in one file, by default under the per-user data directory
 (``$XDG_DATA_HOME/slipstream/<name>.db``, else ``~/.local/share/slipstream/<name>.db``), created with
@@ -14,20 +15,41 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Any, Final, TypeVar, overload
 
-from .errors import SettingsStoreError
+import msgspec
+
+from .errors import SettingsLimitError, SettingsStoreError
 from .noise import DHLEN, generate_keypair, public_key
 
-__all__ = ["MEMORY", "SettingsStore", "default_store_path"]
+__all__ = [
+    "MAX_SETTINGS",
+    "MAX_SETTING_KEY",
+    "MAX_SETTING_VALUE",
+    "MEMORY",
+    "AppSettings",
+    "SettingsStore",
+    "default_store_path",
+]
 
 MEMORY: Final = ":memory:"
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS identity (id INTEGER PRIMARY KEY CHECK (id = 1), private BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS pins (address TEXT PRIMARY KEY, key BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS app_settings (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
+MAX_SETTING_KEY: Final = 256
+"""Bytes (UTF-8) of an application setting's key."""
+MAX_SETTING_VALUE: Final = 64 * 1024
+"""Bytes of an application setting's value, msgpack-encoded."""
+MAX_SETTINGS: Final = 1024
+"""Application settings in one store: with the value bound, the file grows by at most 64 MiB for them."""
+
+T = TypeVar("T")
+D = TypeVar("D")
 
 
 def default_store_path(name: str = "settings") -> str:
@@ -50,6 +72,8 @@ class SettingsStore:
         except (OSError, sqlite3.Error) as exc:
             raise SettingsStoreError(f"cannot open the settings store {self.path!r}: {exc}") from exc
         self._identity: tuple[bytes, bytes] | None = None
+        self.app = AppSettings(self._db, self._lock, self.path)
+        """The application's own key/value settings (an endpoint's ``settings``)."""
 
     @staticmethod
     def _create_private_file(path: str) -> None:
@@ -109,10 +133,7 @@ class SettingsStore:
             return {address: key for address, key in self._execute("SELECT address, key FROM pins", ())}
 
     def _execute(self, sql: str, parameters: tuple[object, ...]) -> sqlite3.Cursor:
-        try:
-            return self._db.execute(sql, parameters)
-        except sqlite3.Error as exc:
-            raise SettingsStoreError(f"settings store {self.path!r}: {exc}") from exc
+        return _execute(self._db, self.path, sql, parameters)
 
     def close(self) -> None:
         """Close the database (idempotent)."""
@@ -126,3 +147,110 @@ class SettingsStore:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
+
+
+class AppSettings:
+    """The application's own settings, a small key/value store in the settings store's file (the
+    seed's ``storage``): ``settings.set("volume", 0.8)``, ``settings.get("volume", 1.0)``.
+
+    Apart from the identity and the pins: no key reaches them, and pinning never touches a setting.
+    Values are anything msgspec encodes (str, bytes, int, float, bool, None, lists, dicts, Structs,
+    dataclasses...), stored as msgpack; ``get(key, type=Window)`` decodes into a type again (without it,
+    a Struct comes back as a dict). Bounded: keys of ``MAX_SETTING_KEY`` bytes, values of
+    ``MAX_SETTING_VALUE`` bytes encoded, ``MAX_SETTINGS`` keys (``SettingsLimitError`` past them, nothing
+    written). Processes sharing the file see each other's writes; each ``set`` is one transaction."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.Lock, path: str) -> None:
+        self._db = db
+        self._lock = lock
+        self._path = path
+
+    @overload
+    def get(self, key: str) -> Any: ...
+    @overload
+    def get(self, key: str, default: D) -> Any | D: ...
+    @overload
+    def get(self, key: str, default: D, *, type: type[T]) -> T | D: ...
+    @overload
+    def get(self, key: str, *, type: type[T]) -> T | None: ...
+    def get(self, key: str, default: object = None, *, type: type[Any] | None = None) -> Any:
+        """The value of ``key`` (decoded into ``type`` when given), or ``default`` when it is not set."""
+        _check_key(key)
+        with self._lock:
+            row = self._execute("SELECT value FROM app_settings WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return default
+        try:
+            return msgspec.msgpack.decode(row[0]) if type is None else msgspec.msgpack.decode(row[0], type=type)
+        except msgspec.DecodeError as exc:
+            raise SettingsStoreError(f"settings store {self._path!r}: setting {key!r}: {exc}") from exc
+
+    def set(self, key: str, value: object) -> None:
+        """Store ``value`` under ``key`` (replacing it); ``TypeError`` for a value msgspec cannot encode."""
+        _check_key(key)
+        try:
+            encoded = msgspec.msgpack.encode(value)
+        except (TypeError, OverflowError, msgspec.EncodeError) as exc:
+            raise TypeError(f"setting {key!r}: a {type(value).__name__} cannot be stored: {exc}") from exc
+        if len(encoded) > MAX_SETTING_VALUE:
+            raise SettingsLimitError(
+                f"setting {key!r}: {len(encoded)} bytes encoded, over the {MAX_SETTING_VALUE}-byte limit"
+            )
+        with self._lock:
+            self._execute("BEGIN IMMEDIATE", ())  # the count and the insert are one step for every process
+            try:
+                known = self._db.execute("SELECT 1 FROM app_settings WHERE key = ?", (key,)).fetchone()
+                if known is None:
+                    (count,) = self._db.execute("SELECT count(*) FROM app_settings").fetchone()
+                    if count >= MAX_SETTINGS:
+                        raise SettingsLimitError(f"setting {key!r}: the store holds {MAX_SETTINGS} settings already")
+                self._db.execute("INSERT OR REPLACE INTO app_settings (key, value) VALUES (?, ?)", (key, encoded))
+                self._db.execute("COMMIT")
+            except BaseException as exc:
+                self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise SettingsStoreError(f"settings store {self._path!r}: {exc}") from exc
+                raise
+
+    def delete(self, key: str) -> bool:
+        """Forget ``key``; False if it was not set."""
+        _check_key(key)
+        with self._lock:
+            return self._execute("DELETE FROM app_settings WHERE key = ?", (key,)).rowcount > 0
+
+    def keys(self) -> list[str]:
+        """Every key set, sorted."""
+        with self._lock:
+            return [key for (key,) in self._execute("SELECT key FROM app_settings ORDER BY key", ())]
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        with self._lock:
+            return self._execute("SELECT 1 FROM app_settings WHERE key = ?", (key,)).fetchone() is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._execute("SELECT count(*) FROM app_settings", ()).fetchone()[0])
+
+    def _execute(self, sql: str, parameters: tuple[object, ...]) -> sqlite3.Cursor:
+        return _execute(self._db, self._path, sql, parameters)
+
+
+def _execute(db: sqlite3.Connection, path: str, sql: str, parameters: tuple[object, ...]) -> sqlite3.Cursor:
+    """``db.execute``, its failures as ``SettingsStoreError`` naming the file."""
+    try:
+        return db.execute(sql, parameters)
+    except sqlite3.Error as exc:
+        raise SettingsStoreError(f"settings store {path!r}: {exc}") from exc
+
+
+def _check_key(key: object) -> None:
+    if not isinstance(key, str):
+        raise TypeError(f"a setting's key is a str, not {type(key).__name__}")
+    size = len(key.encode("utf-8", "surrogatepass"))
+    if not 0 < size <= MAX_SETTING_KEY:
+        raise SettingsLimitError(f"a setting's key is 1 to {MAX_SETTING_KEY} bytes (UTF-8), not {size}: {key[:40]!r}")

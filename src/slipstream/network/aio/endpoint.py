@@ -47,7 +47,6 @@ class Endpoint(EndpointCore):
 
     def __init__(self, config: ServerConfig | ClientConfig) -> None:
         super().__init__(config)
-        self._context: Context | None = None
         self._polling = False
         self._closings: set[asyncio.Task[None]] = set()
         self._group: PollGroup | None = None
@@ -294,11 +293,6 @@ class Endpoint(EndpointCore):
         if context is not None:
             context.send_now(publication)
 
-    @property
-    def context(self) -> Context | None:
-        """The driver context this endpoint holds (None before the first bind or connect, after close)."""
-        return self._context
-
     def duty_cycle(self, now_ns: int) -> int:
         """One duty cycle of this endpoint's handshakes and connections; the work done. A lost driver
         ends it all at once (``_driver_lost``), whatever the endpoint was doing."""
@@ -375,6 +369,7 @@ class Endpoint(EndpointCore):
         recording = self.config.recording
         if self._recording is None and recording is not None and recording.enabled:
             from ..recording import EndpointRecording  # telemetry loads only where a config records
+
             self._recording = EndpointRecording(
                 recording,
                 self._role,
