@@ -14,6 +14,7 @@ is sans-I/O (``handshake``, ``connection``); ``aio`` is the adapter. May import 
 
 from .aio import Client, Connection, Ping, Server, Transfer
 from .config import ClientConfig, ConfigError, ConfigTypeError, ServerConfig
+from .driverstats import DriverStats
 from .errors import (
     ClientClosedError,
     ClientError,
@@ -21,6 +22,7 @@ from .errors import (
     ConnectionClosedError,
     ConnectionNotPermitted,
     ConnectTimeout,
+    DriverNotAttachedError,
     MaxMessageSizeExceeded,
     MessageDecodeError,
     MessageDispatchError,
@@ -54,6 +56,8 @@ __all__ = [
     "Connection",
     "ConnectionClosedError",
     "ConnectionNotPermitted",
+    "DriverNotAttachedError",
+    "DriverStats",
     "MessageDecodeError",
     "MessageDispatchError",
     "MaxMessageSizeExceeded",
