@@ -152,7 +152,8 @@ class Endpoint(EndpointCore):
 
             self._files = shared_stream_files.acquire(loop, wake)
         machine = self._new_machine(records, expiry_ns, publication, self._files, global_objects, delivery)
-        return Connection(
+        factory: type[Connection] = self.config.connection_class or Connection  # (checked by the config)
+        return factory(
             owner=self,
             connection_id=connection_id,
             machine=machine,
@@ -375,6 +376,7 @@ class Endpoint(EndpointCore):
         recording = self.config.recording
         if self._recording is None and recording is not None and recording.enabled:
             from ..recording import EndpointRecording  # telemetry loads only where a config records
+
             self._recording = EndpointRecording(
                 recording,
                 self._role,
