@@ -161,3 +161,51 @@ def test_this_hosts_own_addresses_are_local() -> None:
     assert is_local_host("localhost") and is_local_host("127.0.0.2") and is_local_host("::1")
     assert not is_local_host("203.0.113.77")  # TEST-NET-3: nobody's
     assert not is_local_host("no-such-host.invalid")
+
+
+# Inside a namespace whose only non-loopback address is ADDRESS: a client connecting to that address
+# (this host's own) with IPC on both sides uses IPC; over UDP from it, the per-address limit holds.
+LAN_SCRIPT = """
+import asyncio, shutil, sys, uuid
+from pathlib import Path
+from slipstream.network import Client, ClientConfig, Server, ServerConfig, TooManyConnectionsForAddress
+address = sys.argv[1]
+driver = Path("/dev/shm") / f"slipstream-lan-{uuid.uuid4().hex[:12]}"
+def config(kind, **kwargs):
+    return kind(app_id="lan", settings_store=":memory:", driver_directory=driver, **kwargs)
+async def main():
+    async with Server(config(ServerConfig, max_connections_per_address=1)) as server:
+        await server.bind(40200)
+        async with Client(config(ClientConfig)) as client:
+            print("ipc", (await client.connect(address, 40200, timeout=10)).is_ipc, flush=True)
+        async with Client(config(ClientConfig, enable_ipc=False)) as one:
+            print("udp", (await one.connect(address, 40200, timeout=10)).is_network, flush=True)
+            async with Client(config(ClientConfig, enable_ipc=False)) as two:
+                try:
+                    await two.connect(address, 40200, timeout=10)
+                except TooManyConnectionsForAddress:
+                    print("limited", flush=True)
+try:
+    asyncio.run(main())
+finally:
+    shutil.rmtree(driver, ignore_errors=True)
+"""
+
+
+def test_automatic_ipc_covers_this_hosts_lan_address_and_the_limit_holds_there() -> None:
+    """The seed's automatic IPC covers the host's own LAN address, not only loopback; and a client from
+    a non-loopback address is held to ``max_connections_per_address`` (in a namespace: a LAN address
+    of our own without touching the machine's network)."""
+    from slipstream.testing.netns import Namespace, python_command
+
+    from .test_netns import needs_netns
+
+    needs_netns()
+    address = "10.77.0.1"
+    with Namespace(label="lan") as ns:
+        ns.ip("link", "add", "lan0", "type", "veth", "peer", "name", "lan1")  # (both ends in the namespace)
+        ns.ip("addr", "add", f"{address}/24", "dev", "lan0")
+        for end in ("lan0", "lan1"):
+            ns.ip("link", "set", end, "up")
+        result = ns.run(python_command(LAN_SCRIPT, address), timeout=60)
+    assert result.stdout.split("\n")[:3] == ["ipc True", "udp True", "limited"], result.stderr
