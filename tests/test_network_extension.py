@@ -209,3 +209,61 @@ def test_automatic_ipc_covers_this_hosts_lan_address_and_the_limit_holds_there()
             ns.ip("link", "set", end, "up")
         result = ns.run(python_command(LAN_SCRIPT, address), timeout=60)
     assert result.stdout.split("\n")[:3] == ["ipc True", "udp True", "limited"], result.stderr
+
+
+# A client process with the default settings store (under XDG_DATA_HOME): connects, says its key, and
+# stays connected until its stdin closes.
+CLIENT_PROCESS = """
+import asyncio, sys
+from slipstream.network import Client, ClientConfig
+async def main():
+    config = ClientConfig(app_id="test", driver_directory=sys.argv[1], enable_ipc=False)
+    async with Client(config) as client:
+        await client.connect("127.0.0.1", int(sys.argv[2]), timeout=20)
+        print(client.public_key.hex(), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+asyncio.run(main())
+"""
+
+
+def test_client_processes_without_a_settings_store_have_identities_of_their_own(
+    driver_dir: Path, tmp_path: Path
+) -> None:
+    """Two client processes of one application on one host (no ``settings_store``: the per-user default)
+    connect with keys of their own, so the server never takes one for the other; the store keeps each
+    claimed key, and a client started again alone has the first one back."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+
+    def start(port: int) -> subprocess.Popen[str]:
+        command = [sys.executable, "-c", CLIENT_PROCESS, str(driver_dir), str(port)]
+        return subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    async def main() -> None:
+        port = free_ports(50)
+        async with Server(server_config(driver_dir, messages=[])) as server:
+            await server.bind(port)
+            loop = asyncio.get_running_loop()
+            processes = [start(port), start(port)]
+            try:
+                keys = [await asyncio.wait_for(loop.run_in_executor(None, p.stdout.readline), 40) for p in processes]  # type: ignore[union-attr]
+                await wait_for(lambda: len(server.connections) == 2, 10)
+                assert keys[0] != keys[1]
+                assert {c.remote_public_key.hex() for c in server.connections} == {k.strip() for k in keys}
+            finally:
+                for process in processes:
+                    process.communicate(timeout=20)
+            again = start(port)
+            try:
+                key = await asyncio.wait_for(loop.run_in_executor(None, again.stdout.readline), 40)  # type: ignore[union-attr]
+                assert key.strip() in {k.strip() for k in keys}  # a slot freed: the lone client has a kept key
+            finally:
+                again.communicate(timeout=20)
+        assert sorted(p.name for p in (tmp_path / "slipstream").glob("test-client.db*")) == [
+            "test-client.db", "test-client.db.identity-1.lock", "test-client.db.identity-2.lock",
+        ]  # fmt: skip
+
+    run(main())

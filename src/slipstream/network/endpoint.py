@@ -106,7 +106,7 @@ class EndpointCore:
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.store = SettingsStore(path)
-        self.private_key, self.public_key = self.store.identity()
+        self.private_key, self.public_key = self.store.identity(claim=self._role == "client")  # (see ..store)
         self.records_dropped = 0
         """Records this endpoint's connections dropped, unopened: tampered, replayed, forged or malformed
         (each connection's ``stats`` splits its own by reason). Also a counter in the driver's counters

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .endpoint import ConnectionOwner
-
 __all__ = ["ConnectionHooks"]
 
 
@@ -28,7 +25,8 @@ class ConnectionHooks:
     remote_key_changed = False
     """True on a client's connection when the server's key differed from the one pinned for its address and
     ``allow_key_change`` accepted (and re-pinned) it: the seed's ``remoteKeyHasChanged``."""
-    _owner: ConnectionOwner[Any]
+    _owner: Any
+    """The ``endpoint.ConnectionOwner`` running this connection (not imported: it imports the config)."""
     _receipt: tuple[int, int] | None = None
     """(sync id, stream id) of the message being dispatched, until the listeners take it over."""
 
