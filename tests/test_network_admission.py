@@ -57,6 +57,9 @@ def test_check_order_and_limits() -> None:
     assert policy.check("10.0.0.1", "tag", KEY, 3, 0) is RejectReason.SERVER_FULL
     assert policy.check("10.0.0.1", "tag", KEY, 3, 2) is RejectReason.SERVER_FULL  # full is checked first
     assert policy.check(None, "tag", KEY, 2, 5) is None  # IPC has no address to count
+    for loopback in ("127.0.0.1", "127.8.0.1", "::1", "::ffff:127.0.0.1"):  # exempt, as in the seed
+        assert policy.check(loopback, "tag", KEY, 2, 2) is None
+        assert policy.check(loopback, "tag", KEY, 3, 3) is RejectReason.SERVER_FULL
     assert AdmissionPolicy(max_clients=5).max_connections_per_address == 5
 
 

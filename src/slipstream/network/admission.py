@@ -90,7 +90,9 @@ class AdmissionPolicy:
     """The server's limits and filters, checked in a fixed order: tag, IP rules, filter callback, key
     allowlist, then the total and per-address limits (so a refused client never counts against them).
 
-    ``max_connections_per_address`` 0 means ``max_clients``. ``allowed_keys`` None admits any key.
+    ``max_connections_per_address`` 0 means ``max_clients``; it never limits loopback clients (as the
+    seed's: they are this host's own processes, which ``max_clients`` still bounds). ``allowed_keys`` None
+    admits any key.
     ``filter_callback(address, tag)`` returning false (or raising) refuses with NOT_PERMITTED.
     """
 
@@ -139,6 +141,17 @@ class AdmissionPolicy:
             return RejectReason.KEY_NOT_ALLOWED
         if current_total >= self.max_clients:
             return RejectReason.SERVER_FULL
-        if address is not None and current_for_address >= self.max_connections_per_address:
+        if address is not None and current_for_address >= self.max_connections_per_address and not _loopback(address):
             return RejectReason.TOO_MANY_FOR_ADDRESS
         return None
+
+
+def _loopback(address: str) -> bool:
+    """Whether ``address`` is a loopback one (an IPv4 loopback seen by a dual-stack socket included)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback

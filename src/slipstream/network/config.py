@@ -14,9 +14,10 @@ import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import NetworkError
+from .hooks import ConnectionHooks
 from .rmi.registry import RmiRegistry
 from .serialization import Serialization
 
@@ -147,6 +148,9 @@ class _EndpointConfig:
     recording: RecordingConfig | None = None
     """Record handshakes, connections and per-connection statistics (and the driver's counters) as
     Parquet telemetry for ``slipstream pipeline report``; None (the default) records nothing."""
+    connection_class: type[Any] | None = None
+    """A subclass of ``slipstream.network.Connection`` to make every connection of (its ``outgoing`` and
+    ``dispatch`` see each message sent and received); None: ``Connection`` itself."""
 
     def __post_init__(self) -> None:
         _check_type("app_id", self.app_id, str)
@@ -213,6 +217,10 @@ class _EndpointConfig:
             from ..telemetry.config import RecordingConfig
 
             _check_type("recording", self.recording, RecordingConfig)
+        if self.connection_class is not None and not (
+            isinstance(self.connection_class, type) and issubclass(self.connection_class, ConnectionHooks)
+        ):
+            raise ConfigTypeError(f"connection_class must subclass network.Connection: {self.connection_class!r}")
 
     def store_path(self, role: str) -> str:
         """The settings store to open: the configured one, or the per-user default for ``role``."""
@@ -284,12 +292,16 @@ class ServerConfig(_EndpointConfig):
         recording (RecordingConfig | None): Record handshakes, connections and per-connection statistics (and the
             driver's counters) as Parquet telemetry for ``slipstream pipeline report``; None (the default) records
             nothing. Default ``None``.
+        connection_class (type[Any] | None): A subclass of ``slipstream.network.Connection`` to make every connection of
+            (its ``outgoing`` and ``dispatch`` see each message sent and received); None: ``Connection`` itself. Default
+            ``None``.
         listen_address (str): Wildcards ``* 0 0.0.0.0 ::``, localhost aliases (``localhost``, ``lo``...), or an IP
             literal. Default ``"*"``.
         max_clients (int): Clients connected at once (UDP and IPC); one more is refused with ``ServerFull``. Default
             ``256``.
         max_connections_per_address (int): Clients connected at once from one IP address
-            (``TooManyConnectionsForAddress`` beyond); 0 means ``max_clients``. Default ``0``.
+            (``TooManyConnectionsForAddress`` beyond); 0 means ``max_clients``. Loopback clients are exempt, as in the
+            seed (this host's own processes; ``max_clients`` still bounds them). Default ``0``.
         connection_ports (tuple[int, int] | None): ``(first, count)`` of the UDP ports the server hands out, one per
             connection (the connection's control port, which a NATed client registers at); None: ``(bind port + 2,
             max_clients)``. Default ``None``.
@@ -331,7 +343,8 @@ class ServerConfig(_EndpointConfig):
     """Clients connected at once (UDP and IPC); one more is refused with ``ServerFull``."""
     max_connections_per_address: int = 0
     """Clients connected at once from one IP address (``TooManyConnectionsForAddress`` beyond); 0 means
-    ``max_clients``."""
+    ``max_clients``. Loopback clients are exempt, as in the seed (this host's own processes; ``max_clients``
+    still bounds them)."""
     connection_ports: tuple[int, int] | None = None
     """``(first, count)`` of the UDP ports the server hands out, one per connection (the connection's
     control port, which a NATed client registers at); None: ``(bind port + 2, max_clients)``."""
@@ -498,12 +511,16 @@ class ClientConfig(_EndpointConfig):
         recording (RecordingConfig | None): Record handshakes, connections and per-connection statistics (and the
             driver's counters) as Parquet telemetry for ``slipstream pipeline report``; None (the default) records
             nothing. Default ``None``.
+        connection_class (type[Any] | None): A subclass of ``slipstream.network.Connection`` to make every connection of
+            (its ``outgoing`` and ``dispatch`` see each message sent and received); None: ``Connection`` itself. Default
+            ``None``.
         tag (str): Sent to the server with the handshake (its filter callback sees it); at most 32 characters. Default
             ``""``.
         port (int | None): Local UDP port of the connection's subscription (None: any free port). Default ``None``.
         allow_key_change (bool): Accept a server whose key differs from the pinned one (and re-pin it). Default
             ``False``.
-        connect_timeout (float): Default timeout of ``connect``. Default ``30.0``.
+        connect_timeout (float | None): Default timeout of ``connect`` in seconds; 0 or None waits forever (the seed's
+            0). Default ``30.0``.
         reconnect (bool): After a connection is lost (the server went silent past the expiry, its stream ended, or the
             media driver was lost; not after a close), connect again to the same server, waiting 0.05 s, then twice as
             long after each failure up to ``reconnect_max_delay``, until it works or ``close`` is called (an embedded
@@ -518,8 +535,8 @@ class ClientConfig(_EndpointConfig):
     """Local UDP port of the connection's subscription (None: any free port)."""
     allow_key_change: bool = False
     """Accept a server whose key differs from the pinned one (and re-pin it)."""
-    connect_timeout: float = 30.0
-    """Default timeout of ``connect``."""
+    connect_timeout: float | None = 30.0
+    """Default timeout of ``connect`` in seconds; 0 or None waits forever (the seed's 0)."""
     reconnect: bool = True
     """After a connection is lost (the server went silent past the expiry, its stream ended, or the media
     driver was lost; not after a close), connect again to the same server, waiting 0.05 s, then twice as
@@ -539,6 +556,9 @@ class ClientConfig(_EndpointConfig):
             if not 1 <= self.port <= 65534:
                 raise ConfigError(f"port must be in 1..65534: {self.port}")
         _check_type("allow_key_change", self.allow_key_change, bool)
-        _positive("connect_timeout", self.connect_timeout)
+        if self.connect_timeout is not None:
+            _check_type("connect_timeout", self.connect_timeout, (int, float))
+            if self.connect_timeout < 0:
+                raise ConfigError(f"connect_timeout must not be negative (0, None: forever): {self.connect_timeout!r}")
         _check_type("reconnect", self.reconnect, bool)
         _positive("reconnect_max_delay", self.reconnect_max_delay)

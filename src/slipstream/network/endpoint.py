@@ -108,7 +108,7 @@ class EndpointCore:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.store = SettingsStore(path)
         """The settings store: this endpoint's identity, pinned server keys and ``settings``."""
-        self.private_key, self.public_key = self.store.identity()
+        self.private_key, self.public_key = self.store.identity(claim=self._role == "client")  # (see ..store)
         self.settings: AppSettings = self.store.app
         """The application's own settings, kept in the settings store's file beside the identity and
         pins but apart from them: ``server.settings.set("theme", "dark")``, ``.get``, ``.delete``, ``.keys``."""

@@ -69,6 +69,8 @@ class HandshakeCompleted:
     receive_key: bytes
     handshake_hash: bytes
     connection_expiry_ns: int
+    key_changed: bool = False
+    """The server's key differed from the pinned one and ``allow_key_change`` accepted it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +198,6 @@ class Closed:
     by_peer: bool
     expired: bool
     reason: str = ""
-
 
 
 # -- remote objects ---------------------------------------------------------------------------------
@@ -377,6 +378,7 @@ class StreamFailed:
 StreamEvent = StreamStarted | StreamProgressed | StreamCompleted | StreamSent | StreamFailed
 
 # -- buffered sessions (network.buffered) ------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class BufferOverflowed(Generic[T]):

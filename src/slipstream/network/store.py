@@ -6,12 +6,20 @@ SQLite (stdlib) in one file, by default under the per-user data directory
 0600 permissions because it holds a private key; ``":memory:"`` keeps everything in memory (tests,
 throwaway identities). The identity is created once and kept: a client pins a server's key per address
 on first contact (trust on first use) and refuses a changed one, so a server must not change keys
-across restarts. Safe to share between processes (SQLite locking; the identity is inserted with
+across restarts. Safe to share between processes (SQLite locking; an identity is inserted with
 ``INSERT OR IGNORE`` so two processes starting at once agree on one key).
+
+A client *claims* its identity (``identity(claim=True)``): one slot of the store per client open at once,
+held by a lock file (``<store>.identity-<slot>.lock``, ``flock``) until ``close``. Two clients sharing a
+store at once (two processes of one application without ``settings_store``, or two in one process) so get
+keys of their own, and a server never takes one for the other coming back (buffered sessions, the
+table's successor); a client started again takes the first free slot, so a lone client keeps its key
+across restarts. Servers share their identity: clients pin a server's key by address.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import threading
@@ -40,7 +48,10 @@ _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS identity (id INTEGER PRIMARY KEY CHECK (id = 1), private BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS pins (address TEXT PRIMARY KEY, key BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS app_settings (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS identities (slot INTEGER PRIMARY KEY CHECK (slot > 1), private BLOB NOT NULL);
 """
+MAX_SLOTS: Final = 4096
+"""Clients sharing one store at once (each claims a slot)."""
 MAX_SETTING_KEY: Final = 256
 """Bytes (UTF-8) of an application setting's key."""
 MAX_SETTING_VALUE: Final = 64 * 1024
@@ -74,6 +85,8 @@ class SettingsStore:
         self._identity: tuple[bytes, bytes] | None = None
         self.app = AppSettings(self._db, self._lock, self.path)
         """The application's own key/value settings (an endpoint's ``settings``)."""
+        self._claim: int | None = None
+        """The lock file held for the claimed identity slot (its descriptor)."""
 
     @staticmethod
     def _create_private_file(path: str) -> None:
@@ -87,15 +100,18 @@ class SettingsStore:
         finally:
             os.close(fd)
 
-    def identity(self) -> tuple[bytes, bytes]:
-        """(private, public) raw X25519 keys of this endpoint: created on first use, then the same forever."""
+    def identity(self, *, claim: bool = False) -> tuple[bytes, bytes]:
+        """(private, public) raw X25519 keys of this endpoint: created on first use, then the same forever.
+        With ``claim``, the first slot no other open store holds (see the module's text)."""
         if self._identity is not None:
             return self._identity
+        slot = self._claim_slot() if claim and self.path != MEMORY else 1
         candidate, _ = generate_keypair()
+        table, column = ("identity", "id") if slot == 1 else ("identities", "slot")
         with self._lock:
             try:
-                self._db.execute("INSERT OR IGNORE INTO identity (id, private) VALUES (1, ?)", (candidate,))
-                row = self._db.execute("SELECT private FROM identity WHERE id = 1").fetchone()
+                self._db.execute(f"INSERT OR IGNORE INTO {table} ({column}, private) VALUES (?, ?)", (slot, candidate))
+                row = self._db.execute(f"SELECT private FROM {table} WHERE {column} = ?", (slot,)).fetchone()
             except sqlite3.Error as exc:
                 raise SettingsStoreError(f"settings store {self.path!r}: {exc}") from exc
         private = row[0] if row is not None else None
@@ -103,6 +119,22 @@ class SettingsStore:
             raise SettingsStoreError(f"settings store {self.path!r} holds an invalid identity key")
         self._identity = (private, public_key(private))
         return self._identity
+
+    def _claim_slot(self) -> int:
+        """Lock the first free slot's file (kept until ``close``); SettingsStoreError when all are held."""
+        for slot in range(1, MAX_SLOTS + 1):
+            try:
+                fd = os.open(f"{self.path}.identity-{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                raise SettingsStoreError(f"cannot claim an identity in {self.path!r}: {exc}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)  # held by another client
+                continue
+            self._claim = fd
+            return slot
+        raise SettingsStoreError(f"{MAX_SLOTS} clients hold identities of {self.path!r} at once")
 
     def pinned_key(self, address: str) -> bytes | None:
         """The server key pinned for ``address``, or None if none is."""
@@ -139,6 +171,9 @@ class SettingsStore:
         """Close the database (idempotent)."""
         with self._lock:
             self._db.close()
+            if self._claim is not None:
+                os.close(self._claim)  # (the slot is free again)
+                self._claim = None
 
     def __enter__(self) -> SettingsStore:
         return self

@@ -57,7 +57,6 @@ __all__ = [
     "handshake_cycle",
     "host_port",
     "ipc_channel",
-    "is_local_host",
     "listen_host",
     "parse_source",
     "resolve_host",
@@ -297,11 +296,6 @@ def handshake_channels(host: str, port: int, control_port: int) -> tuple[str, st
     port) and publication (small terms: all the server's handshake endpoint accepts)."""
     answers = udp_channel(control=host_port(host, control_port), control_mode="dynamic")
     return answers, udp_channel(endpoint=host_port(host, port), term_length=HANDSHAKE_CLIENT_TERM_LENGTH)
-
-
-def is_local_host(host: str) -> bool:
-    """Loopback names and literals: candidates for automatic IPC."""
-    return host in LOCALHOST_ALIASES or host.startswith("127.")
 
 
 HANDSHAKE_POLL_LIMIT = 256

@@ -10,6 +10,7 @@ import time
 from ...client import Header
 from ..buffered import Hold
 from ..config import ClientConfig
+from ..connecting import connect_window, is_local_host, ns_until
 from ..delivery import Delivery
 from ..errors import ClientClosedError, ClientError, ConnectTimeout
 from ..events import Closed, HandshakeCompleted, HandshakeTimedOut, Rejected
@@ -30,7 +31,6 @@ from ..transport import (
     handshake_cycle,
     host_port,
     ipc_channel,
-    is_local_host,
     resolve_host,
     shared_contexts,
 )
@@ -59,7 +59,8 @@ class Client(Endpoint):
         self.connection: Connection | None = None
         """The current connection (None before connecting, while reconnecting, and after it ended)."""
         self._last_target: tuple[str | None, int, int | None, float | None] | None = None
-        self._last_timeout = 0.0
+        self._started = 0.0
+        """When the current connect began (an IPC probe may have gone first)."""
         self._closed = False
         self._lost: Connection | None = None
         """The lost connection whose sends wait for the next one (``ClientConfig.reconnect``)."""
@@ -80,17 +81,15 @@ class Client(Endpoint):
     ) -> Connection:
         """Connect to the server at ``host:port`` (handshake port; its control port defaults to
         ``port + 1``), waiting at most ``timeout`` seconds in all (default: the config's
-        ``connect_timeout``, 30 s). Raises a ClientRejected subclass, ConnectTimeout, or ClientClosedError
-        after ``close``."""
+        ``connect_timeout``, 30 s; 0 waits forever). Raises a ClientRejected subclass, ConnectTimeout,
+        or ClientClosedError after ``close``."""
         self._check_open()
         if not isinstance(port, int) or not 1 <= port <= 65534:
             raise ValueError(f"port must be in 1..65534: {port!r}")
         control_port = port + 1 if control_port is None else control_port
-        timeout_s = self.config.connect_timeout if timeout is None else timeout
-        if timeout_s <= 0:
-            raise ValueError(f"timeout must be positive: {timeout_s}")
+        timeout_s = connect_window(self.config.connect_timeout if timeout is None else timeout)  # (inf: forever)
         self._last_target = (host, port, control_port, timeout_s)
-        self._last_timeout = timeout_s
+        self._started = time.monotonic()
         replacing = self._reconnecting is not None and asyncio.current_task() is self._reconnecting
         if self.connection is not None and not self.connection.is_closed and not replacing:
             raise ClientError(f"already connected (connection {self.connection.id}); close it first")
@@ -113,9 +112,9 @@ class Client(Endpoint):
         self._check_open()
         if not self.config.enable_ipc:
             raise ClientError("enable_ipc is False in this client's config")
-        timeout_s = self.config.connect_timeout if timeout is None else timeout
+        timeout_s = connect_window(self.config.connect_timeout if timeout is None else timeout)
         self._last_target = (None, 0, None, timeout_s)
-        self._last_timeout = timeout_s
+        self._started = time.monotonic()
         connection = await self._attempt(None, 0, None, time.monotonic() + timeout_s, probe=False)
         assert connection is not None
         return connection
@@ -148,7 +147,7 @@ class Client(Endpoint):
         config = self.config
         context = self._acquire_context()
         where = f"IPC (port {port})" if host is None else f"{host_port(host, port)}"
-        started = deadline - self._last_timeout  # the connect began then (an IPC probe may have gone first)
+        started = self._started
         try:
             if host is None:
                 hs_sub, hs_pub = await registered_pair(
@@ -181,7 +180,6 @@ class Client(Endpoint):
                     raise ConnectTimeout(f"no server answered at {where} within {time.monotonic() - started:.1f} s")
                 await backoff.idle(time.monotonic())
             now_ns = time.monotonic_ns()
-            remaining_ns = int((deadline - time.monotonic()) * 1e9)
             pinned = self.store.pinned_key(host or "ipc") if host is not None else None
             machine = ClientHandshake(
                 app_id=config.app_id,
@@ -192,7 +190,7 @@ class Client(Endpoint):
                 pinned_key=pinned,
                 allow_key_change=config.allow_key_change,
                 now_ns=now_ns,
-                timeout_ns=max(1, remaining_ns),
+                timeout_ns=ns_until(deadline, time.monotonic()),
                 plaintext_ipc=host is None and not config.encrypt_ipc,
                 resume=self._session().session_id,
             )
@@ -244,7 +242,7 @@ class Client(Endpoint):
         plaintext: bool,
     ) -> Connection:
         config = self.config
-        started = deadline - self._last_timeout
+        started = self._started
         context = self._acquire_context()
         (sub_channel, sub_stream), (pub_channel, pub_stream) = client_streams(config, done, host, port)
         subscription, publication = await registered_pair(
@@ -280,7 +278,7 @@ class Client(Endpoint):
             global_objects=None,
             delivery=self._session(),
         )
-        self.connection = connection
+        self.connection, connection.remote_key_changed = connection, done.key_changed
         self._start_poller()
         if self._lost is not None:  # what waited for a new connection goes on this one
             self._lost.hand_over(connection)

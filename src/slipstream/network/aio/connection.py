@@ -49,6 +49,7 @@ from ..events import (
     SyncFailed,
     SyncTimedOut,
 )
+from ..hooks import ConnectionHooks
 from ..listeners import Listeners
 from ..requests import sync_error
 from ..results import Ping, Transfers, connection_stats
@@ -73,10 +74,9 @@ DRIVER_LOST = "driver lost"
 _RMI_EVENTS = (RmiRequestReceived, RmiCallCompleted, RmiCallFailed, RmiObjectReceived, RmiOnewayFailed)
 
 
-class Connection:
-    """One connection between a server and a client; the same ``id`` on both sides.
-
-    Made by servers and clients, never directly."""
+class Connection(ConnectionHooks):
+    """One connection between a server and a client; the same ``id`` on both sides. Made by servers and
+    clients, never directly; a subclass named in the config (``connection_class``) overrides the hooks."""
 
     def __init__(
         self,
@@ -139,7 +139,7 @@ class Connection:
             self._after_append,
             caller=self,
             on_error=lambda error: owner.report_error(self, error),
-            on_object=lambda value: owner.dispatch(self, value, 0, 0),
+            on_object=self.received,
             default_timeout=rmi_timeout,
         )
         """Remote objects over this connection: ``get(Interface, id)``, ``get_global(Interface, id)``,
@@ -147,11 +147,6 @@ class Connection:
         self._work = self.rmi.work  # async calls and listener tasks against max_pending_calls (..limits)
 
     # -- public -----------------------------------------------------------------------------------
-
-    @property
-    def is_ipc(self) -> bool:
-        """True for a shared-memory connection."""
-        return self.remote_address is None
 
     @property
     def is_closed(self) -> bool:
@@ -235,7 +230,7 @@ class Connection:
         self._send(message)
 
     def _send(self, message: object) -> None:
-        self._machine.send(message)
+        self._machine.send(self.outgoing(message))
         self._after_append()
 
     async def send_sync(self, message: object, timeout: float | None = None) -> None:
@@ -251,7 +246,7 @@ class Connection:
         if self._full():
             await self._wait_room()
         timeout_s = self.send_timeout if timeout is None else timeout
-        sync_id = self._machine.send_sync(message, time.monotonic_ns(), int(timeout_s * 1e9))
+        sync_id = self._machine.send_sync(self.outgoing(message), time.monotonic_ns(), int(timeout_s * 1e9))
         future: asyncio.Future[None] = self._loop.create_future()
         self._syncs[sync_id] = future
         self._after_append()
@@ -487,7 +482,7 @@ class Connection:
     def _on_event(self, event: object) -> None:
         owner = self._owner
         if isinstance(event, MessageReceived):
-            owner.dispatch(self, event.message, event.sync_id, event.stream_id)
+            self.received(event.message, event.sync_id, event.stream_id)
         elif isinstance(event, _RMI_EVENTS):
             self.rmi.handle(event)
         elif isinstance(event, (StreamStarted, StreamProgressed, StreamSent, StreamFailed)):

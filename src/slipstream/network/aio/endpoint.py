@@ -151,7 +151,8 @@ class Endpoint(EndpointCore):
 
             self._files = shared_stream_files.acquire(loop, wake)
         machine = self._new_machine(records, expiry_ns, publication, self._files, global_objects, delivery)
-        return Connection(
+        factory: type[Connection] = self.config.connection_class or Connection  # (checked by the config)
+        return factory(
             owner=self,
             connection_id=connection_id,
             machine=machine,

@@ -291,6 +291,7 @@ class ClientHandshake:
                 receive_key=receive_key,
                 handshake_hash=self._handshake_hash,
                 connection_expiry_ns=welcome.expiry_ms * 1_000_000,
+                key_changed=self._pinned_key is not None and self._pinned_key != self.remote_public_key,
             )
         )
 
