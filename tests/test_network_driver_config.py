@@ -15,8 +15,16 @@ from slipstream import DriverConfig
 from slipstream.driver.config_file import running_config
 from slipstream.driver.media_driver import MediaDriver
 from slipstream.files import observe
-from slipstream.network import Client, ConfigError, ConfigTypeError, Connection, Server, ServerConfig
-from slipstream.network.tuning import IDLE_DATAGRAM_MAX_NS, DriverSettingsIgnored
+from slipstream.network import (
+    Client,
+    ConfigError,
+    ConfigTypeError,
+    Connection,
+    DriverSettingsIgnored,
+    Server,
+    ServerConfig,
+)
+from slipstream.network.tuning import IDLE_DATAGRAM_MAX_NS
 
 from .test_network_aio import Quote, client_config, free_ports, run, server_config, wait_for
 

@@ -41,6 +41,7 @@ from .errors import (
 )
 from .rmi import RemoteError, RemoteObjectMissing, RmiCallTimeout, RmiConnectionClosed, RmiError, RmiRequestRefused
 from .streaming import StreamingError
+from .tuning import DriverSettingsIgnored
 
 __all__ = [
     "Client",
@@ -54,6 +55,7 @@ __all__ = [
     "Connection",
     "ConnectionClosedError",
     "ConnectionNotPermitted",
+    "DriverSettingsIgnored",
     "MessageDecodeError",
     "MessageDispatchError",
     "MaxMessageSizeExceeded",
