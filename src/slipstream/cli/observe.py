@@ -1,4 +1,4 @@
-"""``slipstream stat | loss | errors | backlog``: read a running (or stopped) driver's files from outside.
+"""``slipstream stat | loss | errors | backlog | settings``: read a running (or stopped) driver's files from outside.
 
 The output follows Aeron's tools (AeronStat, LossStat, ErrorStat, BacklogStat) so that people who know
 them read it at a glance; ``--json`` gives the same data to scripts. Exit code 2 means there is no
@@ -22,7 +22,7 @@ from ..files.counters import CounterInfo
 from ..files.directory import default_directory
 from ..files.error_log import ErrorRecord
 from ..files.loss_report import LossEntry
-from ..files.observe import TYPE_NAMES, DriverStatus, StreamBacklog, backlog, driver_status, errors, loss
+from ..files.observe import TYPE_NAMES, DriverStatus, StreamBacklog, backlog, driver_status, errors, loss, settings
 
 LOSS_HEADER = (
     "#OBSERVATION_COUNT,TOTAL_BYTES_LOST,FIRST_OBSERVATION,LAST_OBSERVATION,SESSION_ID,STREAM_ID,CHANNEL,SOURCE"
@@ -57,6 +57,7 @@ def register(commands: Any) -> None:
         ("loss", run_loss, "print the loss report as CSV (like LossStat)"),
         ("errors", run_errors, "print the distinct error log (like ErrorStat)"),
         ("backlog", run_backlog, "print per-stream positions and how far each consumer is behind"),
+        ("settings", run_settings, "print the settings the driver runs with (its driver.toml: embedded or not)"),
     ):
         parser: argparse.ArgumentParser = commands.add_parser(name, help=text, description=text)
         _common(parser)
@@ -249,6 +250,21 @@ def run_errors(args: argparse.Namespace) -> int:
         print(format_error(record))
         print()
     print(f"{len(records)} distinct error{'' if len(records) == 1 else 's'} observed.")
+    return 0
+
+
+def run_settings(args: argparse.Namespace) -> int:
+    """Print the settings the driver in the directory runs with (TOML, or JSON with ``--json``)."""
+    try:
+        values = settings(_directory(args))
+    except CncError as exc:
+        return _fail("settings", exc)
+    if args.json:
+        _print_json(values)
+        return 0
+    width = max((len(name) for name in values), default=0)
+    for name, value in values.items():
+        print(f"{name:<{width}} = {json.dumps(value)}")
     return 0
 
 

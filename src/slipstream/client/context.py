@@ -224,7 +224,8 @@ class Context:
     always starts one here (and fails if the directory is in use); ``"external"`` only attaches.
     An embedded driver configured with ``threading_mode="invoker"`` has no thread: call
     :meth:`invoke` from the application's loop, or UDP traffic does not move. An embedded driver
-    removes its directory when the context closes (``DriverConfig.dir_delete_on_shutdown``).
+    removes its directory when the context closes (``DriverConfig.dir_delete_on_shutdown``). With
+    ``DriverConfig.unique_directory`` the context starts its driver in a directory of its own (``directory``).
     """
 
     def __init__(
@@ -259,6 +260,11 @@ class Context:
                 f"directory {self.directory} contradicts driver_config.directory {driver_config.directory}; "
                 "give one of them (or the same directory)"
             )
+        if driver_config is not None and driver_config.unique_directory:  # its own directory, so its own driver
+            if driver == "external":
+                raise InvalidArgumentError("driver_config.unique_directory needs a driver started here, not 'external'")
+            driver_config = replace(driver_config, directory=self.directory).made_unique()
+            self.directory, driver = driver_config.directory, "embedded"
         self.driver_timeout_s = driver_timeout_s
         self.on_driver_lost = on_driver_lost
         self._driver_config = replace(driver_config or DriverConfig(), directory=self.directory)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
@@ -29,6 +31,7 @@ THREADING_MODES = ("dedicated", "invoker")
 STALL_THRESHOLD_MAX_DEFAULT_NS: Final = 2 * S
 """The default stall threshold's ceiling: a peer's silence before a stall plus it stays under the streams'
 own timeouts (a status message at most 2.5 s apart against a 5 s connection timeout)."""
+_UNIQUE = itertools.count(1)
 MAX_DURATION_NS: Final = 365 * 24 * 3600 * S
 """Longest duration setting: well inside the 64-bit fields the driver stores durations in."""
 
@@ -110,6 +113,11 @@ class DriverConfig:
             other processes are attached, as Aeron does: they lost their driver either way, and what they mapped stays
             valid (files are unlinked, never truncated). A crashed driver removes nothing; the next one to claim the
             directory cleans it. Default ``None``.
+        unique_directory (bool): Run in a directory of this driver's own, ``<directory>-<pid>-<n>``, instead of
+            ``directory`` itself, so two processes (or two endpoints of one) never collide over one directory. Only a
+            driver started here can be there: a ``Context`` with it starts an embedded driver (``driver="external"`` is
+            refused), and no other process attaches to it (no shared IPC with them). Default off: one directory per
+            host, shared. Default ``False``.
     """
 
     directory: Path = field(default_factory=default_directory)
@@ -199,6 +207,19 @@ class DriverConfig:
     processes are attached, as Aeron does: they lost their driver either way, and what they mapped stays
     valid (files are unlinked, never truncated). A crashed driver removes nothing; the next one to
     claim the directory cleans it."""
+
+    unique_directory: bool = False
+    """Run in a directory of this driver's own, ``<directory>-<pid>-<n>``, instead of ``directory`` itself, so
+    two processes (or two endpoints of one) never collide over one directory. Only a driver started here can
+    be there: a ``Context`` with it starts an embedded driver (``driver="external"`` is refused), and no other
+    process attaches to it (no shared IPC with them). Default off: one directory per host, shared."""
+
+    def made_unique(self) -> DriverConfig:
+        """A copy whose ``directory`` is a fresh one of its own (``unique_directory`` set) or ``self``."""
+        if not self.unique_directory:
+            return self
+        name = f"{self.directory.name}-{os.getpid()}-{next(_UNIQUE)}"
+        return replace(self, directory=self.directory.with_name(name), unique_directory=False)
 
     def deletes_directory(self, *, embedded: bool) -> bool:
         """``dir_delete_on_shutdown``, or the default it stands for (``embedded``: started inside an
@@ -291,5 +312,7 @@ class DriverConfig:
             idle_strategy(self.idle_strategy)
         except ValueError as exc:
             raise ValueError(f"idle_strategy: {exc}") from None
+        if not isinstance(self.unique_directory, bool):
+            raise ValueError(f"unique_directory must be True or False: {self.unique_directory!r}")
         if self.threading_mode not in THREADING_MODES:
             raise ValueError(f"threading_mode must be one of {', '.join(THREADING_MODES)}: {self.threading_mode!r}")

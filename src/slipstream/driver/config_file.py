@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from ..errors import SlipstreamError
+from ..files.directory import CONFIG_FILE
 from ..wire.uri import parse_duration_ns, parse_size
 from .config import DriverConfig
 
@@ -55,6 +56,7 @@ KINDS: Final[dict[str, Kind]] = {
     "record_directory": "optional_path",
     "record_interval_ns": "duration",
     "dir_delete_on_shutdown": "optional_bool",
+    "unique_directory": "bool",
 }
 """How each DriverConfig field is written in a file; a test checks it covers every field."""
 _DURATIONS: Final = ("duration", "optional_duration")
@@ -266,6 +268,20 @@ def load_config(path: Path | str) -> DriverConfig:
 
 
 # -- printing -----------------------------------------------------------------------------------------
+
+
+def running_config(directory: Path | str) -> DriverConfig:
+    """The settings the driver in ``directory`` runs (or last ran) with, from the ``driver.toml`` it wrote
+    when it started: its effective values, what None stood for resolved (ConfigFileError if none is there)."""
+    return load_config(Path(directory) / CONFIG_FILE)
+
+
+def effective_config(config: DriverConfig, *, embedded: bool) -> DriverConfig:
+    """``config`` as a driver runs it: the defaults None stands for written out."""
+    return dataclasses.replace(
+        config, stall_threshold_ns=config.effective_stall_threshold_ns(),
+        dir_delete_on_shutdown=config.deletes_directory(embedded=embedded),
+    )  # fmt: skip
 
 
 def _duration_text(ns: int) -> str:

@@ -24,6 +24,7 @@ from ..errors import DriverAlreadyRunningError, DriverDirectoryError, DriverErro
 from ..files.cnc import STATE_CLOSED, STATE_RUNNING, CncFile
 from ..files.directory import (
     CNC_FILE,
+    CONFIG_FILE,
     IMAGES_DIR,
     LOCK_FILE,
     PUBLICATIONS_DIR,
@@ -36,6 +37,7 @@ from ..files.loss_report import LOSS_REPORT_FILE, LossReport
 from .clock import StallClock
 from .conductor import DriverConductor, clean_publications_dir
 from .config import DriverConfig
+from .config_file import effective_config, format_config
 from .ipc_publication import PublicationState
 from .network_publication import NetworkPublication
 
@@ -51,7 +53,7 @@ class MediaDriver:
     only starts, and the application calls ``invoke`` for each duty cycle."""
 
     def __init__(self, config: DriverConfig | None = None) -> None:
-        self.config = config or DriverConfig()
+        self.config = (config or DriverConfig()).made_unique()
         self.config.validate()
         self.directory = Path(self.config.directory)
         self._lock_fd = -1
@@ -82,7 +84,7 @@ class MediaDriver:
         return self
 
     def _prepare(self, directory: Path) -> None:
-        for stale in (SOCKET_FILE, CNC_FILE, LOSS_REPORT_FILE):
+        for stale in (SOCKET_FILE, CNC_FILE, LOSS_REPORT_FILE, CONFIG_FILE):
             with contextlib.suppress(FileNotFoundError):
                 (directory / stale).unlink()
         clean_publications_dir(directory)
@@ -107,6 +109,7 @@ class MediaDriver:
         # The duty cycle's one clock, whichever thread runs it: timeouts leave the driver's own stalls out.
         clock = StallClock(config.effective_stall_threshold_ns())
         self._conductor = DriverConductor(config, self._cnc, listener, clock, self._loss_report)
+        _write_settings(directory, effective_config(config, embedded=self._embedded))
         self._cnc.heartbeat_ms = time.time_ns() // 1_000_000
         self._cnc.state = STATE_RUNNING
         log.info("media driver started in %s (pid %d)", directory, os.getpid())
@@ -296,7 +299,7 @@ class MediaDriver:
         try:
             for name in (PUBLICATIONS_DIR, IMAGES_DIR):
                 shutil.rmtree(directory / name, ignore_errors=True)
-            for name in (CNC_FILE, LOSS_REPORT_FILE, SOCKET_FILE, LOCK_FILE):
+            for name in (CNC_FILE, LOSS_REPORT_FILE, SOCKET_FILE, CONFIG_FILE, LOCK_FILE):
                 with contextlib.suppress(FileNotFoundError):
                     (directory / name).unlink()
             directory.rmdir()
@@ -315,6 +318,14 @@ class MediaDriver:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _write_settings(directory: Path, config: DriverConfig) -> None:
+    """``driver.toml``: the settings this driver runs with, for any process to read (``running_config``,
+    ``slipstream settings``); written whole, then renamed, so a reader never sees half of it."""
+    partial = directory / f".{CONFIG_FILE}.{os.getpid()}"
+    partial.write_text(format_config(config) + "\n", encoding="utf-8")
+    partial.replace(directory / CONFIG_FILE)
 
 
 def _claim(directory: Path) -> int:

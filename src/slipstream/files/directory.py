@@ -2,7 +2,8 @@
 
 ``<dir>/cnc.dat`` holds the driver's identity and counters, ``<dir>/driver.sock`` is its command
 socket, ``<dir>/driver.lock`` is held (flock) for the driver's lifetime so two drivers can never share
-a directory, and ``<dir>/publications/`` holds IPC log buffers.
+a directory, ``<dir>/driver.toml`` holds the settings it runs with, and ``<dir>/publications/`` holds IPC log
+buffers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from ..errors import DriverDirectoryError
 CNC_FILE = "cnc.dat"
 SOCKET_FILE = "driver.sock"
 LOCK_FILE = "driver.lock"
+CONFIG_FILE = "driver.toml"
+"""The settings the driver runs with, as TOML, written when it starts (``slipstream settings`` prints it)."""
 PUBLICATIONS_DIR = "publications"
 IMAGES_DIR = "images"
 ENV_DIR = "SLIPSTREAM_DIR"

@@ -1,6 +1,6 @@
 """What a media driver is doing, read from its files by any process: status, counters, loss, errors, backlog.
 
-The Python face of ``slipstream stat | loss | errors | backlog``. Each function opens the driver's
+The Python face of ``slipstream stat | loss | errors | backlog | settings``. Each function opens the driver's
 files, copies what it needs and closes them again, so a monitor that polls never pins the mappings of
 a driver that has since restarted (a restart recreates the files), and works just as well after the
 driver has stopped (the files stay until the next driver starts in the directory).
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from .counters import (
     SYSTEM_COUNTER_TYPE_ID,
     CounterInfo,
 )
-from .directory import CNC_FILE
+from .directory import CNC_FILE, CONFIG_FILE
 from .error_log import ErrorRecord, read_error_log
 from .loss_report import LOSS_REPORT_FILE, LossEntry, read_loss_report
 
@@ -58,6 +59,7 @@ __all__ = [
     "StreamLabel",
     "backlog",
     "build_backlog",
+    "settings",
     "counters",
     "driver_status",
     "errors",
@@ -213,6 +215,19 @@ def errors(directory: Path | str) -> list[ErrorRecord]:
     with _open_cnc(Path(directory)) as cnc:
         data = bytes(cnc.error_log)
     return list(read_error_log(data))
+
+
+def settings(directory: Path | str) -> dict[str, object]:
+    """The settings the driver runs (or last ran) with, from the ``driver.toml`` it writes when it starts:
+    each ``DriverConfig`` field and its effective value as written there (durations and sizes as text, such as
+    ``"5s"`` or ``"2m"``; ``slipstream.driver.config_file.running_config`` gives a ``DriverConfig``)."""
+    directory = Path(directory)
+    try:
+        text = (directory / CONFIG_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        _require_driver_files(directory)
+        raise NoDriverError(f"the driver in {directory} wrote no {CONFIG_FILE} (it predates it)") from None
+    return dict(tomllib.loads(text))
 
 
 # -- backlog ------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from .errors import (
 )
 from .rmi import RemoteError, RemoteObjectMissing, RmiCallTimeout, RmiConnectionClosed, RmiError, RmiRequestRefused
 from .streaming import StreamingError
+from .tuning import DriverSettingsIgnored
 
 __all__ = [
     "Client",
@@ -58,6 +59,7 @@ __all__ = [
     "ConnectionNotPermitted",
     "DriverNotAttachedError",
     "DriverStats",
+    "DriverSettingsIgnored",
     "MessageDecodeError",
     "MessageDispatchError",
     "MaxMessageSizeExceeded",

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..driver.config import DriverConfig
 from .errors import NetworkError
 from .hooks import ConnectionHooks
 from .rmi.registry import RmiRegistry
 from .serialization import Serialization
+from .tuning import check_driver_config
 
 if TYPE_CHECKING:
     from ..telemetry.config import RecordingConfig  # imported when a config records: telemetry is a feature
@@ -145,6 +147,10 @@ class _EndpointConfig:
     """``auto`` attaches to a running driver or embeds one; ``embedded``; ``external``; ``invoker``:
     an embedded driver run by the endpoint's own asyncio loop (no driver thread competing for the
     GIL: the lowest UDP latency)."""
+    driver_config: DriverConfig | None = None
+    """Tuning of a media driver this endpoint starts (idle strategy, socket buffers, receiver window, linger,
+    ``unique_directory``...): fields left at their defaults take the network layer's; a driver that runs already
+    keeps its settings, and a ``DriverSettingsIgnored`` warning names what differs (``network.tuning``)."""
     recording: RecordingConfig | None = None
     """Record handshakes, connections and per-connection statistics (and the driver's counters) as
     Parquet telemetry for ``slipstream pipeline report``; None (the default) records nothing."""
@@ -213,6 +219,11 @@ class _EndpointConfig:
             _check_type("driver_directory", self.driver_directory, (str, os.PathLike))
         if self.driver not in ("auto", "embedded", "external", "invoker"):
             raise ConfigError(f"driver must be 'auto', 'embedded', 'external' or 'invoker': {self.driver!r}")
+        if self.driver_config is not None:
+            _check_type("driver_config", self.driver_config, DriverConfig)
+            if problem := check_driver_config(self.driver_config, driver=self.driver,
+                                              directory=self.driver_directory, enable_ipc=self.enable_ipc):  # fmt: skip
+                raise ConfigError(problem)
         if self.recording is not None:
             from ..telemetry.config import RecordingConfig
 
@@ -289,6 +300,10 @@ class ServerConfig(_EndpointConfig):
         driver (DriverMode): ``auto`` attaches to a running driver or embeds one; ``embedded``; ``external``;
             ``invoker``: an embedded driver run by the endpoint's own asyncio loop (no driver thread competing for the
             GIL: the lowest UDP latency). Default ``"auto"``.
+        driver_config (DriverConfig | None): Tuning of a media driver this endpoint starts (idle strategy, socket
+            buffers, receiver window, linger, ``unique_directory``...): fields left at their defaults take the network
+            layer's; a driver that runs already keeps its settings, and a ``DriverSettingsIgnored`` warning names what
+            differs (``network.tuning``). Default ``None``.
         recording (RecordingConfig | None): Record handshakes, connections and per-connection statistics (and the
             driver's counters) as Parquet telemetry for ``slipstream pipeline report``; None (the default) records
             nothing. Default ``None``.
@@ -508,6 +523,10 @@ class ClientConfig(_EndpointConfig):
         driver (DriverMode): ``auto`` attaches to a running driver or embeds one; ``embedded``; ``external``;
             ``invoker``: an embedded driver run by the endpoint's own asyncio loop (no driver thread competing for the
             GIL: the lowest UDP latency). Default ``"auto"``.
+        driver_config (DriverConfig | None): Tuning of a media driver this endpoint starts (idle strategy, socket
+            buffers, receiver window, linger, ``unique_directory``...): fields left at their defaults take the network
+            layer's; a driver that runs already keeps its settings, and a ``DriverSettingsIgnored`` warning names what
+            differs (``network.tuning``). Default ``None``.
         recording (RecordingConfig | None): Record handshakes, connections and per-connection statistics (and the
             driver's counters) as Parquet telemetry for ``slipstream pipeline report``; None (the default) records
             nothing. Default ``None``.

@@ -11,6 +11,7 @@ adapter (``aio/``) and a blocking one drive the same links.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import logging
 import os
 import select
@@ -35,9 +36,11 @@ from ..client import (
     Header,
     Subscription,
 )
-from .config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES, ClientConfig
+from ..files.directory import default_directory
+from .config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES, ClientConfig, ServerConfig
 from .errors import ClientError
 from .events import HandshakeCompleted
+from .tuning import endpoint_driver_config, warn_if_ignored
 
 __all__ = [
     "input_pending",
@@ -84,10 +87,6 @@ on one driver each have their own."""
 HANDSHAKE_IPC_REPLY_STREAM = 0x5EED_0000 + 0x20000
 """Base stream id of IPC handshake answers (+ port, as above)."""
 
-IDLE_DATAGRAM_MAX_NS = 1_000_000_000
-"""The longest period of an idle stream's heartbeats and status messages in drivers the network layer
-starts (Aeron: 100 ms and 200 ms; see ``DriverConfig.idle_heartbeat_max_ns``)."""
-
 
 @dataclass(slots=True)
 class _Shared:
@@ -103,38 +102,43 @@ INVOKE_GAP_S = 2e-4
 
 class SharedContexts:
     """This process's driver contexts by (directory, driver mode), started on first use and closed with
-    their last reference. Thread-safe: endpoints on several event loops or threads may share one."""
+    their last reference (a ``unique_directory`` one is never shared). Thread-safe: endpoints on several
+    event loops or threads may share one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._shared: dict[tuple[str, str], _Shared] = {}
+        self._unique = itertools.count()
 
-    def acquire(self, directory: str | os.PathLike[str] | None, driver: str) -> Context:
-        """The context for ``directory`` (started on first use; released by count)."""
-        key = (os.fspath(directory) if directory is not None else "", driver)
+    def acquire(
+        self, directory: str | os.PathLike[str] | None, driver: str, driver_config: DriverConfig | None = None
+    ) -> Context:
+        """The context for ``directory`` (started on first use; released by count). A driver started here runs
+        ``driver_config`` combined with the network layer's settings; one already running is checked against
+        it (see ``tuning``: a warning names what it runs otherwise)."""
+        unique = driver_config is not None and driver_config.unique_directory
+        if directory is None:
+            directory = driver_config.directory if driver_config is not None else default_directory()
+        key = (f"{os.fspath(directory)}\0{next(self._unique)}" if unique else os.fspath(directory), driver)
         with self._lock:
             entry = self._shared.get(key)
             if entry is not None:
                 entry.references += 1
-                return entry.context
-            # The server allocates session ids 1..65535: keep a driver we start away from them.
-            invoker = driver == "invoker"
-            config = DriverConfig(
-                reserved_session_id_low=-1,
-                reserved_session_id_high=65535,
-                threading_mode="invoker" if invoker else DriverConfig().threading_mode,
-                # An idle connection's streams heartbeat and acknowledge less and less often (up to once
-                # a second): each datagram costs both hosts a system call and wakes an idle peer.
-                idle_heartbeat_max_ns=IDLE_DATAGRAM_MAX_NS,
-                idle_status_message_max_ns=IDLE_DATAGRAM_MAX_NS,
-            )
-            context = Context(
-                Path(directory) if directory is not None else None,
-                driver="embedded" if invoker else driver,  # type: ignore[arg-type]
-                driver_config=config,
-            )
-            self._shared[key] = _Shared(context, 1)
-            return context
+                context = entry.context
+            else:
+                context = Context(
+                    Path(directory),
+                    driver="embedded" if driver == "invoker" else driver,  # type: ignore[arg-type]
+                    driver_config=endpoint_driver_config(driver_config, driver=driver),
+                )
+                self._shared[key] = _Shared(context, 1)
+        if entry is not None or not context.is_embedded:
+            warn_if_ignored(driver_config, context.directory, driver=driver)
+        return context
+
+    def acquire_for(self, config: ClientConfig | ServerConfig) -> Context:
+        """:meth:`acquire` as an endpoint's config names its driver."""
+        return self.acquire(config.driver_directory, config.driver, config.driver_config)
 
     def is_last(self, context: Context) -> bool:
         """Whether releasing ``context`` now would close it."""

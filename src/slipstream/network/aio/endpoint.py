@@ -365,7 +365,7 @@ class Endpoint(EndpointCore):
 
     def _acquire_context(self) -> Context:
         if self._context is None:
-            self._context = shared_contexts.acquire(self.config.driver_directory, self.config.driver)
+            self._context = shared_contexts.acquire_for(self.config)
             self._add_counters(self._context)
         recording = self.config.recording
         if self._recording is None and recording is not None and recording.enabled:
