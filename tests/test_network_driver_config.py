@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from slipstream import DriverConfig
@@ -137,3 +138,43 @@ def test_unique_directory_gives_each_endpoint_its_own_driver(driver_dir: Path) -
         assert not list(driver_dir.parent.glob(f"{driver_dir.name}-*"))  # each embedded driver removed its own
 
     run(main())
+
+
+class Unheard(msgspec.Struct):
+    n: int
+
+
+def test_error_filter_keeps_chosen_errors_from_on_error_and_counts_them(driver_dir: Path) -> None:
+    """The seed's ``aeronErrorFilter``: errors the filter refuses reach neither ``on_error`` nor the log,
+    and are still counted in ``errors``; a filter that raises lets the error through."""
+    from slipstream.network import ConfigTypeError
+    from slipstream.network.errors import MessageDispatchError
+
+    with pytest.raises(ConfigTypeError, match="error_filter must be callable"):
+        server_config(driver_dir, error_filter=3)
+
+    async def main() -> None:
+        heard: list[BaseException] = []
+        messages = [Quote, Unheard]
+
+        def keep(error: BaseException) -> bool:
+            if isinstance(error, MessageDispatchError) and "Unheard" in str(error):
+                return False
+            raise RuntimeError("a broken filter")
+
+        async with (
+            Server(server_config(driver_dir, messages=messages, error_filter=keep)) as server,
+            Client(client_config(driver_dir, messages=messages)) as client,
+        ):
+            server.on_error(lambda connection, error: heard.append(error))
+            port = free_ports(50)
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            for n in range(5):
+                await connection.send(Unheard(n))  # nobody listens: filtered out
+            await connection.send(Quote(1, 1.0, "x"))  # nobody listens either: the filter raises, so it is told
+            await wait_for(lambda: server.errors == 6)
+            await wait_for(lambda: len(heard) == 1)
+            assert isinstance(heard[0], MessageDispatchError) and "Quote" in str(heard[0])
+
+    run(main(), 60)

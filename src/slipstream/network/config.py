@@ -157,9 +157,13 @@ class _EndpointConfig:
     connection_class: type[Any] | None = None
     """A subclass of ``slipstream.network.Connection`` to make every connection of (its ``outgoing`` and
     ``dispatch`` see each message sent and received); None: ``Connection`` itself."""
+    error_filter: Callable[[BaseException], bool] | None = None
+    """Which errors ``on_error`` (or the log) hears: False keeps one quiet, counted in ``errors`` only."""
 
     def __post_init__(self) -> None:
         _check_type("app_id", self.app_id, str)
+        if self.error_filter is not None and not callable(self.error_filter):
+            raise ConfigTypeError(f"error_filter must be callable (error) -> bool: {self.error_filter!r}")
         if not _APP_ID_RE.fullmatch(self.app_id):
             raise ConfigError(f"app_id must be 1-31 characters of A-Za-z0-9_.-: {self.app_id!r}")
         if isinstance(self.messages, (str, bytes)) or not isinstance(self.messages, Sequence):
@@ -310,6 +314,8 @@ class ServerConfig(_EndpointConfig):
         connection_class (type[Any] | None): A subclass of ``slipstream.network.Connection`` to make every connection of
             (its ``outgoing`` and ``dispatch`` see each message sent and received); None: ``Connection`` itself. Default
             ``None``.
+        error_filter (Callable[[BaseException], bool] | None): Which errors ``on_error`` (or the log) hears: False keeps
+            one quiet, counted in ``errors`` only. Default ``None``.
         listen_address (str): Wildcards ``* 0 0.0.0.0 ::``, localhost aliases (``localhost``, ``lo``...), or an IP
             literal. Default ``"*"``.
         max_clients (int): Clients connected at once (UDP and IPC); one more is refused with ``ServerFull``. Default
@@ -533,6 +539,8 @@ class ClientConfig(_EndpointConfig):
         connection_class (type[Any] | None): A subclass of ``slipstream.network.Connection`` to make every connection of
             (its ``outgoing`` and ``dispatch`` see each message sent and received); None: ``Connection`` itself. Default
             ``None``.
+        error_filter (Callable[[BaseException], bool] | None): Which errors ``on_error`` (or the log) hears: False keeps
+            one quiet, counted in ``errors`` only. Default ``None``.
         tag (str): Sent to the server with the handshake (its filter callback sees it); at most 32 characters. Default
             ``""``.
         port (int | None): Local UDP port of the connection's subscription (None: any free port). Default ``None``.

@@ -148,10 +148,22 @@ class EndpointCore:
 
     def admit_error(self, source: int | None, error: BaseException, now_ns: int) -> bool:
         """Count ``error`` (from connection ``source``, None: the endpoint); whether ``on_error`` hears it
-        now (the first of its kind from its source in a while) or it is a repeat, counted only."""
+        now (the first of its kind from its source in a while, and passed by ``config.error_filter``) or it
+        is counted only."""
         self.errors += 1
         self._set_counter(NETWORK_ERRORS_TYPE_ID, self.errors)
-        return self._limiter.admit(source, error, now_ns)
+        return self._passes_filter(error) and self._limiter.admit(source, error, now_ns)
+
+    def _passes_filter(self, error: BaseException) -> bool:
+        """``config.error_filter``'s verdict; a filter that fails lets the error through (and is logged)."""
+        keep = self.config.error_filter
+        if keep is None:
+            return True
+        try:
+            return bool(keep(error))
+        except Exception:
+            log.exception("error_filter failed on %r", error)
+            return True
 
     # -- listener decorators ----------------------------------------------------------------------
 
