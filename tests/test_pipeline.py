@@ -125,9 +125,11 @@ def test_report_tables_agree_with_what_the_run_counted(
     network = summary.network
     reasons = {(row["address"], row["reason"]): row["rejections"] for row in rows["rejected_handshakes"]}
     assert reasons == {(host, why): n for host, counts in network.rejected.items() for why, n in counts.items()}
-    assert reasons == {("127.0.0.1", "not_permitted"): 3, ("ipc", "not_permitted"): 1}
+    # Since issue 29 the server itself refuses other message types (at DONE, once the client is admitted).
+    mismatch = {("ipc", "registration_mismatch"): 1}
+    assert reasons == {("127.0.0.1", "not_permitted"): 3, ("ipc", "not_permitted"): 1, **mismatch}
     assert [(row["address"], row["rejections"]) for row in rows["abuse_list"]] == [("127.0.0.1", 3)]
-    assert network.client_refusals == {"registration_mismatch": 1}  # the client's side: not in these tables
+    assert network.client_refusals == {"registration_mismatch": 1}  # the client records its refusal too
     # Sessions: one per accepted client, the server's counters against what each client sent.
     sessions = {row["connection_id"]: row for row in rows["sessions"]}
     assert set(sessions) == set(network.sessions) and len(sessions) == summary.connections == 4

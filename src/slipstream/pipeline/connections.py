@@ -233,18 +233,19 @@ async def _record_connections(
                     await client.connect("127.0.0.1", port, timeout=20.0)
             except ConnectionNotPermitted:
                 _refused(summary, "ipc" if ipc else "127.0.0.1", "not_permitted")
-        # Other message types: the client sees the difference in the server's answer and goes (the
-        # server never hears a DONE), so this refusal is the client's to record (side "client").
+        # Other message types: the fingerprints differ, so the server, once the client is admitted, refuses
+        # it with the difference (recorded on its side), and the client records its refusal too.
         old = client_config(list(messages)[:1], driver_dir, "old-version", ipc=True, recording=record)
         try:
             async with Client(old) as client:
                 await client.connect("127.0.0.1", port, timeout=20.0)
         except RegistrationMismatch:
+            _refused(summary, "ipc", "registration_mismatch")
             refusals = summary.client_refusals
             refusals["registration_mismatch"] = refusals.get("registration_mismatch", 0) + 1
         refused = sum(sum(reasons.values()) for reasons in summary.rejected.values())
-        say(f"  server: refused {refused} handshakes on purpose (intruder tags: {intruders} over UDP, 1 over IPC); "
-            "a client with other message types refused the server itself (RegistrationMismatch)")  # fmt: skip
+        say(f"  server: refused {refused} handshakes on purpose (intruder tags: {intruders} over UDP, 1 over IPC; "
+            "a client with other message types: RegistrationMismatch)")  # fmt: skip
         for connection_id, session in summary.sessions.items():
             session["received"] = received.get(connection_id, 0)
             session["replied"] = replied.get(connection_id, 0)
