@@ -113,6 +113,7 @@ class Connection(ConnectionHooks):
         self.transfers = Transfers()
         """Large messages and files in flight, by (incoming, stream id): bytes so far and total."""
         self._owner = owner
+        self._hooked = type(self).dispatch is not ConnectionHooks.dispatch  # (else: straight to the listeners)
         self._machine = machine
         self._link = Link(publication, subscription, self._on_fragment, poll_limit=64)
         self._room = asyncio.Event()
@@ -482,7 +483,10 @@ class Connection(ConnectionHooks):
     def _on_event(self, event: object) -> None:
         owner = self._owner
         if isinstance(event, MessageReceived):
-            self.received(event.message, event.sync_id, event.stream_id)
+            if self._hooked:
+                self.received(event.message, event.sync_id, event.stream_id)
+            else:
+                owner.dispatch(self, event.message, event.sync_id, event.stream_id)
         elif isinstance(event, _RMI_EVENTS):
             self.rmi.handle(event)
         elif isinstance(event, (StreamStarted, StreamProgressed, StreamSent, StreamFailed)):
