@@ -333,6 +333,13 @@ class LineProcess:
             if line.split(" ", 1)[0] == word:
                 return line
 
+    def command(self, text: str) -> None:
+        """A line on its stdin (quietly nothing once it has gone)."""
+        assert self.process.stdin is not None
+        with contextlib.suppress(OSError):
+            self.process.stdin.write(text + "\n")
+            self.process.stdin.flush()
+
     def signal(self, number: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.process.pid, number)
@@ -372,12 +379,6 @@ class PeerProcess(LineProcess):
         """A client's stream (its journal's first line says it; None before that line is written)."""
         records, _ = read_journal(self.journal)
         return records[0].get("stream") if records else None
-
-    def command(self, text: str) -> None:
-        assert self.process.stdin is not None
-        with contextlib.suppress(OSError):
-            self.process.stdin.write(text + "\n")
-            self.process.stdin.flush()
 
     def report(self, timeout: float = 10.0) -> dict[str, Any]:
         self.command("report")

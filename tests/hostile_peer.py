@@ -212,11 +212,6 @@ class HostileTarget(LineProcess):
         super().__init__("hostile-target", argv, workdir / "target.log")
         self.expect("ready", 60)
 
-    def command(self, text: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(text + "\n")
-        self.process.stdin.flush()
-
     def measure(self, timeout: float = 10.0) -> dict[str, Any]:
         """What the server costs now (see :func:`measure`)."""
         self.command("measure")
