@@ -240,3 +240,25 @@ def test_a_driver_claims_the_directory_while_the_last_one_removes_it(fresh_dir: 
         finally:
             second.close()
         assert not fresh_dir.exists()
+
+
+def test_a_context_raises_the_open_file_limit_its_mapped_logs_need(tmp_path: Path) -> None:
+    """Each mapped log holds a descriptor (CPython's mmap keeps a duplicate), a few per stream: under the
+    common soft limit of 1024 a server with a few hundred connections ran out. A context (and a driver)
+    raises the soft limit to the hard one, in a process started with a low soft limit."""
+    import resource
+
+    def low_soft_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
+
+    code = textwrap.dedent(f"""
+        import resource
+        from slipstream import Context
+        with Context({str(tmp_path / "d")!r}, driver="embedded"):
+            print(*resource.getrlimit(resource.RLIMIT_NOFILE))
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, preexec_fn=low_soft_limit
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["4096", "4096"], done.stdout

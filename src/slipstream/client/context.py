@@ -31,7 +31,14 @@ from ..errors import (
 from ..files import commands as cmd
 from ..files.cnc import PARKED_INDEX, CncError, CncFile
 from ..files.counters import APPLICATION_TYPE_ID_MIN, MAX_KEY_LENGTH, CountersReader
-from ..files.directory import LOCK_FILE, DirectoryHandle, default_directory, directory_error, map_file
+from ..files.directory import (
+    LOCK_FILE,
+    DirectoryHandle,
+    default_directory,
+    directory_error,
+    map_file,
+    raise_open_file_limit,
+)
 from ..files.doorbell import Doorbell, ring
 from ..wire.uri import ChannelUri, check_supported
 from ._args import check_callable, check_channel, check_stream_id
@@ -267,6 +274,7 @@ class Context:
             self.directory, driver = driver_config.directory, "embedded"
         self.driver_timeout_s = driver_timeout_s
         self.on_driver_lost = on_driver_lost
+        raise_open_file_limit()  # every log this context maps holds a descriptor
         self._driver_config = replace(driver_config or DriverConfig(), directory=self.directory)
         self._embedded: MediaDriver | None = None
         self._send_lock = threading.Lock()

@@ -31,6 +31,7 @@ from ..files.directory import (
     SOCKET_FILE,
     DirectoryHandle,
     directory_error,
+    raise_open_file_limit,
 )
 from ..files.idle import IdleStrategy, ParkingIdleStrategy, idle_strategy
 from ..files.loss_report import LOSS_REPORT_FILE, LossReport
@@ -69,6 +70,7 @@ class MediaDriver:
     def start(self) -> MediaDriver:
         """Claim the directory (one driver per directory) and create its files and socket; ``run`` then serves."""
         directory = self.directory
+        raise_open_file_limit()  # every log the driver maps holds a descriptor, a few per stream
         lock_fd = _claim(directory)
         self._lock_fd = lock_fd
         os.ftruncate(lock_fd, 0)

@@ -41,6 +41,22 @@ def default_directory() -> Path:
     return base / f"slipstream-{user}"
 
 
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit (as Go's runtime and the JVM do);
+    the limit now in force. Every mapped log holds a file descriptor (CPython's ``mmap`` keeps a duplicate
+    of the one it mapped), a few per stream, so a server with a few hundred connections would run out
+    under the common soft limit of 1024 long before its hard limit."""
+    import resource  # (Unix; this module maps files in /dev/shm, so it is Unix already)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
+        return soft
+    with contextlib.suppress(ValueError, OSError):  # a sandbox may refuse: keep what we have
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard
+    return soft
+
+
 def map_file(path: Path, length: int | None = None, *, create: bool = False, writable: bool = True) -> mmap.mmap:
     """Map ``path`` shared. With ``create`` the file is made (or truncated) to ``length`` bytes, sparse."""
     if create:
