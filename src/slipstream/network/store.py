@@ -109,11 +109,8 @@ class SettingsStore:
         candidate, _ = generate_keypair()
         table, column = ("identity", "id") if slot == 1 else ("identities", "slot")
         with self._lock:
-            try:
-                self._db.execute(f"INSERT OR IGNORE INTO {table} ({column}, private) VALUES (?, ?)", (slot, candidate))
-                row = self._db.execute(f"SELECT private FROM {table} WHERE {column} = ?", (slot,)).fetchone()
-            except sqlite3.Error as exc:
-                raise SettingsStoreError(f"settings store {self.path!r}: {exc}") from exc
+            self._execute(f"INSERT OR IGNORE INTO {table} ({column}, private) VALUES (?, ?)", (slot, candidate))
+            row = self._execute(f"SELECT private FROM {table} WHERE {column} = ?", (slot,)).fetchone()
         private = row[0] if row is not None else None
         if not isinstance(private, bytes) or len(private) != DHLEN:
             raise SettingsStoreError(f"settings store {self.path!r} holds an invalid identity key")
