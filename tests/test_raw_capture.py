@@ -46,7 +46,7 @@ from slipstream.telemetry.rawcapture import (
     raw_files,
     read_raw,
 )
-from slipstream.telemetry.segments import finalized_segments, try_lock
+from slipstream.telemetry.segments import journal_dir, try_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,8 +172,7 @@ def test_a_torn_raw_tail_is_ignored(tmp_path: Path) -> None:
 
 
 def test_recovery_reassembles_a_message_split_across_raw_files_and_skips_rows_already_durable(tmp_path: Path) -> None:
-    writer_dir = tmp_path / "w"
-    raw_dir = writer_dir / RAW_DIR / "capture-0"
+    raw_dir = journal_dir(tmp_path, "w") / RAW_DIR / "capture-0"
     raw_dir.mkdir(parents=True)
     a = _frame(b"A" * 10, 0xC0, 5, 9, 0)
     b1 = _frame(b"B" * 100, 0x80, 5, 9, 64)
@@ -232,7 +231,7 @@ def _publish_until(context: Context, stream: int, seconds: float, kill: Any) -> 
 
 
 def _wait_unlocked(out: Path) -> None:
-    writer_dir = next(p for p in out.iterdir() if p.is_dir())
+    writer_dir = next(p for p in (out / "_journals").iterdir() if p.is_dir())
     deadline = time.monotonic() + 60
     while (lock := try_lock(writer_dir)) is None:
         assert time.monotonic() < deadline, f"{writer_dir} stays locked"
@@ -246,12 +245,9 @@ def _sequences(out: Path) -> list[int]:
     return [int.from_bytes(r["payload"][:8], "little") for r in rows]
 
 
-def _hashes(out: Path) -> dict[Path, str]:
-    return {
-        path: hashlib.sha256(path.read_bytes()).hexdigest()
-        for kind_dir in out.glob("*/captured")
-        for _, path in finalized_segments(kind_dir)
-    }
+def _hashes(out: Path) -> dict[str, str]:
+    paths = {segment.path for segment in Recording(out).segments("captured")}
+    return {path: hashlib.sha256(Path(path).read_bytes()).hexdigest() for path in paths}
 
 
 def test_sigkill_of_record_mid_stream_loses_at_most_a_flush_interval(
@@ -259,7 +255,7 @@ def test_sigkill_of_record_mid_stream_loses_at_most_a_flush_interval(
 ) -> None:
     out = tmp_path / "rec"
     proc = _record(driver_dir, out, 81)
-    finalized: dict[Path, str] = {}
+    finalized: dict[str, str] = {}
 
     def kill() -> None:
         finalized.update(_hashes(out))
@@ -275,13 +271,13 @@ def test_sigkill_of_record_mid_stream_loses_at_most_a_flush_interval(
     kill_time = progress[-1][0]
     sent_a_flush_before = max(sent for t, sent in progress if t <= kill_time - 0.2)
     _wait_unlocked(out)  # both processes are gone, not only the one we waited for
-    assert any(raw_files(d) for d in out.glob(f"*/{RAW_DIR}/*")), "the kill left raw files"
+    assert any(raw_files(d) for d in out.glob(f"_journals/*/{RAW_DIR}/*")), "the kill left raw files"
     assert recover(out) >= 1
     sequences = _sequences(out)
     assert sequences == list(range(len(sequences))), "no gaps, no duplicates"
     assert len(sequences) >= sent_a_flush_before
     assert {path: h for path, h in _hashes(out).items() if path in finalized} == finalized, "finalized intact"
-    assert not any(raw_files(d) for d in out.glob(f"*/{RAW_DIR}/*"))
+    assert not any(raw_files(d) for d in out.glob(f"_journals/*/{RAW_DIR}/*"))
 
 
 def test_sigkill_of_the_capture_alone_leaves_the_converter_to_finish(
@@ -299,7 +295,7 @@ def test_sigkill_of_the_capture_alone_leaves_the_converter_to_finish(
     sequences = _sequences(out)
     assert sequences == list(range(len(sequences)))
     assert len(sequences) >= max(sent for t, sent in progress if t <= progress[-1][0] - 0.2)
-    assert not any(raw_files(d) for d in out.glob(f"*/{RAW_DIR}/*"))
+    assert not any(raw_files(d) for d in out.glob(f"_journals/*/{RAW_DIR}/*"))
 
 
 class Ping(msgspec.Struct, tag=True):
@@ -310,7 +306,7 @@ PING_DECODER = msgspec_decoder(Ping)
 
 
 def test_recovery_types_leftover_rows_with_the_captures_decoder(tmp_path: Path) -> None:
-    raw_dir = tmp_path / "w" / RAW_DIR / "capture-0"
+    raw_dir = journal_dir(tmp_path, "w") / RAW_DIR / "capture-0"
     raw_dir.mkdir(parents=True)
     data = _frame(msgspec.msgpack.encode(Ping(3)), 0xC0, 1, 9, 0)
     _write_raw(raw_dir / "000000000000.raw.open", [(1, 0, data)], decoder=f"{__name__}:PING_DECODER")
@@ -321,7 +317,7 @@ def test_recovery_types_leftover_rows_with_the_captures_decoder(tmp_path: Path) 
 
 
 def test_a_raw_file_is_kept_only_while_a_message_begun_in_it_is_incomplete(tmp_path: Path) -> None:
-    raw_dir = tmp_path / "w" / RAW_DIR / "capture-0"
+    raw_dir = journal_dir(tmp_path, "w") / RAW_DIR / "capture-0"
     raw_dir.mkdir(parents=True)
     capture_lock = try_lock(raw_dir)
     begin, end = _frame(b"B" * 100, 0x80, 5, 9, 0), _frame(b"b" * 50, 0x40, 5, 9, 160)

@@ -39,7 +39,7 @@ from slipstream.telemetry import (
     msgspec_decoder,
     recover,
 )
-from slipstream.telemetry.segments import arrow_schema, finalized_segments, journals, write_segment
+from slipstream.telemetry.segments import arrow_schema, journal_dir, journals, write_segment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,7 +120,7 @@ def test_segments_roll_by_size_and_time_and_only_finalized_ones_are_listed(tmp_p
         recorder.flush()
         by_size = Recording(tmp_path).segments("stream_stats")
         assert len(by_size) >= 3  # 8 flushes of ~50 rows, 2 kB per segment
-        assert sum(s.rows for s in by_size) < 400 or not journals(tmp_path / "w" / "stream_stats")
+        assert sum(s.rows for s in by_size) < 400 or not journals(journal_dir(tmp_path, "w") / "stream_stats")
     rows = Recording(tmp_path).read("stream_stats")
     assert rows.column("position").to_pylist() == [i * 32 for i in range(400)]
 
@@ -187,8 +187,9 @@ VICTIM = textwrap.dedent(
 )
 
 
-def _digests(root: Path) -> dict[Path, str]:
-    return {path: hashlib.sha256(path.read_bytes()).hexdigest() for _, path in finalized_segments(root)}
+def _digests(root: Path) -> dict[str, str]:
+    paths = {s.path for s in Recording(root).segments("stream_stats")}
+    return {path: hashlib.sha256(Path(path).read_bytes()).hexdigest() for path in paths}
 
 
 def test_sigkill_loses_at_most_one_flush_interval_and_no_finalized_segment(tmp_path: Path) -> None:
@@ -200,8 +201,7 @@ def test_sigkill_loses_at_most_one_flush_interval_and_no_finalized_segment(tmp_p
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         time.sleep(2.0)
-        kind_dir = tmp_path / "victim" / "stream_stats"
-        before = _digests(kind_dir)
+        before = _digests(tmp_path)
         killed_ns = time.time_ns()
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -209,12 +209,12 @@ def test_sigkill_loses_at_most_one_flush_interval_and_no_finalized_segment(tmp_p
         if proc.poll() is None:
             proc.kill()
     assert len(before) >= 2, "segments should have rolled (0.5 s) before the kill"
-    after = _digests(kind_dir)
+    after = _digests(tmp_path)
     assert {p: d for p, d in after.items() if p in before} == before, "a finalized segment changed"
     # The open journal's flushed rows are readable before recovery, and recovery makes them a segment.
     live = Recording(tmp_path).read("stream_stats", include_open=True).num_rows
     assert recover(tmp_path) in (0, 1)  # 0 when the kill came before the open segment's first fsync
-    assert not journals(kind_dir)
+    assert not journals(journal_dir(tmp_path, "victim") / "stream_stats")
     table = Recording(tmp_path).read("stream_stats")
     assert table.num_rows == live
     positions = table.column("position").to_pylist()
@@ -373,10 +373,11 @@ def test_standalone_driver_records_its_counters_by_configuration(driver_dir: Pat
 def test_a_damaged_segment_file_is_skipped_and_reported_not_fatal(tmp_path: Path) -> None:
     with Recorder(tmp_path, writer_id="w") as recorder:
         recorder.record(StreamStats(1, "aeron:ipc", 1, 2, "pub", 0, 0, 0))
-    (tmp_path / "w" / "stream_stats" / "00000009.parquet").write_bytes(b"PAR1 not really parquet")
+    damaged = Path(Recording(tmp_path).segments("stream_stats")[0].path).with_name("w.00000009.parquet")
+    damaged.write_bytes(b"PAR1 not really parquet")
     recording = Recording(tmp_path)
     assert recording.read("stream_stats").num_rows == 1
-    assert recording.unreadable == [str(tmp_path / "w" / "stream_stats" / "00000009.parquet")]
+    assert recording.unreadable == [str(damaged)]
 
 
 def test_closing_the_recorder_before_the_capture_still_writes_what_was_captured(

@@ -35,7 +35,7 @@ from ..client import Context
 from ..errors import DriverError
 from ..files.directory import default_directory
 from ..telemetry.rawcapture import RAW_DIR, RawCapture, pending_bytes
-from ..telemetry.segments import check_writer_id
+from ..telemetry.segments import check_name, check_writer_id, journal_dir
 
 _MAX_PENDING_BYTES = 1 << 30
 """Raw bytes waiting for conversion at which the capture stops reading (flow control; disk, not RAM)."""
@@ -76,7 +76,14 @@ def register(commands: Any) -> None:
         action="store_true",
         help="write the raw capture with O_DIRECT (no page cache; each write waits for the disk)",
     )
-    parser.add_argument("--writer-id", default=None, help="writer directory name (default: capture-<host>-<pid>)")
+    parser.add_argument(
+        "--writer-id", default=None, help="writer id, in the segment file names (default: capture-<host>-<pid>)"
+    )
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="stable name the segments are partitioned by (host=NAME; default: the host name)",
+    )
     parser.add_argument(
         "--decoder",
         default=None,
@@ -99,6 +106,8 @@ def _child_argv(args: argparse.Namespace, writer_id: str, raw_dir: Path) -> list
     argv = [sys.executable, "-m", "slipstream", "record", "--channel", args.channel, "--stream", str(args.stream),
             "--output", str(args.output), "--flush-interval", str(args.flush_interval), "--segment-age",
             str(args.segment_age), "--writer-id", writer_id, "--convert-raw", str(raw_dir)]  # fmt: skip
+    if args.name:
+        argv += ["--name", args.name]
     if args.dir is not None:
         argv += ["--dir", str(args.dir)]
     if args.counters:
@@ -120,10 +129,12 @@ def _run_capture(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         writer_id = check_writer_id(args.writer_id) if args.writer_id else default_writer_id("capture")
+        if args.name:
+            check_name(args.name)
     except ValueError as exc:
         print(f"slipstream record: {exc}", file=sys.stderr)
         return 2
-    raw_dir = args.output / writer_id / RAW_DIR / "capture-0"
+    raw_dir = journal_dir(args.output, writer_id) / RAW_DIR / "capture-0"
     started = time.monotonic()
     child = subprocess.Popen(_child_argv(args, writer_id, raw_dir), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdin is not None and child.stdout is not None
@@ -147,7 +158,7 @@ def _run_capture(args: argparse.Namespace) -> int:
                 on_rotate=on_rotate,
             )  # fmt: skip
             print(
-                f"recording {args.channel} stream {args.stream} into {args.output / writer_id} (Ctrl-C to stop)",
+                f"recording {args.channel} stream {args.stream} into {args.output} as {writer_id} (Ctrl-C to stop)",
                 flush=True,
             )
             if args.duration is not None:
@@ -176,7 +187,7 @@ def _run_capture(args: argparse.Namespace) -> int:
     conversion_cpu = children.children_user + children.children_system
     print(
         f"recorded {summary['messages']} messages ({summary['bytes']} bytes) in {elapsed:.1f} s; "
-        f"dropped {summary['dropped']}; {summary['segments']} segments in {args.output / writer_id}; "
+        f"dropped {summary['dropped']}; {summary['segments']} segments in {args.output}; "
         f"cpu {capture_cpu + conversion_cpu:.2f} s (capture {capture_cpu:.2f} s of which polling {polling_cpu:.3f} s, "
         f"conversion {conversion_cpu:.2f} s at idle priority)",
         flush=True,
@@ -209,7 +220,7 @@ def _run_converter(args: argparse.Namespace) -> int:
     try:
         decoder = load_decoder(args.decoder) if args.decoder else None
         config = RecorderConfig(flush_interval_s=args.flush_interval, segment_max_age_s=args.segment_age)
-        recorder = Recorder(args.output, writer_id=args.writer_id, config=config)
+        recorder = Recorder(args.output, writer_id=args.writer_id, config=config, name=args.name)
     except (ValueError, ImportError, AttributeError, TelemetryError) as exc:
         print(f"slipstream record: {exc}", file=sys.stderr)
         return 2

@@ -26,13 +26,16 @@ from .rawcapture import RawBlock, RawContent, RawFile, raw_capture_dirs, raw_fil
 from .records import CapturedMessage, KindSchema, typed_schema
 from .segments import (
     LOCK_FILE,
+    WriterLayout,
     arrow_schema,
-    finalized_segments,
+    default_name,
+    hour_of,
+    journal_writer_dirs,
+    legacy_writer_dirs,
+    read_lock_info,
     recover_writer,
     table_from_rows,
     try_lock,
-    write_segment,
-    writer_dirs,
 )
 
 log = logging.getLogger("slipstream.telemetry")
@@ -313,8 +316,9 @@ class _SegmentSink:
     channel, stream and session: a raw file deleted just after its rows were written, or kept for an
     incomplete message, is converted once)."""
 
-    def __init__(self, writer_dir: Path, fsync: bool) -> None:
-        self.writer_dir = writer_dir
+    def __init__(self, layout: WriterLayout, hour: str, fsync: bool) -> None:
+        self.layout = layout
+        self.hour = hour
         self.fsync = fsync
         self.kinds: dict[str, tuple[KindSchema, list[Any], list[tuple[object, ...]]]] = {}
 
@@ -331,27 +335,26 @@ class _SegmentSink:
 
         made = 0
         for schema, tables, rows in self.kinds.values():
-            arrow = arrow_schema(schema, self.writer_dir.name)
+            arrow = arrow_schema(schema, self.layout.writer)
             parts = [table_from_rows(arrow, rows)] if rows else []
             parts.extend(t.cast(arrow) for t in tables)
-            kind_dir = self.writer_dir / schema.kind
-            table = _above_floors(pa.concat_tables(parts), kind_dir)
+            table = _above_floors(pa.concat_tables(parts), [f.path for f in self.layout.finalized(schema.kind)])
             if table.num_rows == 0:
                 continue
-            kind_dir.mkdir(parents=True, exist_ok=True)
-            seq = max((seq for seq, _ in finalized_segments(kind_dir)), default=-1) + 1
-            write_segment(table, kind_dir, seq, fsync=self.fsync)
+            host = read_lock_info(self.layout.directory).get("name") or default_name()
+            seq = self.layout.next_seq(schema.kind)
+            self.layout.write(table, schema.kind, seq, self.hour, host, fsync=self.fsync)
             made += 1
         return made
 
 
-def _above_floors(table: Any, kind_dir: Path) -> Any:
+def _above_floors(table: Any, paths: list[Path]) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     keys = ["channel", "stream_id", "session_id"]
-    segments = [pq.read_table(path, columns=[*keys, "position"]) for _, path in finalized_segments(kind_dir)]
+    segments = [pq.read_table(path, columns=[*keys, "position"]) for path in paths]
     if not segments:
         return table
     floors = pa.concat_tables(segments).group_by(keys).aggregate([("position", "max")]).to_pylist()
@@ -366,12 +369,13 @@ def _above_floors(table: Any, kind_dir: Path) -> Any:
     return table.filter(keep)
 
 
-def recover_raw(writer_dir: Path, *, fsync: bool = True) -> int:
-    """Convert the raw files a dead capture left in ``writer_dir`` into finalized segments (typed too,
-    when the capture's decoder is importable) and delete them; captures still writing (their directory
-    is locked) are left alone. Returns how many segments that made."""
+def recover_raw(layout: WriterLayout, *, fsync: bool = True) -> int:
+    """Convert the raw files a dead capture left in the writer's directory into finalized segments (typed
+    too, when the capture's decoder is importable; in the partition of the hour the first was written) and
+    delete them; captures still writing (their directory is locked) are left alone. Returns how many
+    segments that made."""
     made = 0
-    for raw_dir in raw_capture_dirs(writer_dir):
+    for raw_dir in raw_capture_dirs(layout.directory):
         lock = try_lock(raw_dir)
         if lock is None:
             continue
@@ -385,7 +389,7 @@ def recover_raw(writer_dir: Path, *, fsync: bool = True) -> int:
                         decoder = load_decoder(first.decoder)
                     except (ImportError, AttributeError, ValueError):
                         log.warning("recovering %s: decoder %s not importable; no typed rows", raw_dir, first.decoder)
-                sink = _SegmentSink(writer_dir, fsync)
+                sink = _SegmentSink(layout, hour_of(files[0].path.stat().st_mtime), fsync)
                 RawConverter(raw_dir, sink, decoder=decoder).convert(final=True)
                 made += sink.write()
                 for raw in files:
@@ -401,15 +405,19 @@ def recover_raw(writer_dir: Path, *, fsync: bool = True) -> int:
 def recover(root: Path | str, *, fsync: bool = True) -> int:
     """Finalize what dead recorders left under a recording root: their journals, then their captures'
     raw files; live writers are left alone. Returns how many segments it made. Safe to call at any
-    time, from any process."""
+    time, from any process that may write the recording (it takes each dead writer's lock); readers
+    never call it: a :class:`~slipstream.telemetry.reader.Recording` reads what is finalized."""
+    root = Path(root)
+    layouts = [WriterLayout(root, d.name) for d in journal_writer_dirs(root)]
+    layouts += [WriterLayout(root, d.name, legacy=True) for d in legacy_writer_dirs(root)]
     made = 0
-    for writer_dir in writer_dirs(Path(root)):
-        fd = try_lock(writer_dir)
+    for layout in layouts:
+        fd = try_lock(layout.directory)
         if fd is None:
             continue
         try:
-            made += recover_writer(writer_dir, fsync=fsync)
-            made += recover_raw(writer_dir, fsync=fsync)
+            made += recover_writer(layout, fsync=fsync)
+            made += recover_raw(layout, fsync=fsync)
         finally:
             os.close(fd)
     return made

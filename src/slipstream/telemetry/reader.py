@@ -21,11 +21,14 @@ from .segments import (
     META_KIND,
     META_VERSION,
     arrow_schema,
-    finalized_segments,
-    journals,
-    kind_dirs,
+    file_segments,
+    journal_writer_dirs,
+    legacy_writer_dirs,
+    open_journals,
     read_journal,
-    writer_dirs,
+    recorded_kinds,
+    resolve,
+    segment_files,
 )
 
 log = logging.getLogger("slipstream.telemetry")
@@ -33,13 +36,21 @@ log = logging.getLogger("slipstream.telemetry")
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One finalized segment: where it is and how many rows it holds (from its Parquet footer)."""
+    """One finalized segment: where it is and how many rows it holds (from its Parquet footer).
+
+    A compacted file holds several segments of one writer: ``base`` is this segment's first row in the
+    file at ``path`` (0 for a file of its own). ``host`` and ``hour`` (``YYYY-MM-DDTHH``, UTC) are its
+    partition; empty for a segment of the earlier, unpartitioned layout.
+    """
 
     writer: str
     kind: str
     seq: int
     path: str
     rows: int
+    base: int = 0
+    host: str = ""
+    hour: str = ""
 
 
 def _conform(table: Any, kind: str, path: object) -> Any:
@@ -79,36 +90,51 @@ class Recording:
         """Segment files that could not be read (damaged on disk, not written by a recorder); skipped."""
 
     def writers(self) -> list[str]:
-        """The writer directories (one per recorder that ever wrote here), sorted."""
-        return [path.name for path in writer_dirs(self.root)]
+        """Every writer (one per recorder that ever wrote here) with segments or journals, sorted."""
+        found = {path.name for path in [*journal_writer_dirs(self.root), *legacy_writer_dirs(self.root)]}
+        for kind in recorded_kinds(self.root):
+            found.update(file.writer for file in segment_files(self.root, kind))
+        return sorted(found)
 
     def kinds(self) -> list[str]:
         """Every kind any writer has recorded (finalized or not), sorted."""
-        return sorted({kind.name for writer in writer_dirs(self.root) for kind in kind_dirs(writer)})
+        return recorded_kinds(self.root)
 
     def segments(self, kind: str, writers: Sequence[str] | None = None) -> list[Segment]:
-        """The finalized segments of ``kind``, by writer then sequence (the order offsets follow)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        """The finalized segments of ``kind``, by writer then sequence (the order offsets follow).
 
-        found: list[Segment] = []
-        for writer_dir in writer_dirs(self.root):
-            if writers is not None and writer_dir.name not in writers:
-                continue
-            for seq, path in finalized_segments(writer_dir / kind):
-                rows = self._rows.get(path)
-                if rows is not None:  # finalized segments never change: their footer is read once
-                    found.append(Segment(writer_dir.name, kind, seq, str(path), rows))
-                    continue
-                try:
-                    rows = self._rows[path] = pq.read_metadata(path).num_rows
-                except (pa.ArrowException, OSError) as exc:  # a damaged file is data: skipped, counted, said
-                    if str(path) not in self.unreadable:
-                        self.unreadable.append(str(path))
-                        log.warning("skipping unreadable segment %s: %s", path, exc)
-                    continue
-                found.append(Segment(writer_dir.name, kind, seq, str(path), rows))
-        return found
+        A compacted file is listed as the segments it holds (same writer, seq and rows; ``base`` says
+        where each starts in the file), and the originals it replaced are not listed: a streaming
+        query's ``{writer: [seq, row]}`` offsets mean the same rows before and after a compaction.
+        Listing only reads directories and Parquet footers: it needs no write access.
+        """
+        import pyarrow as pa
+
+        cache: dict[Path, list[tuple[int, int]]] = self.__dict__.setdefault("_footers", {})
+        files = [f for f in segment_files(self.root, kind) if writers is None or f.writer in writers]
+        while True:
+            live, _ = resolve(files)
+            damaged = []
+            found: list[Segment] = []
+            for file, serves in live:
+                held = cache.get(file.path)
+                if held is None:  # finalized files never change: their footer is read once
+                    try:
+                        held = cache[file.path] = file_segments(file)
+                    except (pa.ArrowException, OSError, KeyError, ValueError) as exc:  # damaged: skipped, said
+                        if str(file.path) not in self.unreadable:
+                            self.unreadable.append(str(file.path))
+                            log.warning("skipping unreadable segment %s: %s", file.path, exc)
+                        damaged.append(file)
+                        continue
+                base = 0
+                for seq, rows in held:
+                    if seq in serves:
+                        found.append(Segment(file.writer, kind, seq, str(file.path), rows, base, file.host, file.hour))
+                    base += rows
+            if not damaged:
+                return found
+            files = [f for f in files if f not in damaged]  # what a damaged compaction replaced is listed again
 
     def schema(self, kind: str) -> Any:
         """The Arrow schema rows of ``kind`` come back with: the built-in one, or a typed kind's as
@@ -118,13 +144,12 @@ class Recording:
         builtin = BUILTIN_SCHEMAS.get(kind)
         if builtin is not None:
             return arrow_schema(builtin).remove_metadata()
-        for writer_dir in writer_dirs(self.root):
-            for _, path in finalized_segments(writer_dir / kind):
-                return pq.read_schema(path).remove_metadata()
-            for _, path in journals(writer_dir / kind):
-                table = read_journal(path)
-                if table is not None:
-                    return table.schema.remove_metadata()
+        for segment in self.segments(kind)[:1]:
+            return pq.read_schema(segment.path).remove_metadata()
+        for _, _, path in open_journals(self.root, kind):
+            table = read_journal(path)
+            if table is not None:
+                return table.schema.remove_metadata()
         raise RecordError(f"{self.root}: no segment of kind {kind!r} (known kinds: {self.kinds()})")
 
     def read(self, kind: str, *, include_open: bool = False, columns: Sequence[str] | None = None) -> Any:
@@ -134,12 +159,11 @@ class Recording:
 
         tables = [read_segment(segment, columns=columns) for segment in self.segments(kind)]
         if include_open:
-            for writer_dir in writer_dirs(self.root):
-                for _, path in journals(writer_dir / kind):
-                    table = read_journal(path)
-                    if table is not None and table.num_rows:
-                        table = _conform(table, kind, path)
-                        tables.append(table.select(list(columns)) if columns is not None else table)
+            for _, _, path in open_journals(self.root, kind):
+                table = read_journal(path)
+                if table is not None and table.num_rows:
+                    table = _conform(table, kind, path)
+                    tables.append(table.select(list(columns)) if columns is not None else table)
         if not tables:
             schema = self.schema(kind)
             if columns is not None:
@@ -167,6 +191,7 @@ def read_segment(
     import pyarrow.parquet as pq
 
     table = _conform(pq.read_table(segment.path), segment.kind, segment.path)
+    table = table.slice(segment.base, segment.rows)  # a compacted file holds other segments too
     if start_row or stop_row is not None:
         stop = table.num_rows if stop_row is None else min(stop_row, table.num_rows)
         table = table.slice(start_row, max(0, stop - start_row))

@@ -4,7 +4,8 @@ The caller's side (``record``, ``append``, ``extend``) only appends a tuple to a
 no I/O, no Arrow, no allocation beyond the row. A writer thread wakes every flush interval (1 s by
 default), turns each kind's pending rows into one Arrow record batch, appends it to the open
 segment's journal and fsyncs it; a segment is finalized (Parquet, written, fsynced, renamed) when it
-reaches its size or age limit, and on ``close``. Memory is bounded: past ``max_pending_rows`` rows
+reaches its size or age limit, at each UTC hour boundary (a segment belongs to one ``date=/hour=``
+partition), and on ``close``. Memory is bounded: past ``max_pending_rows`` rows
 waiting for the writer, new rows are dropped and counted in ``dropped_rows`` (the recorder never
 blocks the code it records, and never grows without bound).
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -29,14 +29,19 @@ from .convert import recover
 from .errors import RecorderClosedError, RecordError, RecordingLockedError
 from .records import KindSchema, Record
 from .segments import (
+    META_HOST,
+    META_HOUR,
+    WriterLayout,
     arrow_schema,
+    check_name,
     check_writer_id,
-    finalized_segments,
+    default_name,
+    hour_of,
     journal_name,
-    journals,
+    read_journal,
     table_from_rows,
     try_lock,
-    write_segment,
+    write_lock_info,
 )
 
 log = logging.getLogger("slipstream.telemetry")
@@ -57,6 +62,9 @@ class RecorderConfig:
             Default ``1_000_000``.
         fsync (bool): fsync journals and finalized segments (and their directories); False leaves durability to the OS.
             Default ``True``.
+        name (str | None): The stable name segments are partitioned by (``host=<name>``): a server's endpoint, say.
+            None: the host name. Unlike the writer id it carries no pid, so a restart writes into the same partitions.
+            Default ``None``.
     """
 
     flush_interval_s: float = 1.0
@@ -69,6 +77,9 @@ class RecorderConfig:
     """Rows waiting for the writer thread; more are dropped and counted (bounded memory)."""
     fsync: bool = True
     """fsync journals and finalized segments (and their directories); False leaves durability to the OS."""
+    name: str | None = None
+    """The stable name segments are partitioned by (``host=<name>``): a server's endpoint, say. None: the host
+    name. Unlike the writer id it carries no pid, so a restart writes into the same partitions."""
 
     def __post_init__(self) -> None:
         if not self.flush_interval_s > 0:
@@ -79,6 +90,11 @@ class RecorderConfig:
             raise RecordError(f"RecorderConfig.segment_max_age_s must be positive: {self.segment_max_age_s}")
         if self.max_pending_rows < 1:
             raise RecordError(f"RecorderConfig.max_pending_rows must be positive: {self.max_pending_rows}")
+        if self.name is not None:
+            try:
+                check_name(self.name)
+            except RecordError as exc:
+                raise RecordError(f"RecorderConfig.name: {exc}") from None
 
 
 @dataclass(slots=True)
@@ -88,6 +104,8 @@ class _OpenSegment:
     file: Any
     writer: Any
     opened_at: float
+    hour: str
+    """The UTC hour (``YYYY-MM-DDTHH``) the segment's rows are written in: its partition."""
     rows: int = 0
     nbytes: int = 0
 
@@ -101,35 +119,50 @@ class _Kind:
     tables: list[Any] = field(default_factory=list)
     """Arrow tables handed over whole (``extend_table``), written after ``pending``'s rows."""
     open: _OpenSegment | None = None
+    abandoned: list[_OpenSegment] = field(default_factory=list)
+    """Journals given up after a failed write: finalized (at their own seq) before the next segment is."""
 
 
 def default_writer_id(prefix: str = "rec") -> str:
     """``<prefix>-<host>-<pid>``: unique among live processes on a host, and says who wrote it."""
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "host"
-    return check_writer_id(f"{prefix}-{host}-{os.getpid()}")
+    return check_writer_id(f"{prefix}-{default_name()[:100]}-{os.getpid()}")
 
 
 class Recorder:
-    """Records typed rows into ``directory/<writer_id>/<kind>/`` segments; one writer id per live recorder.
+    """Records typed rows into ``directory/<kind>/date=/hour=/host=<name>/<writer_id>.<seq>.parquet`` segments
+    (journals in ``directory/_journals/<writer_id>/``); one writer id per live recorder.
 
     Use it as a context manager (``close`` finalizes the open segments). Thread-safe: any thread may
-    record. Starting a recorder finalizes what dead recorders left in the same root.
+    record. Starting a recorder finalizes what dead recorders left in the same root. ``name`` (or
+    ``config.name``) is the stable partition name; the host name by default.
     """
 
     def __init__(
-        self, directory: str | Path, *, writer_id: str | None = None, config: RecorderConfig | None = None
+        self,
+        directory: str | Path,
+        *,
+        writer_id: str | None = None,
+        config: RecorderConfig | None = None,
+        name: str | None = None,
     ) -> None:
         require_extra("telemetry", "Recorder")  # segments are Parquet: fail now, not at the first flush
         self.directory = Path(directory)
         self.config = config or RecorderConfig()
         self.writer_id = check_writer_id(writer_id) if writer_id is not None else default_writer_id()
-        self.writer_dir = self.directory / self.writer_id
+        self.name = check_name(name or self.config.name or default_name())
+        """The stable name the segments are partitioned by (``host=<name>``)."""
+        self._layout = WriterLayout(self.directory, self.writer_id)
+        self.writer_dir = self._layout.directory
+        """This writer's lock, open journals and raw captures (``directory/_journals/<writer_id>``)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         recover(self.directory, fsync=self.config.fsync)  # including our own directory, if it is reused
         lock = try_lock(self.writer_dir)
         if lock is None:
-            raise RecordingLockedError(f"another recorder is writing into {self.writer_dir}")
+            raise RecordingLockedError(f"another recorder is writing as {self.writer_id} into {self.directory}")
+        write_lock_info(lock, {"name": self.name})
         self._lock_fd = lock
+        self._wall: Callable[[], float] = time.time
+        """The wall clock segments are partitioned by (a test sets it to cross an hour)."""
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._kinds: dict[str, _Kind] = {}
@@ -271,13 +304,15 @@ class Recorder:
             if failure is not None:
                 raise failure
             now = time.monotonic()
+            hour = hour_of(self._wall())
             for kind in list(self._kinds.values()):
                 segment = kind.open
-                if segment is not None and (
+                if (segment is not None and (
                     finalize
                     or segment.nbytes >= self.config.segment_max_bytes
                     or now - segment.opened_at >= self.config.segment_max_age_s
-                ):
+                    or segment.hour != hour
+                )) or (kind.abandoned and finalize):  # fmt: skip
                     self._finalize(kind)
             for _, after in hooks:
                 if after is not None:
@@ -291,14 +326,19 @@ class Recorder:
 
         if kind.arrow is None:
             kind.arrow = arrow_schema(kind.schema, self.writer_id)
-            kind_dir = self.writer_dir / kind.schema.kind
-            kind_dir.mkdir(parents=True, exist_ok=True)
-            existing = [seq for seq, _ in finalized_segments(kind_dir)] + [seq for seq, _ in journals(kind_dir)]
-            kind.next_seq = max(existing, default=-1) + 1
+            (self.writer_dir / kind.schema.kind).mkdir(parents=True, exist_ok=True)
+            kind.next_seq = self._layout.next_seq(kind.schema.kind)
         parts = [table_from_rows(kind.arrow, rows)] if rows else []
         parts.extend(table.cast(kind.arrow) for table in tables)
         table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-        segment = kind.open or self._open(kind)
+        hour = hour_of(self._wall())
+        if kind.open is not None and kind.open.hour != hour:  # a new UTC hour: a new partition
+            try:
+                self._finalize(kind)
+            except Exception:  # retried before the next segment is finalized; these rows go on
+                log.exception("recorder %s: finalizing %s at the hour failed", self.writer_id, kind.schema.kind)
+                self._abandon(kind)
+        segment = kind.open or self._open(kind, hour)
         segment.writer.write_table(table)
         segment.file.flush()
         if self.config.fsync:
@@ -307,39 +347,63 @@ class Recorder:
         segment.nbytes += table.nbytes
         self.written_rows += table.num_rows
 
-    def _open(self, kind: _Kind) -> _OpenSegment:
+    def _open(self, kind: _Kind, hour: str) -> _OpenSegment:
         import pyarrow as pa
 
         seq = kind.next_seq
         kind.next_seq += 1
         path = self.writer_dir / kind.schema.kind / journal_name(seq)
         file = open(path, "wb")  # noqa: SIM115 - closed when the segment is finalized
-        # Uncompressed: the journal is transient (read once, at finalization) and LZ4 measured costlier in CPU
-        # than the extra bytes; the finalized Parquet segment is compressed (zstd).
-        writer = pa.ipc.new_stream(file, kind.arrow)
-        kind.open = _OpenSegment(seq, path, file, writer, time.monotonic())
+        # The journal says where its segment goes, for a recovery after a kill. Uncompressed: the journal is
+        # transient (read once, at finalization) and LZ4 measured costlier in CPU than the extra bytes; the
+        # finalized Parquet segment is compressed (zstd).
+        schema = kind.arrow.with_metadata(
+            {**kind.arrow.metadata, META_HOUR: hour.encode(), META_HOST: self.name.encode()}
+        )
+        try:
+            writer = pa.ipc.new_stream(file, schema)
+        except BaseException:
+            file.close()
+            raise
+        kind.open = _OpenSegment(seq, path, file, writer, time.monotonic(), hour)
         return kind.open
 
     def _abandon(self, kind: _Kind) -> None:
         """Stop appending to a journal a failed write may have torn: its complete batches are finalized
-        by the next recorder's recovery, and the next rows go to a new segment."""
+        (at its own seq) before the next segment is, and the next rows go to a new journal."""
         segment, kind.open = kind.open, None
         if segment is not None:
             with contextlib.suppress(Exception):
                 segment.file.close()
+            kind.abandoned.append(segment)
 
     def _finalize(self, kind: _Kind) -> None:
-        import pyarrow as pa
-
+        """Finalize the abandoned journals, in order, then the open segment: a writer's segments appear in
+        strictly increasing seq, so none appears behind a streaming query's position. If an abandoned one
+        cannot be finalized yet, neither is the open one (the next finalization retries)."""
+        while kind.abandoned:
+            self._finish(kind.abandoned[0])
+            kind.abandoned.pop(0)
         segment = kind.open
-        assert segment is not None
+        if segment is None:
+            return
         kind.open = None
-        segment.writer.close()
-        segment.file.close()
-        table = pa.ipc.open_stream(pa.memory_map(str(segment.path))).read_all()
-        write_segment(table, segment.path.parent, segment.seq, fsync=self.config.fsync)
+        try:
+            segment.writer.close()
+            segment.file.close()
+            self._finish(segment)
+        except BaseException:
+            kind.abandoned.append(segment)
+            raise
+
+    def _finish(self, segment: _OpenSegment) -> None:
+        """A closed journal's complete batches to its finalized segment (none if it holds no rows)."""
+        table = read_journal(segment.path)
+        if table is not None and table.num_rows > 0:
+            kind = segment.path.parent.name
+            self._layout.write(table, kind, segment.seq, segment.hour, self.name, fsync=self.config.fsync)
+            self.segments_finalized += 1
         segment.path.unlink()
-        self.segments_finalized += 1
 
     # -- closing ------------------------------------------------------------------------------------
 
