@@ -49,9 +49,10 @@ import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from .records import _KIND_RE, KindSchema
 
@@ -284,7 +285,7 @@ def file_segments(file: SegmentFile) -> list[tuple[int, int]]:
 
 def open_journals(root: Path, kind: str) -> list[tuple[str, int, Path]]:
     """``(writer, seq, path)`` of the journals of ``kind`` (open segments, or left by a dead recorder)."""
-    found = []
+    found: list[tuple[str, int, Path]] = []
     for writer_dir in [*journal_writer_dirs(root), *legacy_writer_dirs(root)]:
         found.extend((writer_dir.name, seq, path) for seq, path in journals(writer_dir / kind))
     return found
@@ -375,8 +376,7 @@ def remove_if_empty(directory: Path) -> bool:
             continue
         if not entry.is_dir(follow_symlinks=False):
             return False
-        inner = Path(entry.path)
-        if any(e.name != LOCK_FILE and (not e.is_dir() or _scan(Path(e.path))) for e in _scan(inner)):
+        if any(e.name != LOCK_FILE and (not e.is_dir() or _scan(Path(e.path))) for e in _scan(Path(entry.path))):
             return False
     with contextlib.suppress(OSError):
         for entry in _scan(directory):
@@ -465,19 +465,33 @@ def read_journal(path: Path) -> Any | None:
     return pa.Table.from_batches(batches, schema=reader.schema)
 
 
-def write_parquet(table: Any, final: Path, *, fsync: bool = True) -> Path:
-    """Write a Parquet file atomically: to a hidden temporary name, fsync, rename, fsync the directory."""
-    import pyarrow.parquet as pq
-
+@contextlib.contextmanager
+def atomic_file(final: Path, *, fsync: bool = True) -> Iterator[BinaryIO]:
+    """A file that appears at ``final`` whole or not at all: written under a hidden temporary name (never
+    listed; Spark and DuckDB skip it), fsynced, renamed, the directory fsynced. An exception in the
+    block removes the temporary file instead."""
     tmp = final.parent / f".{final.name}.tmp"
-    with open(tmp, "wb") as sink:
-        pq.write_table(table, sink, compression="zstd", row_group_size=256 * 1024)
-        sink.flush()
-        if fsync:
-            os.fsync(sink.fileno())
+    try:
+        with open(tmp, "wb") as sink:
+            yield sink
+            sink.flush()
+            if fsync:
+                os.fsync(sink.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
     os.replace(tmp, final)
     if fsync:
         fsync_dir(final.parent)
+
+
+def write_parquet(table: Any, final: Path, *, fsync: bool = True) -> Path:
+    """Write a Parquet file atomically (:func:`atomic_file`)."""
+    import pyarrow.parquet as pq
+
+    with atomic_file(final, fsync=fsync) as sink:
+        pq.write_table(table, sink, compression="zstd", row_group_size=256 * 1024)
     return final
 
 
