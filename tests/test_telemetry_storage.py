@@ -103,7 +103,7 @@ def test_duckdb_reads_the_partitions_natively(tmp_path: Path) -> None:
 def test_a_bad_name_is_refused_where_it_is_given(tmp_path: Path) -> None:
     with pytest.raises(RecordError, match="name 'a/b'"):
         Recorder(tmp_path, name="a/b")
-    with pytest.raises(RecordError, match="RecorderConfig.name"):
+    with pytest.raises(RecordError, match=r"RecorderConfig\.name"):
         RecorderConfig(name=".hidden")
     proc = subprocess.run(
         [sys.executable, "-m", "slipstream", "record", "--channel", "aeron:ipc", "--stream", "1",
@@ -191,7 +191,7 @@ DISK_FULL = textwrap.dedent(
         recorder.flush(finalize=True)  # the next segment is finalized
         # A streaming query reads everything listed now and stands after it: {w: [last seq + 1, 0]}.
         listed = Recording(root).segments("stream_stats")
-        seen = [p for s in listed for p in Recording(root).read("stream_stats").column("position").to_pylist()][:0]
+        seen = []
         from slipstream.telemetry import read_segment
         for s in listed:
             seen += read_segment(s).column("position").to_pylist()
@@ -239,8 +239,8 @@ def test_recovery_finalizes_a_late_journal_after_the_last_segment_not_behind_it(
     schema = arrow_schema(BUILTIN_SCHEMAS[KIND], "w")
 
     def table(first: int) -> pa.Table:
-        return pa.Table.from_pylist([dict(zip(schema.names, stats(i).row(), strict=True)) for i in range(first, first + 5)],
-                                    schema=schema)  # fmt: skip
+        rows = [dict(zip(schema.names, stats(i).row(), strict=True)) for i in range(first, first + 5)]
+        return pa.Table.from_pylist(rows, schema=schema)
 
     if layout == "earlier":
         kind_dir = tmp_path / "w" / KIND
