@@ -441,3 +441,13 @@ def test_pipeline_compact_command(tmp_path: Path) -> None:
     assert parse_bytes("128MiB") == 128 << 20 and parse_bytes("1g") == 1 << 30
     with pytest.raises(MaintenanceError, match="--target-size"):
         parse_bytes("big")
+
+
+@pytest.mark.slow
+def test_sparks_own_parquet_reader_reads_the_partitions(spark: Any, tmp_path: Path) -> None:
+    record_segments(tmp_path, "w", [3, 4], name="edge-1")
+    frame = spark.read.parquet(str(tmp_path / KIND))
+    assert {"date", "hour", "host"} <= set(frame.columns)
+    assert [tuple(r) for r in frame.groupBy("host").count().collect()] == [("edge-1", 7)]
+    hour = hour_of(time.time())
+    assert frame.where(f"date = '{hour[:10]}' AND hour = {int(hour[11:])}").count() == 7  # partition pruning works

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             driver.stop()
             print(f"slipstream driver: recording into {config.record_directory}: {exc}", file=sys.stderr)
             return 2
-        print(f"recording counters, loss report and errors into {recorder.writer_dir}", flush=True)
+        print(f"recording counters, loss report and errors into {recorder.directory}", flush=True)
         try:
             driver.run()
         finally:

@@ -23,9 +23,9 @@ class RecordingConfig:
     """Recording switched on by configuration. ``directory=None`` means off.
 
     Attributes:
-        directory (Path | None): The recording's root: each process records below it in a directory of its own
-            (``net-<host>-<pid>`` for servers and clients). None records nothing; a directory needs the ``telemetry``
-            extra. Default ``None``.
+        directory (Path | None): The recording's root: each process records below it as a writer of its own
+            (``net-<host>-<pid>`` for servers and clients), partitioned by date, hour and ``recorder.name``. None
+            records nothing; a directory needs the ``telemetry`` extra. Default ``None``.
         recorder (RecorderConfig): How the recorder writes: flush interval, segment size and age, pending-row bound.
             Default ``RecorderConfig()``.
         stats_interval_s (float): How often per-connection and per-stream statistics are sampled. Default ``1.0``.
@@ -36,8 +36,9 @@ class RecordingConfig:
     """
 
     directory: Path | None = None
-    """The recording's root: each process records below it in a directory of its own (``net-<host>-<pid>``
-    for servers and clients). None records nothing; a directory needs the ``telemetry`` extra."""
+    """The recording's root: each process records below it as a writer of its own (``net-<host>-<pid>``
+    for servers and clients), partitioned by date, hour and ``recorder.name``. None records nothing; a
+    directory needs the ``telemetry`` extra."""
     recorder: RecorderConfig = field(default_factory=RecorderConfig)
     """How the recorder writes: flush interval, segment size and age, pending-row bound."""
     stats_interval_s: float = 1.0
