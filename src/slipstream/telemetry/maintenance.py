@@ -49,6 +49,8 @@ DEFAULT_TARGET_BYTES: Final = 128 << 20
 """Spark's default ``maxPartitionBytes``: one file, one task, compressed."""
 DEFAULT_GRACE_S: Final = 3600.0
 ROW_GROUP_ROWS: Final = 256 * 1024
+TEMPORARY_AGE_S: Final = 3600.0
+"""A temporary file this old is a dead writer's (a live one renames its file within seconds)."""
 _DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.IGNORECASE)
 _DURATION_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE_RE: Final = re.compile(r"(\d+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
@@ -136,7 +138,7 @@ def compact(
             files = [f for f in segment_files(root, kind) if f.hour]
             live, superseded = resolve(files)
             _delete_superseded(superseded, now - grace_s, dry_run, result)
-            _remove_temporaries(root / kind, now - grace_s, dry_run, result)
+            _remove_temporaries(root / kind, now - max(grace_s, TEMPORARY_AGE_S), dry_run, result)
             for run in _runs(live, target_bytes):
                 _merge(run, dry_run, fsync, result)
     finally:

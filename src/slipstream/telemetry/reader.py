@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +157,7 @@ class Recording:
         rows if ``include_open`` (fresher, but not stable: they are not segments yet)."""
         import pyarrow as pa
 
-        tables = [read_segment(segment, columns=columns) for segment in self.segments(kind)]
+        tables = [read_segment(span, columns=columns) for span in spans(self.segments(kind))]
         if include_open:
             for _, _, path in open_journals(self.root, kind):
                 table = read_journal(path)
@@ -176,9 +176,22 @@ class Recording:
         cls = RECORD_TYPE_BY_KIND.get(kind)
         if cls is None:
             raise RecordError(f"kind {kind!r} has no record type (typed kinds are read as tables)")
-        for segment in self.segments(kind):
-            for row in read_segment(segment).to_pylist():
+        for span in spans(self.segments(kind)):
+            for row in read_segment(span).to_pylist():
                 yield cls(**row)
+
+
+def spans(segments: Sequence[Segment]) -> list[Segment]:
+    """Consecutive segments that lie one after the other in the same file (a compacted one) joined into
+    one (its first seq, their rows): a file is read once, not once per segment it holds."""
+    joined: list[Segment] = []
+    for segment in segments:
+        last = joined[-1] if joined else None
+        if last is not None and last.path == segment.path and last.base + last.rows == segment.base:
+            joined[-1] = replace(last, rows=last.rows + segment.rows)
+        else:
+            joined.append(segment)
+    return joined
 
 
 def read_segment(

@@ -145,7 +145,8 @@ def journal_dir(root: Path, writer: str) -> Path:
 
 
 def _scan(directory: Path) -> list[os.DirEntry[str]]:
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError), os.scandir(directory) as entries:
+    """A directory's entries; none if it does not exist (a directory it cannot read raises: not empty)."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(directory) as entries:
         return list(entries)
     return []
 
