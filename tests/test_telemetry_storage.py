@@ -451,3 +451,12 @@ def test_sparks_own_parquet_reader_reads_the_partitions(spark: Any, tmp_path: Pa
     assert [tuple(r) for r in frame.groupBy("host").count().collect()] == [("edge-1", 7)]
     hour = hour_of(time.time())
     assert frame.where(f"date = '{hour[:10]}' AND hour = {int(hour[11:])}").count() == 7  # partition pruning works
+
+
+def test_a_damaged_compacted_file_is_reported_and_its_originals_listed_again(tmp_path: Path) -> None:
+    record_segments(tmp_path, "a", [2, 3])
+    ((merged, _, _),) = compact(tmp_path).merged
+    assert [s.path for s in Recording(tmp_path).segments(KIND)] == [merged, merged]
+    Path(merged).write_bytes(b"PAR1 not really parquet")
+    recording = Recording(tmp_path)
+    assert positions(recording) == [0, 1, 2, 3, 4] and recording.unreadable == [merged]

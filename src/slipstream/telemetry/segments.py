@@ -340,9 +340,15 @@ class WriterLayout:
 def try_lock(directory: Path) -> int | None:
     """Take a directory's lock; the fd holds it (until closed, or the process dies), or None if a live
     process holds it (or the lock file was replaced while we waited: someone removed the directory)."""
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    for attempt in range(3):  # a compaction may remove a dead writer's empty directory meanwhile
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            break
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if os.fstat(fd).st_ino != os.stat(path).st_ino:
