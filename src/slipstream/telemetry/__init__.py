@@ -12,6 +12,7 @@ from .capture import Decoder, DriverSampler, StreamCapture, msgspec_decoder
 from .config import RecordingConfig
 from .convert import recover
 from .errors import RecorderClosedError, RecordError, RecordingLockedError, SchemaVersionError, TelemetryError
+from .maintenance import CompactResult, MaintenanceError, compact
 from .reader import Recording, Segment, read_segment
 from .recorder import Recorder, RecorderConfig, default_writer_id
 from .records import (
@@ -40,6 +41,7 @@ __all__ = [
     "CONNECTION_EVENT_NAMES",
     "TYPED_PREFIX",
     "CapturedMessage",
+    "CompactResult",
     "ConnectionEvent",
     "ConnectionStats",
     "CounterSample",
@@ -48,6 +50,7 @@ __all__ = [
     "ErrorSample",
     "KindSchema",
     "LossSample",
+    "MaintenanceError",
     "Record",
     "RecordError",
     "Recorder",
@@ -62,6 +65,7 @@ __all__ = [
     "StreamCapture",
     "StreamStats",
     "TelemetryError",
+    "compact",
     "connected",
     "default_writer_id",
     "disconnected",

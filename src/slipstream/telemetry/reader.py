@@ -81,7 +81,8 @@ def _conform(table: Any, kind: str, path: object) -> Any:
 
 
 class Recording:
-    """A recording root: any number of writer directories, each with a directory per kind."""
+    """A recording root: each kind's segments, partitioned by date, hour and host, of any number of writers
+    (and the writer directories of the earlier layout). Reading never writes."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
