@@ -127,13 +127,14 @@ def _run_compact(args: argparse.Namespace) -> int:
         print(f"recovered {result.recovered} segments from dead writers")
     for partition in result.dropped_partitions:
         print(f"{would}drop {partition} (older than {args.retain})")
-    for path, segments, size in result.merged:
-        print(f"{would}merge {segments} segments into {path.removeprefix(root).lstrip('/')} ({size} bytes)")
+    for path, segments, size_in, size in result.merged:
+        made = f" ({size} bytes)" if size else ""
+        print(f"{would}merge {segments} segments ({size_in} bytes) into {path.removeprefix(root).lstrip('/')}{made}")
     for path in result.deleted:
         print(f"{would}delete {path.removeprefix(root).lstrip('/')} (replaced more than {args.grace} ago)")
     for path in result.removed:
         print(f"{would}remove {path.removeprefix(root).lstrip('/')}")
-    merged = sum(segments for _, segments, _ in result.merged)
+    merged = sum(entry[1] for entry in result.merged)
     print(
         f"{root}: {would}merge {merged} segments ({result.merged_bytes_in} bytes) into {len(result.merged)} files; "
         f"{would}delete {len(result.deleted)} replaced files ({result.waiting} kept for the grace period); "

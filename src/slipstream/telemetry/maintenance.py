@@ -83,8 +83,8 @@ class CompactResult:
 
     recovered: int = 0
     """Segments finalized from dead writers' journals and raw captures."""
-    merged: list[tuple[str, int, int]] = field(default_factory=list)
-    """(new file, segments merged into it, its bytes)."""
+    merged: list[tuple[str, int, int, int]] = field(default_factory=list)
+    """(new file, segments merged into it, their bytes, its bytes: 0 in a dry run)."""
     merged_bytes_in: int = 0
     deleted: list[str] = field(default_factory=list)
     """Superseded files deleted (their replacement is older than the grace period)."""
@@ -256,7 +256,7 @@ def _merge(run: list[SegmentFile], dry_run: bool, fsync: bool, result: CompactRe
     final = run[0].path.parent / compacted_file_name(run[0].writer, run[0].first, run[-1].last)
     bytes_in = sum(file.path.stat().st_size for file in run)
     if dry_run:
-        result.merged.append((str(final), len(held), bytes_in))
+        result.merged.append((str(final), len(held), bytes_in, 0))
         result.merged_bytes_in += bytes_in
         return
     first_schema = pq.read_schema(run[0].path)
@@ -283,5 +283,5 @@ def _merge(run: list[SegmentFile], dry_run: bool, fsync: bool, result: CompactRe
                 written += rows
         if written != sum(rows for _, rows in held):  # never: the segments' footers said so
             raise MaintenanceError(f"{final}: {written} rows read for segments of {sum(r for _, r in held)}")
-    result.merged.append((str(final), len(held), final.stat().st_size))
+    result.merged.append((str(final), len(held), bytes_in, final.stat().st_size))
     result.merged_bytes_in += bytes_in
