@@ -58,6 +58,17 @@ def record_segments(root: Path, writer: str, counts: list[int], *, first: int = 
     return first
 
 
+def in_mount_namespace(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a private mount namespace (mounts it makes vanish with it); skip without root."""
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", script, *args],
+        capture_output=True, text=True, env=ENV, timeout=120,
+    )  # fmt: skip
+    if proc.returncode != 0 and proc.stderr.startswith("unshare:"):
+        pytest.skip(f"needs a private mount namespace: {proc.stderr.strip()}")
+    return proc
+
+
 def files_under(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))}
 
@@ -219,12 +230,7 @@ def test_rows_of_a_journal_given_up_after_a_disk_write_failure_reach_a_stream(tm
     journal 0 waited, so recovery's segment 0 landed behind a stream already at [2, 0]."""
     mount = tmp_path / "small"
     mount.mkdir()
-    proc = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", DISK_FULL, str(mount)],
-        capture_output=True, text=True, env=ENV, timeout=120,
-    )  # fmt: skip
-    if proc.returncode != 0 and "unshare" in proc.stderr and "Operation not permitted" in proc.stderr:
-        pytest.skip("needs a private mount namespace (root)")
+    proc = in_mount_namespace(DISK_FULL, str(mount))
     assert proc.returncode == 0, proc.stderr
     state = json.loads(proc.stdout.strip().splitlines()[-1])
     assert state["failed"] and state["dropped"] == 100
@@ -313,10 +319,7 @@ def test_a_recording_is_listed_and_read_from_a_read_only_mount_and_nothing_is_wr
     assert files_under(source) == before, "reading created, changed or finished files"
     mount = tmp_path / "ro"
     mount.mkdir()
-    proc = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", READ_ONLY, str(source), str(mount)],
-        capture_output=True, text=True, env=ENV, timeout=60,
-    )  # fmt: skip
+    proc = in_mount_namespace(READ_ONLY, str(source), str(mount))
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["kinds"] == [KIND] and seen["writers"] == ["dead", "w"]
