@@ -134,6 +134,7 @@ class Recording:
                         found.append(Segment(file.writer, kind, seq, str(file.path), rows, base, file.host, file.hour))
                     base += rows
             if not damaged:
+                found.sort(key=lambda segment: (segment.writer, segment.seq))
                 return found
             files = [f for f in files if f not in damaged]  # what a damaged compaction replaced is listed again
 
