@@ -241,8 +241,8 @@ def run(args: argparse.Namespace) -> int:
     say(f"  the server recorded {summary.connections} connections (it sent {replied} messages back)")
     say(f"  and {rejected} refused handshakes")
     say("2/3 Spark report")
-    outcome = generate_report(recording, output / "report", master=args.master,
-                              options=ReportOptions(abuse_threshold=args.abuse_threshold, window_s=args.window))  # fmt: skip
+    options = ReportOptions(abuse_threshold=args.abuse_threshold, window_s=args.window)
+    outcome = generate_report(recording, output / "report", master=args.master, options=options)
     say(f"  report: {outcome.html}")
     say(f"  Spark {outcome.master}: start-up {outcome.startup_s:.1f} s, jobs {outcome.jobs_s:.1f} s")
     ok = True
