@@ -34,8 +34,8 @@ class RecordingConfig:
         driver_counters (bool): Sample the driver's counters, loss report and error log (``DriverSampler``). Default
             ``True``.
         rtt_interval_s (float | None): Ping every connection this often, each pong recorded as an RTT sample (a
-            ``connection_stats`` row with ``rtt_ns``): a p99 needs 100 samples, so 0.1 gives one per connection in 10
-            s. None: only the application's own pings are sampled. Default ``None``.
+            ``connection_stats`` row with ``rtt_ns``): a p99 needs 100 samples, so 0.1 gives one per connection in 10 s.
+            None: only the application's own pings are sampled. Default ``None``.
     """
 
     directory: Path | None = None
