@@ -38,7 +38,7 @@ UDP_STREAM = 1002
 ABUSE_STREAM = 1003
 NETWORK_CLIENTS = 4
 """Clients of the recorded server (half over UDP, half over IPC)."""
-DEMO_WINDOW_S = 5
+DEMO_WINDOW_S = 2
 """The demo's report window: the run lasts seconds, so per-minute windows would draw single points."""
 INTRUDERS = 3
 """Handshakes the recorded server refuses by tag over UDP, from 127.0.0.1 (and one more over IPC)."""

@@ -59,17 +59,19 @@ def _times(values_ns: Sequence[int]) -> list[Any]:
     return [datetime.fromtimestamp(ns / 1e9, tz=UTC) for ns in values_ns]
 
 
-def _time_axis(ax: Any, values_ns: Sequence[int]) -> None:
-    """An x axis of wall-clock times in UTC, labelled with the date (``HH:MM:SS`` ticks)."""
+def _time_axis(ax: Any, values_ns: Sequence[int], window_s: int) -> None:
+    """An x axis of wall-clock times in UTC (``HH:MM:SS`` ticks, the date in the label), at least two
+    windows wide, so a short run's one window still reads as a time."""
     import matplotlib.dates as mdates
 
-    locator = mdates.AutoDateLocator(  # type: ignore[no-untyped-call]
-        tz=mdates.UTC, minticks=3, maxticks=8
-    )
+    first, last = min(values_ns), max(values_ns)
+    margin = window_s * 1_000_000_000
+    ax.set_xlim(*_times([first - margin // 2, max(last + margin + margin // 2, first + 2 * margin)]))
+    locator = mdates.AutoDateLocator(tz=mdates.UTC, minticks=3, maxticks=8)  # type: ignore[no-untyped-call]
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=mdates.UTC))  # type: ignore[no-untyped-call]
-    day = time.strftime("%Y-%m-%d", time.gmtime(min(values_ns) / 1e9)) if values_ns else ""
-    ax.set_xlabel(f"time (UTC, {day}; window start)")
+    day = time.strftime("%Y-%m-%d", time.gmtime(first / 1e9))
+    ax.set_xlabel(f"window start, UTC ({day})")
     ax.grid(True, alpha=0.3)
 
 
@@ -92,7 +94,7 @@ def plot_server_traffic(rows: Sequence[dict[str, Any]], path: Path, window_s: in
     else:
         for server, points in sorted(series.items())[:8]:
             ax.plot(_times([t for t, _ in points]), [v for _, v in points], marker="o", label=server)
-        _time_axis(ax, [t for points in series.values() for t, _ in points])
+        _time_axis(ax, [t for points in series.values() for t, _ in points], window_s)
         ax.set_ylabel("messages / s (in + out)")
         ax.legend(fontsize="small")
     ax.set_title(f"Traffic per server ({window_s} s windows)")
@@ -119,7 +121,7 @@ def plot_server_rtt(rows: Sequence[dict[str, Any]], path: Path, window_s: int) -
             for x, r in zip(xs, mine, strict=True):
                 ax.annotate(f"n={r['rtt_samples']}", (x, r["rtt_p50_ns"] / 1000), textcoords="offset points",
                             xytext=(0, -12), ha="center", fontsize="x-small", color="#555")  # fmt: skip
-        _time_axis(ax, [r["window_start_ns"] for r in measured])
+        _time_axis(ax, [r["window_start_ns"] for r in measured], window_s)
         ax.set_ylabel("RTT (µs)")
         ax.legend(fontsize="x-small")
     ax.set_title(f"Round-trip time per server ({window_s} s windows; p99 from ≥ {min_samples(0.99)} samples)")
@@ -146,7 +148,7 @@ def plot_churn(rows: Sequence[dict[str, Any]], path: Path, window_s: int) -> Non
             ax.bar([x + (i - 1) * width for x in xs], [counts[event].get(t, 0) for t in windows], width,
                    label=label, color=color)  # fmt: skip
         ax.xaxis_date(tz=mdates.UTC)
-        _time_axis(ax, windows)
+        _time_axis(ax, windows, window_s)
         ax.set_ylabel("events")
         ax.legend(fontsize="small")
     ax.set_title(f"Connects, disconnects and refusals ({window_s} s windows)")
@@ -183,7 +185,7 @@ def plot_throughput(rows: Sequence[dict[str, Any]], path: Path, window_s: int) -
         for label, points in sorted(series.items())[:8]:
             points.sort()
             ax.plot(_times([t for t, _ in points]), [v for _, v in points], marker="o", label=label)
-        _time_axis(ax, [t for points in series.values() for t, _ in points])
+        _time_axis(ax, [t for points in series.values() for t, _ in points], window_s)
         ax.set_ylabel("messages / s")
         ax.legend(fontsize="x-small")
     ax.set_title(f"Captured streams ({window_s} s windows)")
@@ -212,6 +214,11 @@ def utc(timestamp_ns: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{ns // 1_000_000:03d}Z"
 
 
+def _number(value: float) -> str:
+    """Three significant digits or more, no separators: 0.123, 12.3, 31625."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def _abbreviate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit // 2 - 1] + "…" + text[-(limit // 2) :]
 
@@ -228,15 +235,19 @@ def cell(value: object, column: str, row: dict[str, Any] | None = None) -> str:
     if isinstance(value, bool):
         return f"<td>{value}</td>"
     if isinstance(value, int):
-        if column.endswith("_ns") and value > 10**17:  # a wall-clock time
-            return f"<td>{utc(value)}</td>"
+        if column.endswith("_ns") and value > 10**17:  # a wall-clock time (a window start to the second)
+            return f"<td>{utc(value).replace('.000Z', 'Z') if column == 'window_start_ns' else utc(value)}</td>"
         if column.endswith("_ms") and value > 10**11:
             return f"<td>{utc(value * 1_000_000)}</td>"
         if column in _RTT_COLUMNS:
-            return f'<td class="num">{value / 1000:.1f} µs</td>'
+            return f'<td class="num">{_number(value / 1000)} µs</td>'
         return f'<td class="num">{value}</td>'
     if isinstance(value, float):
-        return f'<td class="num">{value:.4g}</td>' if column.endswith("_rate") else f'<td class="num">{value:.1f}</td>'
+        return (
+            f'<td class="num">{value:.4f}</td>'
+            if column.endswith("_rate")
+            else f'<td class="num">{_number(value)}</td>'
+        )
     text = str(value)
     if column == "driver":  # a driver directory: its name says which
         text = Path(text).name or text
@@ -244,8 +255,11 @@ def cell(value: object, column: str, row: dict[str, Any] | None = None) -> str:
 
 
 def _header(column: str) -> str:
-    names = {"window_start_ns": "window (UTC)", "connection_id": "conn id", "rtt_samples": "RTT n",
-             "messages_per_s": "msgs/s", "bytes_per_s": "bytes/s", "back_pressure_events": "back pressure"}  # fmt: skip
+    names = {"window_start_ns": "window (UTC)", "connection_id": "conn id", "connections": "conns",
+             "rtt_samples": "RTT n", "messages_per_s": "msgs/s", "bytes_per_s": "bytes/s",
+             "back_pressure_events": "back press.", "retransmits": "retx", "messages_received": "msgs in",
+             "messages_sent": "msgs out", "bytes_received": "bytes in", "bytes_sent": "bytes out",
+             "messages_in": "msgs in", "messages_out": "msgs out", "duration_s": "secs"}  # fmt: skip
     if column in names:
         return names[column]
     if column in _RTT_COLUMNS:
@@ -267,11 +281,10 @@ def table(name: str, rows: Sequence[dict[str, Any]], columns: Sequence[str] | No
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; padding: 0 1em; color: #222; }
-table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1.5em; width: 100%; table-layout: fixed; }
-table.summary { table-layout: auto; }
+table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1.5em; width: 100%; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.4em; overflow-wrap: anywhere; vertical-align: top; }
-th { background: #eee; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; } td.null { color: #999; }
+th { background: #eee; text-align: left; overflow-wrap: break-word; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; } td.null { color: #999; }
 img { display: block; margin: 0.5em 0; border: 1px solid #ddd; max-width: 100%; height: auto; }
 .summary td:first-child { font-weight: bold; width: 14em; }
 """
@@ -292,9 +305,8 @@ SECTIONS: tuple[tuple[str, str, str | None, str, tuple[str, ...] | None], ...] =
     ("Top talkers", "top_talkers", "talkers",
      "Per window: the remote hosts and the tags that moved most bytes.", None),
     ("Sessions", "sessions", None, "Per connection: when, how long, traffic each way, loss, RTT.",
-     ("server", "connection_id", "address", "tag", "transport", "start_ns", "duration_s", "cause",
-      "messages_received", "messages_sent", "bytes_received", "bytes_sent", "loss_rate", "rtt_samples",
-      "rtt_p50_ns", "rtt_p95_ns", "rtt_p99_ns")),
+     ("server", "connection_id", "address", "tag", "start_ns", "duration_s", "cause", "messages_received",
+      "messages_sent", "bytes_received", "bytes_sent", "loss_rate", "rtt_samples", "rtt_p50_ns", "rtt_p99_ns")),
     ("Rejected handshakes", "rejected_handshakes", None, "Refused handshakes by host and reason.", None),
     ("Abuse list", "abuse_list", None, "Hosts at or over the rejection threshold: what servers should refuse.", None),
     ("Captured streams", "stream_throughput", "throughput", "Captured messages per stream and window.", None),
