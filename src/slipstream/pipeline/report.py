@@ -3,7 +3,7 @@ the page).
 
 Every plot is always drawn, with a "no data" note when its table is empty, so the page has the same
 shape for every recording and a browser check can insist that every image loads. Tables fit the page
-(fixed layout, long values wrap); ids print as plain integers, times as ISO 8601 UTC, RTTs in µs with
+(long values wrap, nothing wider than the page); ids print as plain integers, times as ISO 8601 UTC, RTTs in µs with
 their sample count beside them, and a percentile from too few samples as "n too small".
 """
 
@@ -67,8 +67,11 @@ def _time_axis(ax: Any, values_ns: Sequence[int], window_s: int) -> None:
     first, last = min(values_ns), max(values_ns)
     margin = window_s * 1_000_000_000
     ax.set_xlim(*_times([first - margin // 2, max(last + margin + margin // 2, first + 2 * margin)]))
-    locator = mdates.AutoDateLocator(tz=mdates.UTC, minticks=3, maxticks=8)  # type: ignore[no-untyped-call]
-    ax.xaxis.set_major_locator(locator)
+    starts = sorted(set(values_ns))
+    if len(starts) <= 10:  # a tick at each window's start
+        ax.set_xticks(_times(starts))
+    else:
+        ax.xaxis.set_major_locator(mdates.AutoDateLocator(tz=mdates.UTC, maxticks=10))  # type: ignore[no-untyped-call]
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=mdates.UTC))  # type: ignore[no-untyped-call]
     day = time.strftime("%Y-%m-%d", time.gmtime(first / 1e9))
     ax.set_xlabel(f"window start, UTC ({day})")
@@ -236,11 +239,11 @@ def cell(value: object, column: str, row: dict[str, Any] | None = None) -> str:
         return f"<td>{value}</td>"
     if isinstance(value, int):
         if column.endswith("_ns") and value > 10**17:  # a wall-clock time (a window start to the second)
-            return f"<td>{utc(value).replace('.000Z', 'Z') if column == 'window_start_ns' else utc(value)}</td>"
+            return _time_cell(utc(value).replace(".000Z", "Z") if column == "window_start_ns" else utc(value))
         if column.endswith("_ms") and value > 10**11:
-            return f"<td>{utc(value * 1_000_000)}</td>"
+            return _time_cell(utc(value * 1_000_000))
         if column in _RTT_COLUMNS:
-            return f'<td class="num">{_number(value / 1000)} µs</td>'
+            return f'<td class="num">{_number(value / 1000)}</td>'  # µs, said in the header
         return f'<td class="num">{value}</td>'
     if isinstance(value, float):
         return (
@@ -251,7 +254,14 @@ def cell(value: object, column: str, row: dict[str, Any] | None = None) -> str:
     text = str(value)
     if column == "driver":  # a driver directory: its name says which
         text = Path(text).name or text
-    return f'<td title="{html.escape(text)}">{html.escape(_abbreviate(text, 120))}</td>'
+    long = ' class="long"' if len(text) > 12 else ""  # long values (addresses, channels) wrap anywhere
+    return f'<td{long} title="{html.escape(text)}">{html.escape(_abbreviate(text, 120))}</td>'
+
+
+def _time_cell(iso: str) -> str:
+    """An ISO time that may wrap between its date and its time, nowhere else."""
+    day, _, clock = iso.partition("T")
+    return f"<td>{day}<wbr>T{clock}</td>"
 
 
 def _header(column: str) -> str:
@@ -263,7 +273,7 @@ def _header(column: str) -> str:
     if column in names:
         return names[column]
     if column in _RTT_COLUMNS:
-        return f"RTT {column[4:7]}"
+        return f"RTT {column[4:7]} µs"
     return column.removesuffix("_ns").replace("_", " ")
 
 
@@ -282,8 +292,8 @@ def table(name: str, rows: Sequence[dict[str, Any]], columns: Sequence[str] | No
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1.5em; width: 100%; }
-th, td { border: 1px solid #ccc; padding: 0.2em 0.4em; overflow-wrap: anywhere; vertical-align: top; }
-th { background: #eee; text-align: left; overflow-wrap: break-word; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.4em; overflow-wrap: break-word; vertical-align: top; }
+th { background: #eee; text-align: left; } td.long { overflow-wrap: anywhere; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; } td.null { color: #999; }
 img { display: block; margin: 0.5em 0; border: 1px solid #ddd; max-width: 100%; height: auto; }
 .summary td:first-child { font-weight: bold; width: 14em; }
