@@ -78,7 +78,6 @@ class AbuseListSubscriber:
 
     def start(self, idle_s: float = 0.005) -> AbuseListSubscriber:
         """Poll on a daemon thread until :meth:`close`."""
-
         def run() -> None:
             while not self._stop.is_set():
                 if self.poll() == 0:
