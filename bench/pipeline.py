@@ -105,6 +105,7 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
             "bytes_lost": rng.integers(0, 64, n),
             "back_pressure_events": np.zeros(n, dtype=np.int64),
             "side": np.full(n, "server", dtype=object),
+            "local": np.char.add("srv-", (conn % 4).astype(str)).astype(object),
         }
 
     def events(first: int, n: int) -> dict[str, Any]:
@@ -122,6 +123,7 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
             "connection_id": pa.array(np.where(kind == 2, 0, conn), mask=kind == 2),
             "reason": pa.array(np.array(["ip_filter", "bad_key", "too_many"], dtype=object)[conn % 3], mask=kind != 2),
             "cause": pa.array(np.full(n, "closed", dtype=object), mask=kind != 1),
+            "local": np.char.add("srv-", (conn % 4).astype(str)).astype(object),
         }
 
     write("captured", counts["captured"], captured)

@@ -26,9 +26,11 @@ pytest.importorskip("pyspark")
 from slipstream import Context, DriverConfig, RegistrationError
 from slipstream.files import observe
 from slipstream.files.loss_report import LossReport
+from slipstream.pipeline.connections import SERVER_PINGS
 from slipstream.pipeline.demo import RunSummary, abuse_loop, record_run
 from slipstream.pipeline.jobs import TABLES
 from slipstream.pipeline.options import ReportOptions
+from slipstream.pipeline.report import PLOTS
 from slipstream.pipeline.run import ReportOutcome, generate_report
 from slipstream.pipeline.submit import SUBMIT_SCRIPT
 from slipstream.telemetry import DriverSampler, Recorder, RecorderConfig, Recording, StreamStats
@@ -144,9 +146,25 @@ def test_report_tables_agree_with_what_the_run_counted(
         assert session["bytes_sent"] == counted["bytes_received"]  # replies, pings, pongs, acknowledgements
         assert session["cause"] == "peer_closed"
         assert session["duration_s"] > 0 and session["throughput_bytes_per_s"] > 0
+        # The server's pings, each a sample: enough for a p99.
+        assert session["rtt_samples"] == SERVER_PINGS >= 100
         assert 0 < session["rtt_p50_ns"] <= session["rtt_p95_ns"] <= session["rtt_p99_ns"] < 5e9
         assert session["loss_rate"] == 0.0
-    counters = {row["label"]: row["value"] for row in rows["driver_counters"]}
+    # Per window and server: the sessions' traffic and samples, every window of the run.
+    (server,) = {row["server"] for row in rows["server_windows"]}
+    assert server == socket.gethostname()
+    assert sum(row["messages_in"] for row in rows["server_windows"]) == 4 * 501
+    assert sum(row["rtt_samples"] for row in rows["server_windows"]) == 4 * SERVER_PINGS
+    links = {row["remote"] for row in rows["link_windows"]}
+    assert links == {"127.0.0.1", "ipc"}
+    churn: dict[tuple[str, str], int] = {}
+    for row in rows["churn"]:
+        churn[(row["event"], row["detail"])] = churn.get((row["event"], row["detail"]), 0) + row["events"]
+    assert churn[("connected", "")] == churn[("disconnected", "peer_closed")] == 4
+    assert churn[("handshake_rejected", "not_permitted")] == 4
+    talkers = {row["key"] for row in rows["top_talkers"] if row["dimension"] == "tag"}
+    assert talkers == {counted["tag"] for counted in network.sessions.values()}
+    counters = {row["label"]: row["last_value"] for row in rows["driver_counters"]}
     assert any(label.startswith("sub-pos") for label in counters)
     assert len({row["driver"] for row in rows["driver_counters"]}) == 3  # streams, network, errors
     # The second driver's real errors and its loss report, as the test caused them.
@@ -407,17 +425,26 @@ window.addEventListener("load", () => {
   const images = Array.from(document.images);
   const loaded = images.filter((img) => img.complete && img.naturalWidth > 0).length;
   document.body.setAttribute("data-images", loaded + "/" + images.length);
+  const wide = Array.from(document.querySelectorAll("table"))
+    .filter((t) => t.scrollWidth > t.parentElement.clientWidth)
+    .map((t) => t.id || "summary");
+  if (document.documentElement.scrollWidth > document.documentElement.clientWidth) wide.push("page");
+  document.body.setAttribute("data-wide", wide.join(",") || "none");
 });
 </script>
 """
 
+
 def test_report_opens_in_headless_chromium_with_every_plot_loaded(report: ReportOutcome, tmp_path: Path) -> None:
+    """Every plot loads, and no table is wider than the page (at 1280 px and at 900 px)."""
     page = report.html.read_text()
-    assert page.count("<img ") == 4
+    assert page.count("<img ") == len(PLOTS)
     check = report.html.with_name("check.html")
     check.write_text(page.replace("</body>", CHECK_SCRIPT + "</body>"))
-    dom = chromium(["--dump-dom", check.as_uri()], tmp_path / "profile1")
-    assert 'data-images="4/4"' in dom.stdout, dom.stdout[-2000:] + dom.stderr[-2000:]
+    for width in (1280, 900):
+        dom = chromium([f"--window-size={width},2400", "--dump-dom", check.as_uri()], tmp_path / f"profile{width}")
+        assert f'data-images="{len(PLOTS)}/{len(PLOTS)}"' in dom.stdout, dom.stdout[-2000:] + dom.stderr[-2000:]
+        assert 'data-wide="none"' in dom.stdout, re.findall(r'data-wide="[^"]*"', dom.stdout)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "pipeline-report.png"
     shot.unlink(missing_ok=True)
@@ -490,7 +517,8 @@ def test_standalone_cluster_under_spark_submit_and_the_command_gives_the_same_ta
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert f"spark: {standalone_cluster}" in proc.stdout
-    assert "[8/8] errors done" in proc.stderr + proc.stdout, proc.stderr[-3000:]  # the progress display
+    done = f"[{len(TABLES)}/{len(TABLES)}] errors done"
+    assert done in proc.stderr + proc.stdout, proc.stderr[-3000:]  # the progress display
     command_out = tmp_path / "command-report"
     command = subprocess.run(
         [sys.executable, "-m", "slipstream", "pipeline", "report", "--input", str(recorded[0]), "--output",
@@ -499,7 +527,7 @@ def test_standalone_cluster_under_spark_submit_and_the_command_gives_the_same_ta
     )  # fmt: skip
     assert command.returncode == 0, command.stdout[-3000:] + command.stderr[-5000:]
     assert f"spark: {standalone_cluster}," in command.stdout, command.stdout
-    assert "[8/8] errors done" in command.stderr + command.stdout, command.stderr[-3000:]
+    assert done in command.stderr + command.stdout, command.stderr[-3000:]
     assert f"report: {command_out / 'report.html'}" in command.stdout and (command_out / "report.html").is_file()
     for name in TABLES:
         local = pq.read_table(report.tables.paths[name]).to_pylist()

@@ -70,7 +70,7 @@ def test_import_slipstream_and_telemetry_do_not_import_spark_or_arrow() -> None:
 
 def test_schemas_are_typed_and_versioned() -> None:
     events = BUILTIN_SCHEMAS["connection_events"]
-    assert events.version == 1
+    assert events.version == 2  # 2 added local (the recording host)
     assert ("reason", "string", True) in events.columns and ("timestamp_ns", "int64", False) in events.columns
     assert set(BUILTIN_SCHEMAS) == {
         "connection_events",

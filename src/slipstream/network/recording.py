@@ -16,6 +16,7 @@ recorded.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -167,6 +168,10 @@ class EndpointRecording:
         assert recorder is not None, "EndpointRecording needs an enabled RecordingConfig"
         self.recorder = recorder
         self.side = side
+        self.local = socket.gethostname()
+        """This endpoint's host, in every row (the report's per-server and per-link key)."""
+        self.rtt_interval_s = config.rtt_interval_s
+        """Ping every connection this often for RTT samples (None: the application's pings only)."""
         self._connections = connections
         self.capture = config.capture_messages
         """Capture every received message (``captured`` and ``typed.<Type>`` rows)."""
@@ -183,7 +188,7 @@ class EndpointRecording:
         self._record(
             handshake_accepted(
                 time.time_ns(), connection_id=connection_id, address=address_of(address, port), tag=tag,
-                side=self.side, transport="ipc" if address is None else "udp",
+                side=self.side, transport="ipc" if address is None else "udp", local=self.local,
             )
         )  # fmt: skip
 
@@ -192,7 +197,7 @@ class EndpointRecording:
         self._record(
             handshake_rejected(
                 time.time_ns(), address=address_of(address, None), reason=reason_name(reason), tag=tag,
-                side=self.side, transport="ipc" if address is None else "udp",
+                side=self.side, transport="ipc" if address is None else "udp", local=self.local,
             )
         )  # fmt: skip
 
@@ -202,7 +207,7 @@ class EndpointRecording:
             connected(
                 time.time_ns(), connection_id=connection.id, tag=connection.tag, side=self.side,
                 address=address_of(connection.remote_address, connection.remote_port),
-                transport="ipc" if connection.is_ipc else "udp",
+                transport="ipc" if connection.is_ipc else "udp", local=self.local,
             )
         )  # fmt: skip
 
@@ -214,7 +219,7 @@ class EndpointRecording:
             disconnected(
                 now, connection_id=connection.id, cause=cause_of(event), tag=connection.tag, side=self.side,
                 address=address_of(connection.remote_address, connection.remote_port),
-                transport="ipc" if connection.is_ipc else "udp",
+                transport="ipc" if connection.is_ipc else "udp", local=self.local,
             )
         )  # fmt: skip
 
@@ -265,6 +270,7 @@ class EndpointRecording:
             bytes_lost=repair.get(RECEIVER_BYTES_LOST_TYPE_ID, 0),
             back_pressure_events=connection.back_pressure_events,
             side=self.side,
+            local=self.local,
         )
 
     def _streams(self, connection: Recorded, now_ns: int, repair: dict[int, int]) -> list[StreamStats]:

@@ -39,8 +39,11 @@ __all__ = ["NetworkSummary", "free_port_pair", "record_connections", "refuse_lis
 APP_ID = "slipstream-demo"
 INTRUDER_TAG = "intruder"
 """Clients whose tag starts with this are refused by the demo server's filter."""
-SERVER_PINGS = 3
-"""Pings the server sends each connection (its RTT samples for the report)."""
+SERVER_PINGS = 120
+"""Pings the server sends each connection, ``PING_GAP_S`` apart (its RTT samples for the report: a
+p99 needs 100). A server in service samples with ``RecordingConfig.rtt_interval_s`` instead; the
+demo pings itself so that every ping is answered before the client goes (its byte counts are exact)."""
+PING_GAP_S = 0.01
 REPLY_EVERY = 10
 """The server sends back the 1st, 11th, 21st... message each client sends it (traffic both ways)."""
 
@@ -178,6 +181,7 @@ async def _record_connections(
             for _ in range(SERVER_PINGS):
                 await connection.ping(timeout=5.0)
                 pinged[connection.id] = pinged.get(connection.id, 0) + 1
+                await asyncio.sleep(PING_GAP_S)
 
         async def reply(connection: Connection, message: object) -> None:
             await connection.send(message)

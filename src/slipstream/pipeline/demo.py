@@ -31,13 +31,15 @@ from ..telemetry import DriverSampler, Recorder, RecorderConfig, StreamCapture, 
 from ..wire.uri import udp_channel
 from .connections import NetworkSummary, free_port_pair, record_connections, refuse_listed
 from .options import ReportOptions
-from .run import add_abuse_threshold, generate_report
+from .run import add_abuse_threshold, add_window, generate_report
 
 IPC_STREAM = 1001
 UDP_STREAM = 1002
 ABUSE_STREAM = 1003
 NETWORK_CLIENTS = 4
 """Clients of the recorded server (half over UDP, half over IPC)."""
+DEMO_WINDOW_S = 2
+"""The demo's report window: the run lasts seconds, so per-minute windows would draw single points."""
 INTRUDERS = 3
 """Handshakes the recorded server refuses by tag over UDP, from 127.0.0.1 (and one more over IPC)."""
 
@@ -207,9 +209,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where the recording, tables and report go (default: ./slipstream-demo-<time>)",
     )
-    parser.add_argument(
-        "--messages", type=int, default=20_000, help="typed messages per stream (default: %(default)s)"
-    )
+    parser.add_argument("--messages", type=int, default=20_000, help="typed messages per stream (default: %(default)s)")
     parser.add_argument(
         "--clients", type=int, default=NETWORK_CLIENTS, help="clients of the recorded server (default: %(default)s)"
     )
@@ -220,6 +220,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--master", default=None, metavar="URL", help="Spark master (default: spark-submit's, else local[*])"
     )
     add_abuse_threshold(parser)
+    add_window(parser, DEMO_WINDOW_S)
     parser.add_argument("--no-loop", action="store_true", help="skip the live abuse-list loop")
 
 
@@ -240,8 +241,8 @@ def run(args: argparse.Namespace) -> int:
     say(f"  the server recorded {summary.connections} connections (it sent {replied} messages back)")
     say(f"  and {rejected} refused handshakes")
     say("2/3 Spark report")
-    outcome = generate_report(recording, output / "report", master=args.master,
-                              options=ReportOptions(abuse_threshold=args.abuse_threshold))  # fmt: skip
+    options = ReportOptions(abuse_threshold=args.abuse_threshold, window_s=args.window)
+    outcome = generate_report(recording, output / "report", master=args.master, options=options)
     say(f"  report: {outcome.html}")
     say(f"  Spark {outcome.master}: start-up {outcome.startup_s:.1f} s, jobs {outcome.jobs_s:.1f} s")
     ok = True

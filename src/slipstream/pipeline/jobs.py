@@ -1,12 +1,23 @@
 """The report's Spark jobs: recordings in (through the ``slipstream`` source), Parquet tables out.
 
-Each table is one function from DataFrames to a DataFrame, so a test or a notebook can run one on
-its own; :func:`build_tables` runs them all. Results are deterministic (exact percentiles, total
-orderings), which is what lets a test compare a cluster's tables with local mode's row for row.
+Each table is a pure function from DataFrames to a DataFrame, with a one-line docstring that says
+what it computes (window, grouping, measures), so a test or a notebook can run one on its own and
+another engine can mirror it in SQL; :func:`build_tables` runs them all. The recording is only read:
+journals a dead writer left unfinalized are not read (``slipstream pipeline compact`` finalizes them).
+
+Windows are tumbling, ``window_s`` wide, on the rows' ``timestamp_ns`` (``window_start_ns`` = the
+timestamp rounded down to a multiple of the window). Percentiles are approximate
+(``percentile_approx`` at :data:`PERCENTILE_ACCURACY`): a group of fewer than accuracy / 2 samples
+is never compressed, so its percentiles are exact sample values and the same however Spark splits
+the rows (which is what lets a test compare a cluster's tables with local mode's row for row);
+larger groups are within 1 / accuracy in rank. A percentile ``q`` is null from fewer than
+``ceil(1 / (1 - q))`` samples (p95: 20, p99: 100): the report prints "n too small" instead.
+Every table has a total ordering.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -16,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from ..telemetry import Recording, recover
+from ..telemetry import Recording
 from .options import ReportOptions
 
 RECORDED_KINDS = (
@@ -36,6 +47,10 @@ _COLUMNS = {"captured": ("timestamp_ns", "channel", "stream_id", "session_id", "
 
 TABLES = (
     "sessions",
+    "server_windows",
+    "link_windows",
+    "churn",
+    "top_talkers",
     "rejected_handshakes",
     "abuse_list",
     "stream_throughput",
@@ -46,6 +61,21 @@ TABLES = (
 )
 """The report's tables, in the order they are built."""
 
+PERCENTILE_ACCURACY = 10_000
+"""``percentile_approx``'s accuracy (Spark's default): relative rank error 1 / accuracy; groups of
+fewer than accuracy / 2 samples are exact."""
+QUANTILES = (0.5, 0.95, 0.99)
+"""The RTT percentiles every table with RTT reports, as ``rtt_p50_ns``, ``rtt_p95_ns``, ``rtt_p99_ns``."""
+UNKNOWN_SERVER = "(unrecorded)"
+"""The server of rows recorded before records carried ``local`` (connection_events v1, connection_stats v2)."""
+_COUNTERS = ("messages_sent", "messages_received", "bytes_sent", "bytes_received", "naks_sent", "naks_received",
+             "retransmits", "bytes_lost", "back_pressure_events")  # fmt: skip
+"""The cumulative per-connection counters of ``connection_stats``."""
+
+
+def min_samples(q: float) -> int:
+    """The fewest samples a ``q`` percentile is reported from: one sample beyond it (p95: 20, p99: 100)."""
+    return math.ceil(round(1 / (1 - q), 9))
 
 
 def load(spark: SparkSession, root: str | Path, kind: str, columns: Sequence[str] | None = None) -> DataFrame:
@@ -57,8 +87,26 @@ def load(spark: SparkSession, root: str | Path, kind: str, columns: Sequence[str
     return reader.load(str(root))
 
 
-def _pct(column: str, q: float) -> Column:
-    return F.percentile(F.col(column), F.lit(q))
+def window_start(window_s: int) -> Column:
+    """The tumbling window a row falls in: its ``timestamp_ns`` rounded down to a multiple of the window."""
+    width = F.lit(window_s * 1_000_000_000)
+    return (F.col("timestamp_ns") - F.pmod(F.col("timestamp_ns"), width)).alias("window_start_ns")
+
+
+def _percentiles(column: str, prefix: str) -> list[Column]:
+    """``<prefix>_samples`` and the :data:`QUANTILES` of ``column`` (null from too few samples)."""
+    n = F.count(F.col(column))
+    values = F.percentile_approx(F.col(column), list(QUANTILES), PERCENTILE_ACCURACY)
+    columns = [n.alias(f"{prefix}_samples")]
+    for i, q in enumerate(QUANTILES):
+        value = F.when(n >= min_samples(q), values[i])
+        columns.append(value.alias(f"{prefix}_p{round(q * 100)}_ns"))
+    return columns
+
+
+def server_name() -> Column:
+    """The server a row belongs to: its ``local`` host (:data:`UNKNOWN_SERVER` for older records)."""
+    return F.coalesce(F.col("local"), F.lit(UNKNOWN_SERVER)).alias("server")
 
 
 # -- the tables -----------------------------------------------------------------------------------------
@@ -72,46 +120,39 @@ def server_side(frame: DataFrame) -> DataFrame:
 
 
 def sessions(events: DataFrame, stats: DataFrame) -> DataFrame:
-    """Per connection: when and how long, messages and bytes each way, throughput, RTT percentiles, loss."""
-    opened = events.where(F.col("connection_id").isNotNull()).groupBy("connection_id").agg(
-        F.min_by("address", "timestamp_ns").alias("address"),
-        F.min_by("tag", "timestamp_ns").alias("tag"),
-        F.min_by("transport", "timestamp_ns").alias("transport"),
-        F.min(F.when(F.col("event").isin("handshake_accepted", "connected"), F.col("timestamp_ns"))).alias("start_ns"),
-        F.max(F.when(F.col("event") == "disconnected", F.col("timestamp_ns"))).alias("end_ns"),
-        F.max_by(F.when(F.col("event") == "disconnected", F.col("cause")), "timestamp_ns").alias("cause"),
+    """Per (server, connection_id), whole recording: address, tag, transport, start, end, cause, max of each
+    counter, duration, throughput, loss rate, RTT samples and p50/p95/p99."""
+    opened = (
+        events.where(F.col("connection_id").isNotNull())
+        .groupBy(server_name(), "connection_id")
+        .agg(
+            F.min_by("address", "timestamp_ns").alias("address"),
+            F.min_by("tag", "timestamp_ns").alias("tag"),
+            F.min_by("transport", "timestamp_ns").alias("transport"),
+            F.min(F.when(F.col("event").isin("handshake_accepted", "connected"), F.col("timestamp_ns"))).alias(
+                "start_ns"
+            ),
+            F.max(F.when(F.col("event") == "disconnected", F.col("timestamp_ns"))).alias("end_ns"),
+            F.max_by(F.when(F.col("event") == "disconnected", F.col("cause")), "timestamp_ns").alias("cause"),
+        )
     )
-    totals = stats.groupBy("connection_id").agg(
-        F.max("messages_sent").alias("messages_sent"),
-        F.max("messages_received").alias("messages_received"),
-        F.max("bytes_sent").alias("bytes_sent"),
-        F.max("bytes_received").alias("bytes_received"),
-        F.max("bytes_lost").alias("bytes_lost"),
-        F.max("naks_sent").alias("naks_sent"),
-        F.max("retransmits").alias("retransmits"),
-        F.max("back_pressure_events").alias("back_pressure_events"),
+    totals = stats.groupBy(server_name(), "connection_id").agg(
+        *(F.max(name).alias(name) for name in _COUNTERS if name != "naks_received"),
         F.max("timestamp_ns").alias("last_stats_ns"),
-        _pct("rtt_ns", 0.5).alias("rtt_p50_ns"),
-        _pct("rtt_ns", 0.95).alias("rtt_p95_ns"),
-        _pct("rtt_ns", 0.99).alias("rtt_p99_ns"),
+        *_percentiles("rtt_ns", "rtt"),
     )
-    joined = opened.join(totals, "connection_id", "full_outer")
+    joined = opened.join(totals, ["server", "connection_id"], "full_outer")
     end = F.coalesce(F.col("end_ns"), F.col("last_stats_ns"))
     duration_s = (end - F.col("start_ns")) / F.lit(1e9)
     moved = F.coalesce(F.col("bytes_sent"), F.lit(0)) + F.coalesce(F.col("bytes_received"), F.lit(0))
+    received = F.coalesce(F.col("bytes_received"), F.lit(0))
+    lost = F.coalesce(F.col("bytes_lost"), F.lit(0))
     return (
         joined.withColumn("duration_s", duration_s)
         .withColumn("throughput_bytes_per_s", F.when(F.col("duration_s") > 0, moved / F.col("duration_s")))
-        .withColumn(
-            "loss_rate",
-            F.when(
-                F.coalesce(F.col("bytes_received"), F.lit(0)) + F.coalesce(F.col("bytes_lost"), F.lit(0)) > 0,
-                F.coalesce(F.col("bytes_lost"), F.lit(0))
-                / (F.coalesce(F.col("bytes_received"), F.lit(0)) + F.coalesce(F.col("bytes_lost"), F.lit(0))),
-            ).otherwise(F.lit(0.0)),
-        )
+        .withColumn("loss_rate", F.when(received + lost > 0, lost / (received + lost)).otherwise(F.lit(0.0)))
         .drop("last_stats_ns")
-        .orderBy("connection_id")
+        .orderBy("server", "connection_id")
     )
 
 
@@ -125,8 +166,92 @@ def host(address: Column) -> Column:
     )
 
 
+def stats_deltas(stats: DataFrame) -> DataFrame:
+    """Each ``connection_stats`` row with its counters turned into the change since the connection's previous row
+    (per server and connection id, by time; a counter that went down, a new connection under a reused id,
+    counts from zero): sums of these over any window are that window's traffic."""
+    previous = Window.partitionBy("server", "connection_id").orderBy("timestamp_ns")
+    deltas = [
+        F.when(F.col(name) >= F.lag(name, 1, 0).over(previous), F.col(name) - F.lag(name, 1, 0).over(previous))
+        .otherwise(F.col(name))
+        .alias(name)
+        for name in _COUNTERS
+    ]
+    named = stats.select("timestamp_ns", server_name(), "connection_id", "address", "tag", "rtt_ns", *_COUNTERS)
+    return named.select(
+        "timestamp_ns", "server", "connection_id", "tag", "rtt_ns", host(F.col("address")).alias("remote"), *deltas
+    )
+
+
+def _traffic(deltas: DataFrame, keys: Sequence[str | Column], window_s: int) -> DataFrame:
+    """Per window and ``keys``: connections, traffic each way and its rates, repairs, loss, back pressure, RTT."""
+    received = F.sum("bytes_received")
+    lost = F.sum("bytes_lost")
+    return deltas.groupBy(window_start(window_s), *keys).agg(
+        F.countDistinct("connection_id").alias("connections"),
+        F.sum("messages_received").alias("messages_in"),
+        F.sum("messages_sent").alias("messages_out"),
+        received.alias("bytes_in"),
+        F.sum("bytes_sent").alias("bytes_out"),
+        ((F.sum("messages_received") + F.sum("messages_sent")) / F.lit(float(window_s))).alias("messages_per_s"),
+        ((received + F.sum("bytes_sent")) / F.lit(float(window_s))).alias("bytes_per_s"),
+        F.sum("naks_sent").alias("naks_sent"),
+        F.sum("naks_received").alias("naks_received"),
+        F.sum("retransmits").alias("retransmits"),
+        lost.alias("bytes_lost"),
+        F.when(received + lost > 0, lost / (received + lost)).otherwise(F.lit(0.0)).alias("loss_rate"),
+        F.sum("back_pressure_events").alias("back_pressure_events"),
+        *_percentiles("rtt_ns", "rtt"),
+    )
+
+
+def server_windows(stats: DataFrame, window_s: int) -> DataFrame:
+    """Per window and server (``local``): connections, messages and bytes in/out and per second, NAKs sent and
+    received, retransmits, bytes lost, loss rate, back-pressure events, RTT samples and p50/p95/p99."""
+    return _traffic(stats_deltas(stats), ["server"], window_s).orderBy("window_start_ns", "server")
+
+
+def link_windows(stats: DataFrame, window_s: int) -> DataFrame:
+    """Per window and link (server ``local``, ``remote`` host of ``address``): :func:`server_windows`' measures."""
+    return _traffic(stats_deltas(stats), ["server", "remote"], window_s).orderBy("window_start_ns", "server", "remote")
+
+
+def churn(events: DataFrame, window_s: int) -> DataFrame:
+    """Per window, server, event and detail (a disconnect's cause, a refusal's reason, else ""): events."""
+    detail = F.coalesce(F.col("cause"), F.col("reason"), F.lit("")).alias("detail")
+    return (
+        events.groupBy(window_start(window_s), server_name(), "event", detail)
+        .agg(F.count(F.lit(1)).alias("events"))
+        .orderBy("window_start_ns", "server", "event", "detail")
+    )
+
+
+def top_talkers(stats: DataFrame, window_s: int, top: int) -> DataFrame:
+    """Per window and dimension (``address``: remote host, ``tag``: connection tag): the ``top`` keys by bytes
+    (in + out; ties by messages, then key), with messages, bytes and rank."""
+    deltas = stats_deltas(stats)
+    traffic = [F.col(name) for name in _COUNTERS[:4]]
+    window = window_start(window_s)
+    by_address = deltas.select(window, F.lit("address").alias("dimension"), F.col("remote").alias("key"), *traffic)
+    by_tag = deltas.select(window, F.lit("tag").alias("dimension"), F.col("tag").alias("key"), *traffic)
+    totals = (
+        by_address.unionByName(by_tag)
+        .groupBy("window_start_ns", "dimension", "key")
+        .agg(
+            (F.sum("messages_sent") + F.sum("messages_received")).alias("messages"),
+            (F.sum("bytes_sent") + F.sum("bytes_received")).alias("bytes"),
+        )
+    )
+    order = Window.partitionBy("window_start_ns", "dimension").orderBy(F.desc("bytes"), F.desc("messages"), "key")
+    return (
+        totals.withColumn("rank", F.row_number().over(order))
+        .where(F.col("rank") <= top)
+        .orderBy("window_start_ns", "dimension", "rank")
+    )
+
+
 def rejected_handshakes(events: DataFrame) -> DataFrame:
-    """Refused handshakes by host and reason, most frequent first."""
+    """Refused handshakes per remote host and reason, whole recording: count, first and last time; most first."""
     return (
         events.where(F.col("event") == "handshake_rejected")
         .groupBy(host(F.col("address")).alias("address"), F.coalesce(F.col("reason"), F.lit("unknown")).alias("reason"))
@@ -156,25 +281,26 @@ def abuse_list(events: DataFrame, threshold: int) -> DataFrame:
     )
 
 
-def stream_throughput(captured: DataFrame, bucket_s: int = 1) -> DataFrame:
-    """Messages and bytes per stream per time bucket, from captured streams."""
-    bucket = (F.floor(F.col("timestamp_ns") / F.lit(bucket_s * 1_000_000_000)) * F.lit(bucket_s)).cast("long")
+def stream_throughput(captured: DataFrame, window_s: int) -> DataFrame:
+    """Per captured stream (channel, stream_id, session_id) and window: messages, bytes, both per second."""
     return (
-        captured.groupBy("channel", "stream_id", "session_id", bucket.alias("second"))
+        captured.groupBy("channel", "stream_id", "session_id", window_start(window_s))
         .agg(F.count(F.lit(1)).alias("messages"), F.sum("size").alias("bytes"))
-        .orderBy("channel", "stream_id", "session_id", "second")
+        .withColumn("messages_per_s", F.col("messages") / F.lit(float(window_s)))
+        .withColumn("bytes_per_s", F.col("bytes") / F.lit(float(window_s)))
+        .orderBy("channel", "stream_id", "session_id", "window_start_ns")
     )
 
 
 def message_types(captured: DataFrame) -> DataFrame:
-    """Message types by count, with their sizes; untyped payloads count as ``(raw)``."""
+    """Per message type (``(raw)`` if untyped), whole recording: messages, bytes, min, approx p50, max size."""
     return (
         captured.groupBy(F.coalesce(F.col("message_type"), F.lit("(raw)")).alias("message_type"))
         .agg(
             F.count(F.lit(1)).alias("messages"),
             F.sum("size").alias("bytes"),
             F.min("size").alias("min_size"),
-            _pct("size", 0.5).alias("p50_size"),
+            F.percentile_approx(F.col("size"), 0.5, PERCENTILE_ACCURACY).alias("p50_size"),
             F.max("size").alias("max_size"),
         )
         .orderBy(F.desc("messages"), "message_type")
@@ -182,16 +308,25 @@ def message_types(captured: DataFrame) -> DataFrame:
 
 
 def driver_counters(samples: DataFrame) -> DataFrame:
-    """Each counter's last sampled value."""
+    """Per driver and counter (counter_id, registration_id): type and label, first and last sample's time and
+    value, and the change between them; biggest change first."""
     return (
-        samples.groupBy("driver", "counter_id", "registration_id", "type_name")
-        .agg(F.max_by("label", "timestamp_ns").alias("label"), F.max_by("value", "timestamp_ns").alias("value"))
-        .orderBy("driver", "counter_id", "registration_id")
+        samples.groupBy("driver", "counter_id", "registration_id")
+        .agg(
+            F.max_by("type_name", "timestamp_ns").alias("type_name"),
+            F.max_by("label", "timestamp_ns").alias("label"),
+            F.min("timestamp_ns").alias("first_ns"),
+            F.max("timestamp_ns").alias("last_ns"),
+            F.min_by("value", "timestamp_ns").alias("first_value"),
+            F.max_by("value", "timestamp_ns").alias("last_value"),
+        )
+        .withColumn("change", F.col("last_value") - F.col("first_value"))
+        .orderBy(F.desc(F.abs(F.col("change"))), F.desc("last_value"), "driver", "counter_id", "registration_id")
     )
 
 
 def loss(samples: DataFrame) -> DataFrame:
-    """Each loss-report entry's last state."""
+    """Per loss entry (driver, session_id, stream_id, channel, source): max count and bytes lost, first/last seen."""
     return (
         samples.groupBy("driver", "session_id", "stream_id", "channel", "source")
         .agg(
@@ -205,7 +340,7 @@ def loss(samples: DataFrame) -> DataFrame:
 
 
 def errors(samples: DataFrame) -> DataFrame:
-    """Each distinct error's last state."""
+    """Per distinct error (driver, text): max observation count, first and last observation; most first."""
     return (
         samples.groupBy("driver", "text")
         .agg(
@@ -310,11 +445,11 @@ def build_tables(
 ) -> TablesResult:
     """Run every job over a recording and write the tables as Parquet under ``output_dir/tables``.
 
-    Segments that a killed recorder left unfinalized are finalized first (through ``telemetry``).
+    The recording is opened read-only: finalized segments only (a dead writer's journal is not read
+    until ``slipstream pipeline compact`` finalizes it), nothing written beside them.
     """
     options = options or ReportOptions()
     input_dir = Path(input_dir)
-    recover(input_dir)
     tables_dir = Path(output_dir) / "tables"
     recording = Recording(input_dir)
     result = TablesResult()
@@ -322,11 +457,17 @@ def build_tables(
         result.input_rows[kind] = sum(segment.rows for segment in recording.segments(kind))
     frames = {kind: load(spark, input_dir, kind, _COLUMNS.get(kind)) for kind in RECORDED_KINDS}
     events = server_side(frames["connection_events"])
+    stats = server_side(frames["connection_stats"])
+    window = options.window_s
     jobs: dict[str, Callable[[], DataFrame]] = {
-        "sessions": lambda: sessions(events, server_side(frames["connection_stats"])),
+        "sessions": lambda: sessions(events, stats),
+        "server_windows": lambda: server_windows(stats, window),
+        "link_windows": lambda: link_windows(stats, window),
+        "churn": lambda: churn(events, window),
+        "top_talkers": lambda: top_talkers(stats, window, options.top),
         "rejected_handshakes": lambda: rejected_handshakes(events),
         "abuse_list": lambda: abuse_list(events, options.abuse_threshold),
-        "stream_throughput": lambda: stream_throughput(frames["captured"], options.bucket_s),
+        "stream_throughput": lambda: stream_throughput(frames["captured"], window),
         "message_types": lambda: message_types(frames["captured"]),
         "driver_counters": lambda: driver_counters(frames["driver_counters"]),
         "loss": lambda: loss(frames["loss_report"]),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from .options import DEFAULT_ABUSE_THRESHOLD, ReportOptions
+from .options import DEFAULT_ABUSE_THRESHOLD, DEFAULT_TOP, DEFAULT_WINDOW_S, ReportOptions
 
 if TYPE_CHECKING:
     from .jobs import TablesResult
@@ -80,8 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Spark master, spark://HOST:PORT for a cluster (default: spark-submit's, else local[*])",
     )
     add_abuse_threshold(parser)
+    add_window(parser, DEFAULT_WINDOW_S)
     parser.add_argument(
-        "--bucket", type=int, default=1, metavar="S", help="throughput bucket in seconds (default: %(default)s)"
+        "--top", type=int, default=DEFAULT_TOP, metavar="N", help="top talkers per window (default: %(default)s)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
@@ -97,10 +98,21 @@ def add_abuse_threshold(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_window(parser: argparse.ArgumentParser, default: int) -> None:
+    """``--window``, an option of ``pipeline report`` and ``pipeline demo`` alike."""
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=default,
+        metavar="S",
+        help="tumbling window of the tables over time, in seconds (default: %(default)s)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the report from parsed options; exit code 2 on bad input."""
     try:
-        options = ReportOptions(abuse_threshold=args.abuse_threshold, bucket_s=args.bucket)
+        options = ReportOptions(abuse_threshold=args.abuse_threshold, window_s=args.window, top=args.top)
         outcome = generate_report(
             args.input, args.output, master=args.master, options=options, show_progress=not args.quiet
         )

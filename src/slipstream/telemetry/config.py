@@ -33,6 +33,9 @@ class RecordingConfig:
             Default ``False``.
         driver_counters (bool): Sample the driver's counters, loss report and error log (``DriverSampler``). Default
             ``True``.
+        rtt_interval_s (float | None): Ping every connection this often, each pong recorded as an RTT sample (a
+            ``connection_stats`` row with ``rtt_ns``): a p99 needs 100 samples, so 0.1 gives one per connection in 10 s.
+            None: only the application's own pings are sampled. Default ``None``.
     """
 
     directory: Path | None = None
@@ -47,10 +50,16 @@ class RecordingConfig:
     """Also capture whole messages (kind ``captured``, typed kinds for registered types)."""
     driver_counters: bool = True
     """Sample the driver's counters, loss report and error log (``DriverSampler``)."""
+    rtt_interval_s: float | None = None
+    """Ping every connection this often, each pong recorded as an RTT sample (a ``connection_stats`` row with
+    ``rtt_ns``): a p99 needs 100 samples, so 0.1 gives one per connection in 10 s. None: only the application's
+    own pings are sampled."""
 
     def __post_init__(self) -> None:
         if not self.stats_interval_s > 0:
             raise RecordError(f"RecordingConfig.stats_interval_s must be positive: {self.stats_interval_s}")
+        if self.rtt_interval_s is not None and not self.rtt_interval_s > 0:
+            raise RecordError(f"RecordingConfig.rtt_interval_s must be positive (or None): {self.rtt_interval_s}")
         if self.directory is not None:  # fail where recording is asked for, not when the first file is written
             require_extra("telemetry", "recording (RecordingConfig.directory)")
 

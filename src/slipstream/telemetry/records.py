@@ -140,11 +140,12 @@ class ConnectionEvent(Record):
     ``side`` is who recorded it (``server`` or ``client``); ``address`` is the peer's ``host:port``
     (or ``ipc``); ``tag`` is the application's label of the connection (the client's name, say);
     ``transport`` is ``udp`` or ``ipc``. ``connection_id`` is null for a refused handshake (no
-    connection was made).
+    connection was made). ``local`` is the recording endpoint's host (what the report groups servers
+    and links by; version 1 had no such column: it reads as null).
     """
 
     KIND: ClassVar[str] = "connection_events"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     timestamp_ns: int
     event: ConnectionEventName
@@ -155,6 +156,7 @@ class ConnectionEvent(Record):
     connection_id: int | None = None
     reason: str | None = None
     cause: str | None = None
+    local: str | None = None
 
     def __post_init__(self) -> None:
         if self.event not in CONNECTION_EVENT_NAMES:
@@ -162,24 +164,47 @@ class ConnectionEvent(Record):
 
 
 def handshake_accepted(
-    timestamp_ns: int, *, connection_id: int, address: str, tag: str = "", side: str = "server", transport: str = "udp"
+    timestamp_ns: int,
+    *,
+    connection_id: int,
+    address: str,
+    tag: str = "",
+    side: str = "server",
+    transport: str = "udp",
+    local: str | None = None,
 ) -> ConnectionEvent:
     """A handshake the server accepted: a connection id now exists."""
-    return ConnectionEvent(timestamp_ns, "handshake_accepted", side, address, tag, transport, connection_id)
+    return ConnectionEvent(
+        timestamp_ns, "handshake_accepted", side, address, tag, transport, connection_id, local=local
+    )
 
 
 def handshake_rejected(
-    timestamp_ns: int, *, address: str, reason: str, tag: str = "", side: str = "server", transport: str = "udp"
+    timestamp_ns: int,
+    *,
+    address: str,
+    reason: str,
+    tag: str = "",
+    side: str = "server",
+    transport: str = "udp",
+    local: str | None = None,
 ) -> ConnectionEvent:
     """A handshake refused, and why (``ip_filter``, ``too_many_connections``, ``bad_key`` ...)."""
-    return ConnectionEvent(timestamp_ns, "handshake_rejected", side, address, tag, transport, None, reason)
+    return ConnectionEvent(timestamp_ns, "handshake_rejected", side, address, tag, transport, None, reason, local=local)
 
 
 def connected(
-    timestamp_ns: int, *, connection_id: int, address: str, tag: str = "", side: str = "server", transport: str = "udp"
+    timestamp_ns: int,
+    *,
+    connection_id: int,
+    address: str,
+    tag: str = "",
+    side: str = "server",
+    transport: str = "udp",
+    local: str | None = None,
 ) -> ConnectionEvent:
     """The connection is usable (after the handshake, once both directions are up)."""
-    return ConnectionEvent(timestamp_ns, "connected", side, address, tag, transport, connection_id)
+    return ConnectionEvent(timestamp_ns, "connected", side, address, tag, transport, connection_id, local=local)
 
 
 def disconnected(
@@ -191,9 +216,12 @@ def disconnected(
     tag: str = "",
     side: str = "server",
     transport: str = "udp",
+    local: str | None = None,
 ) -> ConnectionEvent:
     """The connection ended, and why (``closed``, ``timeout``, ``peer_closed``, ``error: ...``)."""
-    return ConnectionEvent(timestamp_ns, "disconnected", side, address, tag, transport, connection_id, cause=cause)
+    return ConnectionEvent(
+        timestamp_ns, "disconnected", side, address, tag, transport, connection_id, cause=cause, local=local
+    )
 
 
 # -- statistics -------------------------------------------------------------------------------------
@@ -203,14 +231,16 @@ def disconnected(
 class ConnectionStats(Record):
     """Periodic per-connection statistics; counters are cumulative since the connection began.
 
-    ``rtt_ns`` is the latest round-trip sample (null when none was measured in the period); the report
-    computes percentiles over the samples of a connection. ``side`` is who recorded it (``server`` or
-    ``client``): both ends of one connection share its id, so a reader picks one side (version 1 had
-    no such column; it reads as null, meaning ``server``).
+    ``rtt_ns`` is the round-trip time of the ping that completed at ``timestamp_ns`` (null in the
+    periodic rows): one row per completed ping, so the report computes percentiles over those rows
+    and counts them (``RecordingConfig.rtt_interval_s`` pings every connection that often). ``side``
+    is who recorded it (``server`` or ``client``): both ends of one connection share its id, so a
+    reader picks one side (version 1 had no such column; it reads as null, meaning ``server``).
+    ``local`` is the recording endpoint's host (version 2 had none: null).
     """
 
     KIND: ClassVar[str] = "connection_stats"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
 
     timestamp_ns: int
     connection_id: int
@@ -227,6 +257,7 @@ class ConnectionStats(Record):
     bytes_lost: int = 0
     back_pressure_events: int = 0
     side: str = "server"
+    local: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,8 @@ class Endpoint(EndpointCore):
         messages wait meanwhile, so per-connection set-up never races them."""
         if self._recording is not None:
             self._recording.connected(connection)
+            if self._recording.rtt_interval_s is not None:
+                self._probe_rtt(connection, self._recording.rtt_interval_s)
         initializing = self._fire(self.listeners.init, connection)
         if not initializing:
             if not connection.is_closed:
@@ -124,6 +126,20 @@ class Endpoint(EndpointCore):
             connection.release_messages()
 
         task = asyncio.ensure_future(connect())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _probe_rtt(self, connection: Connection, interval_s: float) -> None:
+        """Ping ``connection`` every ``interval_s`` while it is up (``RecordingConfig.rtt_interval_s``): each
+        pong is an RTT sample the recording writes; a ping that times out or meets the close is none."""
+
+        async def probe() -> None:
+            while not connection.is_closed:
+                await asyncio.sleep(interval_s)
+                with contextlib.suppress(NetworkError):
+                    await connection.ping(timeout=max(1.0, 4 * interval_s))
+
+        task = asyncio.ensure_future(probe())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
