@@ -140,20 +140,11 @@ def rejected_handshakes(events: DataFrame) -> DataFrame:
 
 
 def abuse_list(events: DataFrame, threshold: int) -> DataFrame:
-    """Hosts with at least ``threshold`` refused handshakes: what a server should refuse outright."""
-    return (
-        events.where(F.col("event") == "handshake_rejected")
-        .groupBy(host(F.col("address")).alias("address"))
-        .agg(
-            F.count(F.lit(1)).alias("rejections"),
-            F.concat_ws(",", F.array_sort(F.collect_set(F.coalesce(F.col("reason"), F.lit("unknown"))))).alias(
-                "reasons"
-            ),
-            F.max("timestamp_ns").alias("last_ns"),
-        )
-        .where(F.col("rejections") >= threshold)
-        .orderBy(F.desc("rejections"), "address")
-    )
+    """Hosts with at least ``threshold`` refused handshakes within the last ten minutes of the recording,
+    with when each entry expires: the one computation the live query runs too (:mod:`.abuse`)."""
+    from .abuse import abuse_list as windowed  # abuse.py imports this module: imported when called
+
+    return windowed(events, threshold)
 
 
 def stream_throughput(captured: DataFrame, bucket_s: int = 1) -> DataFrame:
