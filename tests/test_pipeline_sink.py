@@ -300,6 +300,42 @@ def test_no_subscriber_does_not_kill_the_query(spark: Any, driver: Any, driver_d
         query.stop()
 
 
+def test_publish_outlasts_a_media_driver_restart_and_gives_up_after_receiver_timeout(driver_dir: Path) -> None:
+    """A server restarting takes its embedded driver with it: the commit retries the driver as well as
+    the subscriber, and only ``receiverTimeout`` ends the wait (with an error naming it)."""
+    from slipstream import DriverConfig, MediaDriver
+    from slipstream.pipeline.sink import NoReceiverError, _SinkOptions, publish, with_envelope
+
+    options = {"channel": "aeron:ipc", "stream": "2105", "dir": str(driver_dir), "connectTimeout": "0.5"}
+    records = with_envelope([msgspec.msgpack.encode({"n": i}) for i in range(10)], "q", 0)
+    started = time.monotonic()
+    with pytest.raises(NoReceiverError, match="receiverTimeout"):
+        publish(records, _SinkOptions.parse({**options, "receiverTimeout": "1"}))
+    assert 1 <= time.monotonic() - started < 5
+    received: list[int] = []
+    up = threading.Event()
+
+    def server_comes_back() -> None:
+        time.sleep(1.5)  # longer than connectTimeout
+        driver = MediaDriver(DriverConfig(directory=driver_dir)).launch_embedded()
+        try:
+            with Context(driver_dir, driver="external") as context:
+                subscription = context.add_subscription("aeron:ipc", 2105)
+                up.set()
+                deadline = time.monotonic() + 20
+                while len(received) < 10 and time.monotonic() < deadline:
+                    subscription.poll(lambda b, h: received.append(msgspec.msgpack.decode(b)["n"]), 10)
+                    time.sleep(0.001)
+        finally:
+            driver.close()
+
+    thread = threading.Thread(target=server_comes_back, daemon=True)
+    thread.start()
+    assert publish(records, _SinkOptions.parse({**options, "receiverTimeout": "20"})) == 10
+    thread.join(30)
+    assert up.is_set() and received == list(range(10))
+
+
 def _record_more(recording: Path, start: int, stop: int) -> None:
     with Recorder(recording, writer_id=f"more-{start}") as recorder:
         for i in range(start, stop):
@@ -363,6 +399,7 @@ def test_a_server_starting_after_the_last_batch_has_the_abuse_list_within_a_seco
             got = json.loads(running[-1].expect("{", 60))
             running[-1].kill()
             assert "error" not in got, got
+            print(f"server run {run}: listed after {got['seconds']:.3f} s, version {got['version']}")
             assert got["seconds"] < 1.0, got
             assert got["version"][1] == 0 and list(got["entries"]) == ["10.1.1.1"]
             rejections, expires_ns = got["entries"]["10.1.1.1"]

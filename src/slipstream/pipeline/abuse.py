@@ -12,10 +12,8 @@ time themselves, because Spark runs no batch until new data arrives.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-
-from .jobs import host
 
 DEFAULT_WINDOW_S = 600
 """The abuse list counts refusals within the last ten minutes."""
@@ -23,6 +21,16 @@ DEFAULT_BUCKET_S = 60
 """Refusals are counted per minute: the window slides (and entries expire) in one-minute steps."""
 
 SNAPSHOT_COLUMNS = ("address", "rejections", "reasons", "last_ns", "expires_ns")
+
+
+def host(address: Column) -> Column:
+    """The host of ``host:port`` or ``[v6]:port`` (anything else unchanged): a peer that is refused
+    reconnects from new ephemeral ports, so refusals are counted, and listed, per host."""
+    return (
+        F.when(address.rlike(r"^\[.*\]:[0-9]+$"), F.regexp_extract(address, r"^\[(.*)\]:[0-9]+$", 1))
+        .when(address.rlike(r"^[^:]*:[0-9]+$"), F.regexp_extract(address, r"^([^:]*):[0-9]+$", 1))
+        .otherwise(address)
+    )
 
 
 def _check(threshold: int, window_s: int, bucket_s: int) -> None:

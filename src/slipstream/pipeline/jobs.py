@@ -20,6 +20,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..telemetry import Recording, recover
+from .abuse import abuse_list as windowed_abuse_list
+from .abuse import host
 from .options import ReportOptions
 
 RECORDED_KINDS = (
@@ -115,16 +117,6 @@ def sessions(events: DataFrame, stats: DataFrame) -> DataFrame:
     )
 
 
-def host(address: Column) -> Column:
-    """The host of ``host:port`` or ``[v6]:port`` (anything else unchanged): a peer that is refused
-    reconnects from new ephemeral ports, so refusals are counted, and listed, per host."""
-    return (
-        F.when(address.rlike(r"^\[.*\]:[0-9]+$"), F.regexp_extract(address, r"^\[(.*)\]:[0-9]+$", 1))
-        .when(address.rlike(r"^[^:]*:[0-9]+$"), F.regexp_extract(address, r"^([^:]*):[0-9]+$", 1))
-        .otherwise(address)
-    )
-
-
 def rejected_handshakes(events: DataFrame) -> DataFrame:
     """Refused handshakes by host and reason, most frequent first."""
     return (
@@ -142,9 +134,7 @@ def rejected_handshakes(events: DataFrame) -> DataFrame:
 def abuse_list(events: DataFrame, threshold: int) -> DataFrame:
     """Hosts with at least ``threshold`` refused handshakes within the last ten minutes of the recording,
     with when each entry expires: the one computation the live query runs too (:mod:`.abuse`)."""
-    from .abuse import abuse_list as windowed  # abuse.py imports this module: imported when called
-
-    return windowed(events, threshold)
+    return windowed_abuse_list(events, threshold)
 
 
 def stream_throughput(captured: DataFrame, bucket_s: int = 1) -> DataFrame:

@@ -46,9 +46,13 @@ from ..telemetry.sinkfeed import (
     retained_path,
     write_retained,
 )
-from .source import SlipstreamSourceError as SlipstreamOptionError
 
 log = logging.getLogger(__name__)
+
+
+class SlipstreamSinkError(ValueError):
+    """A bad write option of the ``slipstream`` data source; the message names it."""
+
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_RECEIVER_TIMEOUT_S = 60.0
@@ -62,9 +66,9 @@ def _seconds(options: Mapping[str, str], name: str, default: float) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise SlipstreamOptionError(f"option {name!r}: expected seconds, got {text!r}") from None
+        raise SlipstreamSinkError(f"option {name!r}: expected seconds, got {text!r}") from None
     if value < 0:
-        raise SlipstreamOptionError(f"option {name!r}: must be >= 0 seconds, got {text!r}")
+        raise SlipstreamSinkError(f"option {name!r}: must be >= 0 seconds, got {text!r}")
     return value
 
 
@@ -76,7 +80,7 @@ def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
         return True
     if text.lower() in ("false", "0", "no"):
         return False
-    raise SlipstreamOptionError(f"option {name!r}: expected true or false, got {text!r}")
+    raise SlipstreamSinkError(f"option {name!r}: expected true or false, got {text!r}")
 
 
 def checkpoint_query_id(checkpoint: str | Path) -> str | None:
@@ -109,17 +113,17 @@ class _SinkOptions:
     def parse(cls, options: Mapping[str, str]) -> _SinkOptions:
         channel = options.get("channel")
         if not channel:
-            raise SlipstreamOptionError("option 'channel': give the channel URI to publish on, e.g. aeron:ipc")
+            raise SlipstreamSinkError("option 'channel': give the channel URI to publish on, e.g. aeron:ipc")
         stream = options.get("stream")
         try:
             stream_id = int(stream)  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            raise SlipstreamOptionError(f"option 'stream': expected an integer stream id, got {stream!r}") from None
+            raise SlipstreamSinkError(f"option 'stream': expected an integer stream id, got {stream!r}") from None
         batch = options.get("batchId", "0")
         try:
             batch_id = int(batch)
         except ValueError:
-            raise SlipstreamOptionError(f"option 'batchId': expected an integer, got {batch!r}") from None
+            raise SlipstreamSinkError(f"option 'batchId': expected an integer, got {batch!r}") from None
         return cls(
             channel,
             stream_id,
@@ -146,7 +150,7 @@ class _SinkOptions:
             return self.query_id
         found = checkpoint_query_id(self.checkpoint) if self.checkpoint else None
         if found is None:
-            raise SlipstreamOptionError(
+            raise SlipstreamSinkError(
                 "option 'queryId': the sink needs the streaming query's id to number what it publishes; "
                 f"it reads it from checkpointLocation's metadata ({self.checkpoint!r}), which was not found "
                 "(set option 'checkpointLocation' to a local path, or option 'queryId')"
@@ -165,12 +169,12 @@ def _encode_rows(rows: Iterator[Any], options: _SinkOptions) -> _Encoded:
     for row in rows:
         message = row.asDict(recursive=True)
         if options.tag_field in message:
-            raise SlipstreamOptionError(
+            raise SlipstreamSinkError(
                 f"column {options.tag_field!r} clashes with the type tag; rename it or set option 'tagField'"
             )
         clash = [name for name in ENVELOPE_FIELDS if name in message]
         if clash:
-            raise SlipstreamOptionError(f"columns {clash} clash with the sink's envelope fields; rename them")
+            raise SlipstreamSinkError(f"columns {clash} clash with the sink's envelope fields; rename them")
         message[options.tag_field] = options.type_name
         payloads.append(encoder.encode(message))
     return _Encoded(payloads)
@@ -185,7 +189,7 @@ def _map_header(payload: bytes) -> tuple[int, int]:
         return int.from_bytes(payload[1:3], "big"), 3
     if first == 0xDF:
         return int.from_bytes(payload[1:5], "big"), 5
-    raise SlipstreamOptionError("a row did not encode as a msgpack map")
+    raise SlipstreamSinkError("a row did not encode as a msgpack map")
 
 
 def with_envelope(payloads: Sequence[bytes], query_id: str, batch_id: int) -> list[bytes]:
@@ -224,13 +228,17 @@ def publish(records: Sequence[bytes], options: _SinkOptions) -> int:
     why = "no attempt made"
     while True:
         try:
-            with Context(options.directory, driver="external") as context:
+            # A driver that is not there yet (a server restarting with its embedded driver) is given up
+            # on within the attempt, not after Context's own 10 s.
+            patience = max(1.0, min(options.connect_timeout_s, give_up - time.monotonic()))
+            with Context(options.directory, driver="external", driver_timeout_s=patience) as context:
                 publication = context.add_exclusive_publication(options.channel, options.stream_id)
-                deadline = time.monotonic() + options.connect_timeout_s
-                while not publication.is_connected and time.monotonic() < min(deadline, give_up):
+                started = time.monotonic()
+                deadline = min(started + options.connect_timeout_s, give_up)
+                while not publication.is_connected and time.monotonic() < deadline:
                     time.sleep(0.005)
                 if not publication.is_connected:
-                    why = f"no subscriber within {options.connect_timeout_s} s (option 'connectTimeout')"
+                    why = f"no subscriber (each attempt waits up to {options.connect_timeout_s} s: 'connectTimeout')"
                 else:
                     sent = 0
                     stalled = time.monotonic() + options.connect_timeout_s
