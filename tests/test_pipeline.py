@@ -307,7 +307,7 @@ def test_readme_streaming_snippet_publishes_what_it_read(
     assert sorted((r.connection_id, r.messages) for r in received) == sorted(
         (cid, counted["received"]) for cid, counted in summary.network.sessions.items()
     )
-    assert int((tmp_path / "received-sink").read_text()) >= 0  # sinkState: the last batch published
+    assert int((tmp_path / "received-sink").read_text().split()[1]) >= 0  # sinkState: "<query id> <last batch>"
 
 
 def test_streaming_restart_from_checkpoint_matches_batch(spark: Any, tmp_path: Path) -> None:
@@ -552,7 +552,7 @@ def test_streaming_sink_skips_a_batch_replayed_after_a_restart(driver: Any, driv
     from slipstream.pipeline.source import SlipstreamDataSource
 
     options = {"channel": "aeron:ipc", "stream": "2002", "dir": str(driver_dir), "type": "Score",
-               "sinkState": str(tmp_path / "sink-state")}  # fmt: skip
+               "sinkState": str(tmp_path / "sink-state"), "queryId": "q"}  # fmt: skip
     writer = SlipstreamDataSource(options).streamWriter(None, False)
     encoder = msgspec.msgpack.Encoder()
     received: list[Score] = []
@@ -561,7 +561,7 @@ def test_streaming_sink_skips_a_batch_replayed_after_a_restart(driver: Any, driv
         subscription = context.add_subscription("aeron:ipc", 2002)
 
         def commit(batch_id: int, *points: int) -> None:
-            from slipstream.pipeline.source import _Encoded
+            from slipstream.pipeline.sink import _Encoded
 
             payloads = [encoder.encode(Score(f"p{p}", p)) for p in points]
             writer.commit([_Encoded(payloads)], batch_id)

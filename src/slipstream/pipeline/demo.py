@@ -179,7 +179,10 @@ def abuse_loop(output: Path, recording: Path, *, master: str | None, threshold: 
                 context,
                 "aeron:ipc",
                 ABUSE_STREAM,
-                on_listed=lambda e: say(f"  abuse list: {e.address} listed ({e.rejections} refusals: {e.reasons})"),
+                on_listed=lambda e: say(
+                    f"  abuse list: {e.address} listed ({e.rejections} refusals in the last 10 min: {e.reasons}; "
+                    f"expires in {max(0, e.expires_ns - time.time_ns()) / 1e9:.0f} s without more)"
+                ),
             ).start()
             query = start_abuse_list_query(
                 spark, recording, channel="aeron:ipc", stream_id=ABUSE_STREAM, checkpoint=checkpoint,
@@ -187,6 +190,7 @@ def abuse_loop(output: Path, recording: Path, *, master: str | None, threshold: 
             )  # fmt: skip
             try:
                 say(f"  streaming query {query.id} publishes hosts with {threshold}+ refused handshakes")
+                say(f"  each batch a numbered snapshot, the latest kept in {driver_dir}/retained for late servers")
                 return refuse_listed(
                     driver_dir, recording, (Quote, Chat), listed.admit, attempts=threshold, say=say,
                     timeout_s=timeout_s,

@@ -31,6 +31,8 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from ..telemetry import Recording
+from .abuse import abuse_list as windowed_abuse_list
+from .abuse import host
 from .options import ReportOptions
 
 RECORDED_KINDS = (
@@ -156,16 +158,6 @@ def sessions(events: DataFrame, stats: DataFrame) -> DataFrame:
     )
 
 
-def host(address: Column) -> Column:
-    """The host of ``host:port`` or ``[v6]:port`` (anything else unchanged): a peer that is refused
-    reconnects from new ephemeral ports, so refusals are counted, and listed, per host."""
-    return (
-        F.when(address.rlike(r"^\[.*\]:[0-9]+$"), F.regexp_extract(address, r"^\[(.*)\]:[0-9]+$", 1))
-        .when(address.rlike(r"^[^:]*:[0-9]+$"), F.regexp_extract(address, r"^([^:]*):[0-9]+$", 1))
-        .otherwise(address)
-    )
-
-
 def stats_deltas(stats: DataFrame) -> DataFrame:
     """Each ``connection_stats`` row with its counters turned into the change since the connection's previous row
     (per server and connection id, by time; a counter that went down, a new connection under a reused id,
@@ -265,20 +257,9 @@ def rejected_handshakes(events: DataFrame) -> DataFrame:
 
 
 def abuse_list(events: DataFrame, threshold: int) -> DataFrame:
-    """Hosts with at least ``threshold`` refused handshakes: what a server should refuse outright."""
-    return (
-        events.where(F.col("event") == "handshake_rejected")
-        .groupBy(host(F.col("address")).alias("address"))
-        .agg(
-            F.count(F.lit(1)).alias("rejections"),
-            F.concat_ws(",", F.array_sort(F.collect_set(F.coalesce(F.col("reason"), F.lit("unknown"))))).alias(
-                "reasons"
-            ),
-            F.max("timestamp_ns").alias("last_ns"),
-        )
-        .where(F.col("rejections") >= threshold)
-        .orderBy(F.desc("rejections"), "address")
-    )
+    """Hosts with at least ``threshold`` refused handshakes within the last ten minutes of the recording,
+    with when each entry expires: the one computation the live query runs too (:mod:`.abuse`)."""
+    return windowed_abuse_list(events, threshold)
 
 
 def stream_throughput(captured: DataFrame, window_s: int) -> DataFrame:

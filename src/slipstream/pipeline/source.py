@@ -11,13 +11,9 @@ change and a writer finalizes them in sequence order, so an offset names the sam
 query restarted from its checkpoint resumes exactly where its last committed batch ended.
 
 Writing (``df.write.format("slipstream").option("channel", ...).option("stream", ...).save()``)
-publishes each row as one msgpack message (a map of the row's columns plus a type tag, what a tagged
-``msgspec.Struct`` decodes). Tasks only encode; the rows are published by the commit on the Spark
-driver, after every task succeeded, so a batch write delivers each row exactly once even when a task
-is retried. The price: every row passes through the Spark driver's memory, which suits answers
-(abuse lists, alerts, aggregates), not bulk exports. A streaming write commits each micro-batch the
-same way; with the ``sinkState`` option it also remembers the last published batch id and skips a
-batch Spark replays after a restart.
+is :mod:`slipstream.pipeline.sink`: each row one msgpack message numbered (query, batch, sequence),
+published by the commit on the Spark driver, so a receiver that drops repeats applies each row once.
+Every row passes through the Spark driver's memory: it suits answers (abuse lists, alerts), not exports.
 
 Every session finds the source by itself: PySpark 4 registers the ``DefaultSource`` of each installed
 top-level ``pyspark_*`` module under its name, and ``pyspark_slipstream`` (shipped with slipstream)
@@ -26,14 +22,10 @@ exposes this class. :func:`register` does it explicitly for a Python that does n
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import msgspec
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -41,7 +33,6 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
-    WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import (
@@ -126,8 +117,8 @@ class SlipstreamDataSource(DataSource):
     Read options: ``path`` (the recording root, or ``load(DIR)``), ``kind`` (default ``captured``),
     ``columns`` (comma-separated: read only these),
     ``rowsPerPartition`` (default 1000000), ``maxRecordsPerTrigger`` (streaming). Write options:
-    ``channel``, ``stream``, ``dir`` (driver directory), ``type`` (the tag value, default ``Row``),
-    ``tagField`` (default ``type``), ``connectTimeout`` (seconds, default 10), ``sinkState``.
+    ``channel``, ``stream``, ``dir``, ``type``, ``tagField``, ``connectTimeout``, ``receiverTimeout``,
+    ``retain``, ``queryId``, ``batchId``, ``sinkState`` (see :mod:`slipstream.pipeline.sink`).
     """
 
     @classmethod
@@ -176,11 +167,15 @@ class SlipstreamDataSource(DataSource):
         )
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        """Batch writes: tasks encode, the commit publishes."""
+        """Batch writes: tasks encode, the commit publishes (:mod:`slipstream.pipeline.sink`)."""
+        from .sink import _BatchWriter, _SinkOptions
+
         return _BatchWriter(_SinkOptions.parse(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        """Streaming writes: each micro-batch published by its commit."""
+        """Streaming writes: each micro-batch published by its commit (:mod:`slipstream.pipeline.sink`)."""
+        from .sink import _SinkOptions, _StreamWriter
+
         return _StreamWriter(_SinkOptions.parse(self.options))
 
 
@@ -273,140 +268,6 @@ class _StreamReader(DataSourceStreamReader):
 
     def commit(self, end: Offset) -> None:
         """Nothing to release: segments are files the recorder owns."""
-
-
-# -- writing ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _SinkOptions:
-    channel: str
-    stream_id: int
-    directory: str | None
-    type_name: str
-    tag_field: str
-    connect_timeout_s: float
-    state_path: str | None
-
-    @classmethod
-    def parse(cls, options: Any) -> _SinkOptions:
-        channel = options.get("channel")
-        if not channel:
-            raise SlipstreamSourceError("option 'channel': give the channel URI to publish on, e.g. aeron:ipc")
-        stream = options.get("stream")
-        try:
-            stream_id = int(stream)
-        except (TypeError, ValueError):
-            raise SlipstreamSourceError(f"option 'stream': expected an integer stream id, got {stream!r}") from None
-        try:
-            timeout = float(options.get("connectTimeout", "10"))
-        except ValueError:
-            text = options.get("connectTimeout")
-            raise SlipstreamSourceError(f"option 'connectTimeout': expected seconds, got {text!r}") from None
-        return cls(
-            channel,
-            stream_id,
-            options.get("dir") or None,
-            options.get("type", "Row"),
-            options.get("tagField", "type"),
-            timeout,
-            options.get("sinkState") or None,
-        )
-
-
-@dataclass(frozen=True)
-class _Encoded(WriterCommitMessage):
-    payloads: list[bytes]
-
-
-def _encode_rows(rows: Iterator[Any], options: _SinkOptions) -> _Encoded:
-    encoder = msgspec.msgpack.Encoder()
-    payloads = []
-    for row in rows:
-        message = row.asDict(recursive=True)
-        if options.tag_field in message:
-            raise SlipstreamSourceError(
-                f"column {options.tag_field!r} clashes with the type tag; rename it or set option 'tagField'"
-            )
-        message[options.tag_field] = options.type_name
-        payloads.append(encoder.encode(message))
-    return _Encoded(payloads)
-
-
-def publish(payloads: Sequence[bytes], options: _SinkOptions) -> int:
-    """Publish payloads in order on the sink's channel; waits for a subscriber (``connectTimeout``)
-    and through back-pressure, and returns how many were published."""
-    from ..client import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED, Context, result_name
-
-    if not payloads:
-        return 0
-    with Context(options.directory, driver="external") as context:
-        publication = context.add_exclusive_publication(options.channel, options.stream_id)
-        deadline = time.monotonic() + options.connect_timeout_s
-        while not publication.is_connected:
-            if time.monotonic() > deadline:
-                raise SlipstreamSourceError(
-                    f"no subscriber on {options.channel} stream {options.stream_id} "
-                    f"within {options.connect_timeout_s} s (option 'connectTimeout')"
-                )
-            time.sleep(0.005)
-        for payload in payloads:
-            deadline = time.monotonic() + options.connect_timeout_s
-            while True:
-                result = publication.offer(payload)
-                if result >= 0:
-                    break
-                if result not in (BACK_PRESSURED, ADMIN_ACTION, NOT_CONNECTED) or time.monotonic() > deadline:
-                    raise SlipstreamSourceError(
-                        f"publishing on {options.channel} stream {options.stream_id} failed: {result_name(result)}"
-                    )
-                time.sleep(0.0005)
-        publication.close()
-    return len(payloads)
-
-
-class _BatchWriter(DataSourceWriter):
-    def __init__(self, options: _SinkOptions) -> None:
-        self.options = options
-
-    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return _encode_rows(iterator, self.options)
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        publish([p for m in messages if isinstance(m, _Encoded) for p in m.payloads], self.options)
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Nothing was published: tasks only encode."""
-
-
-class _StreamWriter(DataSourceStreamWriter):
-    def __init__(self, options: _SinkOptions) -> None:
-        self.options = options
-
-    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return _encode_rows(iterator, self.options)
-
-    def _last_batch(self) -> int:
-        if self.options.state_path is None:
-            return -1
-        try:
-            return int(Path(self.options.state_path).read_text().strip() or -1)
-        except FileNotFoundError:
-            return -1
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        if batchId <= self._last_batch():
-            return  # published before a restart: Spark replays it, subscribers have it already
-        publish([p for m in messages if isinstance(m, _Encoded) for p in m.payloads], self.options)
-        if self.options.state_path is not None:
-            path = Path(self.options.state_path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(str(batchId))
-            os.replace(tmp, path)
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing was published: tasks only encode."""
 
 
 def known(spark: Any, name: str = NAME) -> bool:
