@@ -99,7 +99,7 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
         conn = rng.integers(0, connections, n)
         tick = first + np.arange(n)
         return {
-            "timestamp_ns": start_ns + tick * 1000,
+            "timestamp_ns": start_ns + tick * (span_ns // counts["connection_stats"]),  # over the ten minutes
             "connection_id": conn,
             "address": np.char.add("10.1.0.", (conn % 250).astype(str)).astype(object),
             "tag": np.full(n, "client", dtype=object),
@@ -196,75 +196,89 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
 # -- the report: Spark against DuckDB -------------------------------------------------------------------
 
 
-def _spark_rtt_percentiles(spark: Any, root: Path, out: Path, exact: bool) -> float:
-    """Seconds to compute and write the RTT percentiles per connection through the source, exact
-    (``percentile``, as the report's sessions table) or approximate (``percentile_approx``)."""
+def _spark_rtt_percentiles(spark: Any, root: Path, out: Path, key: str, exact: bool) -> float:
+    """Seconds to compute and write the RTT percentiles per ``key`` through the source, exact
+    (``percentile``, as the report's sessions table) or approximate (``percentile_approx``, its
+    default accuracy), the three from one state either way."""
     from pyspark.sql import functions as F
 
     from slipstream.pipeline.jobs import load, server_side
 
     stats = server_side(load(spark, root, "connection_stats"))
-    qs = (0.5, 0.95, 0.99)
-    if exact:
-        values = [F.percentile("rtt_ns", F.lit(q)) for q in qs]
-    else:
-        values = [F.percentile_approx("rtt_ns", F.lit(q)).cast("double") for q in qs]
+    qs = F.array(*(F.lit(q) for q in (0.5, 0.95, 0.99)))
+    values = F.percentile("rtt_ns", qs) if exact else F.percentile_approx("rtt_ns", qs).cast("array<double>")
     names = ("rtt_p50_ns", "rtt_p95_ns", "rtt_p99_ns")
-    frame = stats.groupBy("connection_id").agg(
-        F.count("rtt_ns").alias("samples"), *(v.alias(n) for v, n in zip(values, names, strict=True))
+    frame = (
+        stats.groupBy(F.expr(key.replace("//", "div")).alias("key"))  # DuckDB's integer division is Spark's div
+        .agg(F.count("rtt_ns").alias("samples"), values.alias("q"))
+        .select("key", "samples", *(F.col("q")[i].alias(name) for i, name in enumerate(names)))
     )
     started = time.monotonic()
-    frame.orderBy("connection_id").coalesce(1).write.mode("overwrite").parquet(str(out))
+    frame.orderBy("key").coalesce(1).write.mode("overwrite").parquet(str(out))
     return time.monotonic() - started
 
 
-def _duckdb_rtt_percentiles(root: Path, out: Path, percentiles: str) -> float:
+def _duckdb_rtt_percentiles(root: Path, out: Path, key: str, percentiles: str) -> float:
     """The same through DuckDB (``quantile_cont`` or ``approx_quantile``)."""
     from bench import pipeline_duckdb as duck
 
     con = duck.connect(root, percentiles=percentiles)
     try:
         started = time.monotonic()
-        con.execute(f"COPY ({duck.query(duck.RTT_PERCENTILES)}) TO '{out}' (FORMAT parquet)")
+        con.execute(f"COPY ({duck.query(duck.rtt_percentiles(key))}) TO '{out}' (FORMAT parquet)")
         return time.monotonic() - started
     finally:
         con.close()
 
 
 def percentile_costs(spark: Any, root: Path, scratch: Path) -> dict[str, Any]:
-    """Exact against approximate RTT percentiles per connection, in both engines, and how far apart."""
+    """Exact against approximate RTT percentiles, per connection and per minute, in both engines, and
+    how far the approximations land from the exact values."""
     from bench import pipeline_duckdb as duck
 
     result: dict[str, Any] = {}
-    tables: dict[str, list[dict[str, Any]]] = {}
-    for engine in ("spark", "duckdb"):
-        for mode in ("exact", "approx"):
-            out = scratch / f"rtt-{engine}-{mode}" / ("part" if engine == "spark" else "rtt.parquet")
-            out.parent.mkdir(parents=True, exist_ok=True)
-            if engine == "spark":
-                seconds = _spark_rtt_percentiles(spark, root, out, exact=mode == "exact")
-            else:
-                seconds = _duckdb_rtt_percentiles(root, out, mode)
-            result[f"{engine}_{mode}_s"] = seconds
-            tables[f"{engine}_{mode}"] = duck.rows(out)
-            log(f"  RTT percentiles per connection, {engine} {mode}: {seconds:.2f} s")
-    exact = tables["spark_exact"]
-    result["connections"] = len(exact)
-    result["exact_engines_agree"] = not duck.compare(exact, tables["duckdb_exact"], percentile_rel=1e-9)
-    for name in ("spark_approx", "duckdb_approx"):  # how far the approximations land from the exact values
-        worst = 0.0
-        for want, have in zip(exact, tables[name], strict=True):
-            for column in duck.RTT_PERCENTILES.percentiles:
-                worst = max(worst, abs(have[column] - want[column]) / abs(want[column]))
-        result[f"{name}_max_rel_error"] = worst
+    for grouping, key in duck.RTT_GROUPINGS.items():
+        entry: dict[str, Any] = {}
+        tables: dict[str, list[dict[str, Any]]] = {}
+        for engine in ("spark", "duckdb"):
+            for mode in ("exact", "approx"):
+                out = scratch / f"{grouping}-{engine}-{mode}" / ("part" if engine == "spark" else "rtt.parquet")
+                out.parent.mkdir(parents=True, exist_ok=True)
+                if engine == "spark":
+                    seconds = _spark_rtt_percentiles(spark, root, out, key, exact=mode == "exact")
+                else:
+                    seconds = _duckdb_rtt_percentiles(root, out, key, mode)
+                entry[f"{engine}_{mode}_s"] = seconds
+                tables[f"{engine}_{mode}"] = duck.rows(out)
+                log(f"  RTT percentiles {grouping}, {engine} {mode}: {seconds:.2f} s")
+        exact = tables["spark_exact"]
+        entry["groups"] = len(exact)
+        entry["samples_per_group"] = sum(row["samples"] for row in exact) / max(1, len(exact))
+        entry["exact_engines_agree"] = not duck.compare(exact, tables["duckdb_exact"], percentile_rel=1e-9)
+        for name in ("spark_approx", "duckdb_approx"):  # how far the approximations land from the exact values
+            worst = 0.0
+            for want, have in zip(exact, tables[name], strict=True):
+                for column in ("rtt_p50_ns", "rtt_p95_ns", "rtt_p99_ns"):
+                    worst = max(worst, abs(have[column] - want[column]) / abs(want[column]))
+            entry[f"{name}_max_rel_error"] = worst
+        result[grouping] = entry
     return result
 
 
 def run_report_part(
-    sizes: list[int], scratch: Path, threshold: int, *, stop: bool = True, percentiles_at: int | None = None
+    sizes: list[int],
+    scratch: Path,
+    threshold: int,
+    *,
+    stop: bool = True,
+    percentiles_at: int | None = None,
+    warmup_rows: int = 20_000,
+    repeats: int = 1,
 ) -> dict[str, Any]:
-    """Spark and DuckDB over the same recording at each size; the RTT percentiles both ways at
-    ``percentiles_at`` rows (default: the largest size)."""
+    """Spark and DuckDB over the same recording at each size, ``repeats`` times each (medians); the
+    RTT percentiles both ways at ``percentiles_at`` rows (default: the largest size). Spark's cold
+    start is timed apart: the session, a first tiny job, and a first report over ``warmup_rows`` (its
+    JIT and its Python workers warm up there, not in the first measured size)."""
     import duckdb
     import pyspark
     from pyspark.sql import functions as F
@@ -295,6 +309,15 @@ def run_report_part(
         "sizes": [],
     }
     options = ReportOptions(abuse_threshold=threshold)
+    if warmup_rows:
+        make_recording(scratch / "warmup", warmup_rows)
+        started = time.monotonic()
+        build_tables(spark, scratch / "warmup", scratch / "warmup-spark", options, collect=False)
+        results["first_report_s"] = time.monotonic() - started
+        log(f"Spark's first report ({warmup_rows} rows, warm-up): {results['first_report_s']:.1f} s")
+        duck.build_tables(scratch / "warmup", scratch / "warmup-duckdb")
+        for path in ("warmup", "warmup-spark", "warmup-duckdb"):
+            shutil.rmtree(scratch / path, ignore_errors=True)
     percentiles_at = percentiles_at or max(sizes)
     for rows in sizes:
         root = scratch / f"rec-{rows}"
@@ -303,16 +326,24 @@ def run_report_part(
         counts = make_recording(root, rows)
         generate_s = time.monotonic() - started
         log(f"{rows} rows generated in {generate_s:.1f} s ({counts})")
-        started = time.monotonic()
-        tables = build_tables(spark, root, scratch / f"spark-{rows}", options, collect=False)
-        spark_s = time.monotonic() - started
-        log(f"  Spark local[2]: {spark_s:.1f} s")
-        started = time.monotonic()
-        duck_seconds = duck.build_tables(
-            root, scratch / f"duckdb-{rows}", abuse_threshold=options.abuse_threshold, bucket_s=options.bucket_s
-        )
-        duck_s = time.monotonic() - started
-        log(f"  DuckDB 2 threads: {duck_s:.2f} s")
+        spark_runs: list[float] = []
+        duck_runs: list[float] = []
+        spark_tables: list[dict[str, float]] = []
+        duck_tables: list[dict[str, float]] = []
+        for _ in range(repeats):  # interleaved, so a slow phase of the machine hits both engines
+            started = time.monotonic()
+            tables = build_tables(spark, root, scratch / f"spark-{rows}", options, collect=False)
+            spark_runs.append(time.monotonic() - started)
+            spark_tables.append(tables.seconds)
+            started = time.monotonic()
+            duck_tables.append(
+                duck.build_tables(
+                    root, scratch / f"duckdb-{rows}", abuse_threshold=options.abuse_threshold, bucket_s=options.bucket_s
+                )
+            )
+            duck_runs.append(time.monotonic() - started)
+            log(f"  Spark local[2]: {spark_runs[-1]:.1f} s, DuckDB 2 threads: {duck_runs[-1]:.2f} s")
+        spark_s, duck_s = statistics.median(spark_runs), statistics.median(duck_runs)
         differences: dict[str, list[str]] = {}
         table_rows: dict[str, int] = {}
         for name in TABLES:
@@ -327,9 +358,11 @@ def run_report_part(
             "input_rows": counts,
             "generate_s": generate_s,
             "spark_s": spark_s,
-            "spark_per_table_s": tables.seconds,
+            "spark_runs_s": spark_runs,
+            "spark_per_table_s": {name: statistics.median(run[name] for run in spark_tables) for name in TABLES},
             "duckdb_s": duck_s,
-            "duckdb_per_table_s": duck_seconds,
+            "duckdb_runs_s": duck_runs,
+            "duckdb_per_table_s": {name: statistics.median(run[name] for run in duck_tables) for name in TABLES},
             "spark_s_per_million_rows": spark_s / (rows / 1e6),
             "duckdb_s_per_million_rows": duck_s / (rows / 1e6),
             "ratio_spark_over_duckdb": spark_s / duck_s,
@@ -520,7 +553,12 @@ def run_api_part(scratch: Path, count: int = 200_000) -> dict[str, Any]:
 def print_report(report: dict[str, Any]) -> None:
     """The report part's table; adds the marginal cost per extra million rows to ``report``."""
     startup, first = report["spark_startup_s"], report["first_tiny_job_s"]
-    print(f"Spark local[2] cold start-up: {startup:.1f} s (then a first tiny job: {first:.1f} s), not in the "
+    warm = (
+        f", a first report of the tiny warm-up recording {report['first_report_s']:.1f} s"
+        if "first_report_s" in report
+        else ""
+    )
+    print(f"Spark local[2] cold start-up: {startup:.1f} s (then a first tiny job {first:.1f} s{warm}), not in the "
           f"figures below; DuckDB {report['duckdb']} on 2 threads, same tables, same Parquet segments")  # fmt: skip
     print(f"{'rows':>10} {'Spark':>9} {'DuckDB':>9} {'Spark s/M rows':>15} {'DuckDB s/M rows':>16} "
           f"{'Spark/DuckDB':>13}  tables agree")  # fmt: skip
@@ -537,12 +575,16 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"marginal cost per extra million rows ({a['rows']} -> {b['rows']}): Spark {slopes['spark']:.2f} s, "
               f"DuckDB {slopes['duckdb']:.3f} s")  # fmt: skip
     for entry in sizes:
-        pct = entry.get("rtt_percentiles")
-        if pct:
-            print(f"RTT p50/p95/p99 per connection at {entry['rows']} rows ({pct['connections']} connections): "
-                  f"Spark exact {pct['spark_exact_s']:.1f} s, approximate {pct['spark_approx_s']:.1f} s; "
-                  f"DuckDB exact {pct['duckdb_exact_s']:.2f} s, approximate {pct['duckdb_approx_s']:.2f} s; "
-                  f"largest relative error of the approximations: Spark {pct['spark_approx_max_rel_error']:.2%}, "
+        spark_top = sorted(entry["spark_per_table_s"].items(), key=lambda item: -item[1])[:3]
+        print(f"  {entry['rows']} rows, costliest tables in Spark: "
+              + ", ".join(f"{name} {seconds:.1f} s (DuckDB {entry['duckdb_per_table_s'][name]:.2f} s)"
+                          for name, seconds in spark_top))  # fmt: skip
+        for grouping, pct in entry.get("rtt_percentiles", {}).items():
+            print(f"RTT p50/p95/p99 {grouping.replace('_', ' ')} at {entry['rows']} rows ({pct['groups']} groups "
+                  f"of {pct['samples_per_group']:.0f} samples): Spark exact {pct['spark_exact_s']:.1f} s, "
+                  f"approximate {pct['spark_approx_s']:.1f} s; DuckDB exact {pct['duckdb_exact_s']:.2f} s, "
+                  f"approximate {pct['duckdb_approx_s']:.2f} s; largest relative error of the approximations: "
+                  f"Spark {pct['spark_approx_max_rel_error']:.2%}, "
                   f"DuckDB {pct['duckdb_approx_max_rel_error']:.2%}")  # fmt: skip
 
 
@@ -551,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", choices=("report", "recording", "api", "all"), default="all")
     parser.add_argument("--rows", nargs="+", default=["1000000,5000000,20000000"],
                         help="report sizes in rows, comma- or space-separated (default 1M, 5M, 20M)")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=3, help="report runs per engine and size, median (default 3)")
     parser.add_argument("--messages", type=int, default=2_000_000, help="messages per recording round (default 2M)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved recording rounds (default 3)")
     parser.add_argument(
@@ -561,13 +604,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.rows = [int(size) for sizes in args.rows for size in sizes.split(",") if size]
     if args.quick:
-        args.rows, args.messages, args.rounds = [20_000], 100_000, 1
+        args.rows, args.messages, args.rounds, args.repeats = [20_000], 100_000, 1, 1
     result: dict[str, Any] = {"started": datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
                               "load_average": os.getloadavg()}  # fmt: skip
     scratch = Path(tempfile.mkdtemp(prefix="slipstream-bench-pipeline-"))
     try:
         if args.part in ("report", "all"):
-            result["report"] = run_report_part(args.rows, scratch, threshold=5)
+            result["report"] = run_report_part(args.rows, scratch, threshold=5, repeats=args.repeats)
         if args.part in ("recording", "all"):
             result["recording"] = run_recording_part(scratch, args.messages, args.rounds, args.direct_io)
         if args.part in ("api", "all"):

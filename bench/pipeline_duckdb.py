@@ -9,8 +9,9 @@ computed by an engine made for one machine.
 The SQL mirrors ``jobs.py`` where the two engines differ: Spark's ``min_by``/``max_by`` keep null values
 (DuckDB's ``arg_min``/``arg_max`` skip them: ``arg_*_null`` here), Spark sorts nulls first ascending and
 last descending (set on the connection), DuckDB sums integers into HUGEINT (cast back to BIGINT).
-``pct(x, q)`` is a macro: exact (``quantile_cont``, the same interpolation as Spark's ``percentile``) or
-approximate (``approx_quantile``, a t-digest), chosen per connection.
+``pct(x, q)`` (and ``pcts(x)``, p50/p95/p99 from one state) is a macro: exact (``quantile_cont``, the
+same interpolation as Spark's ``percentile``) or approximate (``approx_quantile``, a t-digest), chosen
+per connection.
 """
 
 from __future__ import annotations
@@ -49,8 +50,14 @@ PRELUDE = (
 )
 
 PERCENTILE_MACROS = {
-    "exact": "CREATE MACRO pct(x, q) AS quantile_cont(x, q)",
-    "approx": "CREATE MACRO pct(x, q) AS CAST(approx_quantile(x, q) AS DOUBLE)",
+    "exact": (
+        "CREATE MACRO pct(x, q) AS quantile_cont(x, q)",
+        "CREATE MACRO pcts(x) AS quantile_cont(x, [0.5, 0.95, 0.99])",
+    ),
+    "approx": (
+        "CREATE MACRO pct(x, q) AS CAST(approx_quantile(x, q) AS DOUBLE)",
+        "CREATE MACRO pcts(x) AS CAST(approx_quantile(x, [0.5, 0.95, 0.99]) AS DOUBLE[])",
+    ),
 }
 
 TABLES: dict[str, Table] = {
@@ -147,15 +154,22 @@ TABLES: dict[str, Table] = {
 }
 """The report's tables, by the name ``jobs.TABLES`` gives them."""
 
-RTT_PERCENTILES = Table(
-    """
-    SELECT connection_id, count(rtt_ns) AS samples,
-        pct(rtt_ns, 0.5) AS rtt_p50_ns, pct(rtt_ns, 0.95) AS rtt_p95_ns, pct(rtt_ns, 0.99) AS rtt_p99_ns
-    FROM server_stats GROUP BY connection_id ORDER BY connection_id
-    """,
-    percentiles=("rtt_p50_ns", "rtt_p95_ns", "rtt_p99_ns"),
-)
-"""The RTT percentiles per connection alone: the part of ``sessions`` that exact percentiles make costly."""
+RTT_GROUPINGS = {"per_connection": "connection_id", "per_minute": "timestamp_ns // 60000000000"}
+"""The RTT percentile table's two shapes: many small groups (a connection's samples) and few large ones
+(a minute of the fleet's samples: where an exact percentile has to hold and sort many values)."""
+
+
+def rtt_percentiles(key: str) -> Table:
+    """RTT p50/p95/p99 and the sample count per ``key`` (an expression, output as ``key``): the part of
+    the sessions table that percentiles make costly. ``pcts`` computes the three from one state."""
+    return Table(
+        f"""
+        SELECT key, samples, q[1] AS rtt_p50_ns, q[2] AS rtt_p95_ns, q[3] AS rtt_p99_ns FROM (
+            SELECT {key} AS key, count(rtt_ns) AS samples, pcts(rtt_ns) AS q FROM server_stats GROUP BY 1
+        ) ORDER BY key
+        """,
+        percentiles=("rtt_p50_ns", "rtt_p95_ns", "rtt_p99_ns"),
+    )
 
 
 def segment_glob(root: Path, kind: str) -> str | None:
@@ -183,7 +197,7 @@ def connect(root: Path, *, percentiles: str = "exact", threads: int = 2) -> Any:
         else:
             quoted = pattern.replace("'", "''")
             con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet('{quoted}', union_by_name = true)")
-    for statement in (*PRELUDE, PERCENTILE_MACROS[percentiles]):
+    for statement in (*PRELUDE, *PERCENTILE_MACROS[percentiles]):
         con.execute(statement)
     return con
 
