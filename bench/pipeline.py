@@ -367,6 +367,7 @@ def run_report_part(
             "duckdb_s_per_million_rows": duck_s / (rows / 1e6),
             "ratio_spark_over_duckdb": spark_s / duck_s,
             "table_rows": table_rows,
+            "load_average_after": os.getloadavg(),  # the machine is shared: how busy it was
             "tables_agree": not differences,
             "differences": differences,
         }
