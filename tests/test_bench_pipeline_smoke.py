@@ -42,7 +42,7 @@ def test_report_benchmark_duckdb_tables_match_spark_row_for_row(spark: Any, tmp_
     sys.path.insert(0, str(ROOT))
     try:
         from bench import pipeline_duckdb as duck
-        from bench.pipeline import run_report_part
+        from bench.pipeline import print_report, run_report_part
     finally:
         sys.path.remove(str(ROOT))
     from slipstream.pipeline.jobs import TABLES
@@ -60,6 +60,7 @@ def test_report_benchmark_duckdb_tables_match_spark_row_for_row(spark: Any, tmp_
     for percentiles in (per_connection, per_minute):
         assert percentiles["exact_engines_agree"]
         assert percentiles["spark_approx_max_rel_error"] < 0.1 and percentiles["duckdb_approx_max_rel_error"] < 0.1
+    print_report(report)  # the command's table prints from these keys
 
 
 def test_duckdb_comparison_finds_a_changed_row() -> None:
