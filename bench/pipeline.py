@@ -1,11 +1,16 @@
-"""``python -m bench.pipeline``: the Spark report against single-process pyarrow, and the cost of recording.
+"""``python -m bench.pipeline``: the Spark report against DuckDB on one machine, and the cost of recording.
 
 Three parts, all by default (``--part report|recording|api|all``):
 
-* **report**: synthetic telemetry (captured messages, connection events, connection stats) written
-  as real recording segments, then the report's tables computed by Spark on ``local[2]`` (through
-  the ``slipstream`` source) and by pyarrow in this one process (through ``telemetry``'s reader), at
-  each ``--rows`` size, so the crossover shows. Spark's cold start-up is timed on its own.
+* **report**: synthetic telemetry (captured messages, connection events and stats, driver counters,
+  loss reports, error logs) written as real recording segments, then the report's tables
+  (``jobs.TABLES``) computed at each ``--rows`` size, in one run, by Spark on ``local[2]`` (through the
+  ``slipstream`` source, ``jobs.build_tables``) and by DuckDB on two threads (the same SQL tables,
+  ``bench/pipeline_duckdb.py``, reading the same Parquet segments). Each engine writes its tables as
+  Parquet; they are compared row for row at every size. Spark's cold start-up is timed on its own; at
+  the largest size the per-connection RTT percentiles are timed exact and approximate in both engines.
+  (The single-process pyarrow comparison of earlier runs is dropped: it computed fewer, approximate
+  tables; DuckDB computes the same ones.)
 * **api**: what ``Recorder.record`` / ``append`` cost the calling thread (the network layer's hot path).
 * **recording**: a 32-byte-message IPC stream (publisher and subscriber processes, a standalone
   driver) with and without ``slipstream record`` capturing the same stream; interleaved rounds,
@@ -13,7 +18,7 @@ Three parts, all by default (``--part report|recording|api|all``):
   whole (start-up included) and split: the capture's polling loop, the only part that competes with
   the stream, and the conversion, which runs at idle priority in a child process.
 
-Results print as a table and go to one JSON file (``bench/results/pipeline-<date>.json``).
+Results print as a table and go to one JSON file (``bench/results/pipeline-<date>.json``, or ``--out``).
 """
 
 from __future__ import annotations
@@ -46,8 +51,10 @@ def log(message: str) -> None:
 
 def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 1_000_000) -> dict[str, int]:
     """Write ``rows`` synthetic rows as finalized segments: 90 % captured messages on 8 streams (10 typed
-    kinds of message, empty payloads: the report reads sizes, not bytes), 8 % connection stats, 2 %
-    connection events (a third of them refused handshakes from 1000 addresses)."""
+    kinds of message, empty payloads: the report reads sizes, not bytes), 8 % connection stats (100 per
+    connection), 2 % connection events (a third of them refused handshakes from 250 hosts, each time
+    from a new port), of which 0.1 % driver counter samples and 0.01 % each loss-report and error-log
+    samples (so every table of the report has rows)."""
     import numpy as np
     import pyarrow as pa
 
@@ -56,7 +63,9 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
 
     rng = np.random.default_rng(seed)
     counts = {"captured": rows * 90 // 100, "connection_stats": rows * 8 // 100}
-    counts["connection_events"] = rows - counts["captured"] - counts["connection_stats"]
+    counts["driver_counters"] = rows // 1000
+    counts["loss_report"] = counts["error_log"] = rows // 10_000
+    counts["connection_events"] = rows - sum(counts.values())
     start_ns = 1_700_000_000 * 10**9
     span_ns = 600 * 10**9  # ten minutes of traffic
 
@@ -90,7 +99,7 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
         conn = rng.integers(0, connections, n)
         tick = first + np.arange(n)
         return {
-            "timestamp_ns": start_ns + tick * 1000,
+            "timestamp_ns": start_ns + tick * (span_ns // counts["connection_stats"]),  # over the ten minutes
             "connection_id": conn,
             "address": np.char.add("10.1.0.", (conn % 250).astype(str)).astype(object),
             "tag": np.full(n, "client", dtype=object),
@@ -112,7 +121,11 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
         kind = rng.integers(0, 3, n)  # 0 accepted, 1 disconnected, 2 rejected
         conn = rng.integers(0, connections, n)
         names = np.array(["handshake_accepted", "disconnected", "handshake_rejected"], dtype=object)
-        offender = np.char.add("203.0.113.", (rng.integers(0, 1000, n) % 250).astype(str)).astype(object)
+        host = rng.integers(0, 250, n)  # refused peers come back from new ports; a tenth over IPv6
+        v4 = np.char.add("203.0.113.", host.astype(str))
+        v6 = np.char.add(np.char.add("[2001:db8::", host.astype(str)), "]")
+        port = np.char.add(":", rng.integers(1024, 65536, n).astype(str))
+        offender = np.char.add(np.where(host % 10 == 0, v6, v4), port).astype(object)
         return {
             "timestamp_ns": start_ns + np.sort(rng.integers(0, span_ns, n)),
             "event": names[kind],
@@ -126,79 +139,160 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
             "local": np.char.add("srv-", (conn % 4).astype(str)).astype(object),
         }
 
+    drivers = np.array(["driver-a", "driver-b"], dtype=object)
+
+    def counters(first: int, n: int) -> dict[str, Any]:
+        tick = first + np.arange(n)  # distinct timestamps: "last value" is well defined
+        counter = tick % 50
+        return {
+            "timestamp_ns": start_ns + tick * 1000,
+            "driver": drivers[(tick // 50) % 2],
+            "counter_id": counter,
+            "type_id": counter % 5,
+            "type_name": np.char.add("type-", (counter % 5).astype(str)).astype(object),
+            "label": np.char.add("counter ", tick.astype(str)).astype(object),
+            "value": tick,
+            "registration_id": counter * 10,
+            "session_id": pa.array(counter, mask=counter % 2 == 0),
+            "stream_id": pa.array(1000 + counter % 8, mask=counter % 2 == 0),
+            "channel": pa.array(np.full(n, "aeron:ipc", dtype=object), mask=counter % 2 == 0),
+        }
+
+    def loss(first: int, n: int) -> dict[str, Any]:
+        tick = first + np.arange(n)
+        entry = tick % 12
+        return {
+            "timestamp_ns": start_ns + tick * 1000,
+            "driver": drivers[entry % 2],
+            "observation_count": tick,
+            "total_bytes_lost": tick * 64 + entry,
+            "first_observation_ms": 1_700_000_000_000 + entry,
+            "last_observation_ms": 1_700_000_000_000 + tick,
+            "session_id": 7 + entry % 4,
+            "stream_id": 1000 + entry % 3,
+            "channel": np.full(n, "aeron:udp?endpoint=10.0.0.1:40123", dtype=object),
+            "source": np.char.add("10.1.0.", (entry % 6).astype(str)).astype(object),
+        }
+
+    def errors(first: int, n: int) -> dict[str, Any]:
+        tick = first + np.arange(n)
+        text = tick % 7
+        return {
+            "timestamp_ns": start_ns + tick * 1000,
+            "driver": drivers[text % 2],
+            "observation_count": tick + 1,
+            "first_observation_ms": 1_700_000_000_000 + text,
+            "last_observation_ms": 1_700_000_000_000 + tick,
+            "text": np.char.add("error ", text.astype(str)).astype(object),
+        }
+
     write("captured", counts["captured"], captured)
     write("connection_stats", counts["connection_stats"], stats)
     write("connection_events", counts["connection_events"], events)
+    write("driver_counters", counts["driver_counters"], counters)
+    write("loss_report", counts["loss_report"], loss)
+    write("error_log", counts["error_log"], errors)
     return counts
 
 
-# -- the same tables, single process --------------------------------------------------------------------
+# -- the report: Spark against DuckDB -------------------------------------------------------------------
 
 
-def pyarrow_tables(root: Path, threshold: int) -> dict[str, Any]:
-    """The report's main tables with pyarrow compute (exact percentiles are not in pyarrow's grouped
-    aggregates: its t-digest gives approximate ones, which is the one difference)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from slipstream.telemetry import Recording
-
-    recording = Recording(root)
-    captured = recording.read("captured", columns=["timestamp_ns", "channel", "stream_id", "session_id", "size",
-                                                   "message_type"])  # fmt: skip
-    second = pc.divide(captured.column("timestamp_ns"), pa.scalar(1_000_000_000, pa.int64()))
-    throughput = (
-        captured.append_column("second", second)
-        .group_by(["channel", "stream_id", "session_id", "second"])
-        .aggregate([("size", "count"), ("size", "sum")])
-    )
-    typed = captured.set_column(
-        captured.schema.get_field_index("message_type"), "message_type",
-        pc.fill_null(captured.column("message_type"), "(raw)"),
-    )  # fmt: skip
-    types = typed.group_by("message_type").aggregate(
-        [("size", "count"), ("size", "sum"), ("size", "min"), ("size", "approximate_median"), ("size", "max")]
-    )
-    events = recording.read("connection_events")
-    events = events.filter(pc.equal(events.column("side"), "server"))  # the servers' view, as the report
-    rejected_rows = events.filter(pc.equal(events.column("event"), "handshake_rejected"))
-    rejected = rejected_rows.group_by(["address", "reason"]).aggregate(
-        [("timestamp_ns", "count"), ("timestamp_ns", "min"), ("timestamp_ns", "max")]
-    )
-    by_address = rejected_rows.group_by("address").aggregate([("timestamp_ns", "count")])
-    abuse = by_address.filter(pc.greater_equal(by_address.column("timestamp_ns_count"), threshold))
-    stats = recording.read("connection_stats")
-    stats = stats.filter(pc.equal(pc.fill_null(stats.column("side"), "server"), "server"))
-    totals = stats.group_by("connection_id").aggregate(
-        [("messages_sent", "max"), ("messages_received", "max"), ("bytes_sent", "max"), ("bytes_received", "max"),
-         ("bytes_lost", "max"), ("timestamp_ns", "max"), ("rtt_ns", "tdigest", pc.TDigestOptions(q=[0.5, 0.95, 0.99]))]
-    )  # fmt: skip
-    digest = totals.column("rtt_ns_tdigest")
-    totals = totals.drop_columns(["rtt_ns_tdigest"])
-    for i, name in enumerate(("rtt_p50_ns", "rtt_p95_ns", "rtt_p99_ns")):
-        totals = totals.append_column(name, pc.list_element(digest, i))
-    opened = (
-        events.filter(pc.is_valid(events.column("connection_id")))
-        .group_by("connection_id")
-        .aggregate([("timestamp_ns", "min"), ("timestamp_ns", "max")])
-    )
-    sessions = opened.join(totals, "connection_id", join_type="full outer")
-    return {
-        "stream_throughput": throughput,
-        "message_types": types,
-        "rejected_handshakes": rejected,
-        "abuse_list": abuse,
-        "sessions": sessions,
-    }
-
-
-def run_report_part(sizes: list[int], scratch: Path, threshold: int, *, stop: bool = True) -> dict[str, Any]:
+def _spark_rtt_percentiles(spark: Any, root: Path, out: Path, key: str, exact: bool) -> float:
+    """Seconds to compute and write the RTT percentiles per ``key`` through the source, exact
+    (``percentile``, as the report's sessions table) or approximate (``percentile_approx``, its
+    default accuracy), the three from one state either way."""
     from pyspark.sql import functions as F
 
-    from slipstream.pipeline.jobs import build_tables
+    from slipstream.pipeline.jobs import load, server_side
+
+    stats = server_side(load(spark, root, "connection_stats"))
+    qs = F.array(*(F.lit(q) for q in (0.5, 0.95, 0.99)))
+    values = F.percentile("rtt_ns", qs) if exact else F.percentile_approx("rtt_ns", qs).cast("array<double>")
+    names = ("rtt_p50_ns", "rtt_p95_ns", "rtt_p99_ns")
+    frame = (
+        stats.groupBy(F.expr(key.replace("//", "div")).alias("key"))  # DuckDB's integer division is Spark's div
+        .agg(F.count("rtt_ns").alias("samples"), values.alias("q"))
+        .select("key", "samples", *(F.col("q")[i].alias(name) for i, name in enumerate(names)))
+    )
+    started = time.monotonic()
+    frame.orderBy("key").coalesce(1).write.mode("overwrite").parquet(str(out))
+    return time.monotonic() - started
+
+
+def _duckdb_rtt_percentiles(root: Path, out: Path, key: str, percentiles: str) -> float:
+    """The same through DuckDB (``quantile_cont`` or ``approx_quantile``)."""
+    from bench import pipeline_duckdb as duck
+
+    con = duck.connect(root, percentiles=percentiles)
+    try:
+        started = time.monotonic()
+        con.execute(f"COPY ({duck.query(duck.rtt_percentiles(key))}) TO '{out}' (FORMAT parquet)")
+        return time.monotonic() - started
+    finally:
+        con.close()
+
+
+def percentile_costs(spark: Any, root: Path, scratch: Path) -> dict[str, Any]:
+    """Exact against approximate RTT percentiles, per connection and per minute, in both engines, and
+    how far the approximations land from the exact values."""
+    from bench import pipeline_duckdb as duck
+
+    result: dict[str, Any] = {}
+    for grouping, key in duck.RTT_GROUPINGS.items():
+        entry: dict[str, Any] = {}
+        tables: dict[str, list[dict[str, Any]]] = {}
+        for engine in ("spark", "duckdb"):
+            for mode in ("exact", "approx"):
+                out = scratch / f"{grouping}-{engine}-{mode}" / ("part" if engine == "spark" else "rtt.parquet")
+                out.parent.mkdir(parents=True, exist_ok=True)
+                if engine == "spark":
+                    seconds = _spark_rtt_percentiles(spark, root, out, key, exact=mode == "exact")
+                else:
+                    seconds = _duckdb_rtt_percentiles(root, out, key, mode)
+                entry[f"{engine}_{mode}_s"] = seconds
+                tables[f"{engine}_{mode}"] = duck.rows(out)
+                log(f"  RTT percentiles {grouping}, {engine} {mode}: {seconds:.2f} s")
+        exact = tables["spark_exact"]
+        entry["groups"] = len(exact)
+        entry["samples_per_group"] = sum(row["samples"] for row in exact) / max(1, len(exact))
+        entry["exact_engines_agree"] = not duck.compare(exact, tables["duckdb_exact"], percentile_rel=1e-9)
+        for name in ("spark_approx", "duckdb_approx"):  # how far the approximations land from the exact values
+            worst = 0.0
+            for want, have in zip(exact, tables[name], strict=True):
+                for column in ("rtt_p50_ns", "rtt_p95_ns", "rtt_p99_ns"):
+                    worst = max(worst, abs(have[column] - want[column]) / abs(want[column]))
+            entry[f"{name}_max_rel_error"] = worst
+        result[grouping] = entry
+    return result
+
+
+def run_report_part(
+    sizes: list[int],
+    scratch: Path,
+    threshold: int,
+    *,
+    stop: bool = True,
+    percentiles_at: int | None = None,
+    warmup_rows: int = 20_000,
+    repeats: int = 1,
+) -> dict[str, Any]:
+    """Spark and DuckDB over the same recording at each size, ``repeats`` times each (medians); the
+    RTT percentiles both ways at ``percentiles_at`` rows (default: the largest size). Spark's cold
+    start is timed apart: the session, a first tiny job, and a first report over ``warmup_rows`` (its
+    JIT and its Python workers warm up there, not in the first measured size)."""
+    import duckdb
+    import pyspark
+    from pyspark.sql import functions as F
+
+    from bench import pipeline_duckdb as duck
+    from slipstream.pipeline.jobs import TABLES, build_tables
     from slipstream.pipeline.options import ReportOptions
     from slipstream.pipeline.session import spark_session
 
+    missing = [name for name in TABLES if name not in duck.TABLES]
+    if missing:
+        raise SystemExit(f"bench/pipeline_duckdb.py has no SQL for the report's tables {missing}: add it")
     started = time.monotonic()
     spark = spark_session("local[2]", app_name="slipstream-bench")
     startup_s = time.monotonic() - started
@@ -207,34 +301,84 @@ def run_report_part(sizes: list[int], scratch: Path, threshold: int, *, stop: bo
     started = time.monotonic()
     spark.range(10).select(F.sum("id")).collect()
     first_job_s = time.monotonic() - started
-    results: dict[str, Any] = {"spark_startup_s": startup_s, "first_tiny_job_s": first_job_s, "sizes": []}
+    results: dict[str, Any] = {
+        "spark_startup_s": startup_s,
+        "first_tiny_job_s": first_job_s,
+        "pyspark": pyspark.__version__,
+        "duckdb": duckdb.__version__,
+        "duckdb_threads": 2,
+        "tables": list(TABLES),
+        "sizes": [],
+    }
+    options = ReportOptions(abuse_threshold=threshold)
+    if warmup_rows:
+        make_recording(scratch / "warmup", warmup_rows)
+        started = time.monotonic()
+        build_tables(spark, scratch / "warmup", scratch / "warmup-spark", options, collect=False)
+        results["first_report_s"] = time.monotonic() - started
+        log(f"Spark's first report ({warmup_rows} rows, warm-up): {results['first_report_s']:.1f} s")
+        duck.build_tables(scratch / "warmup", scratch / "warmup-duckdb")
+        for path in ("warmup", "warmup-spark", "warmup-duckdb"):
+            shutil.rmtree(scratch / path, ignore_errors=True)
+    percentiles_at = percentiles_at or max(sizes)
     for rows in sizes:
         root = scratch / f"rec-{rows}"
         shutil.rmtree(root, ignore_errors=True)
         started = time.monotonic()
         counts = make_recording(root, rows)
-        log(f"{rows:,} rows generated in {time.monotonic() - started:.1f} s ({counts})")
-        started = time.monotonic()
-        tables = build_tables(spark, root, scratch / f"out-{rows}", ReportOptions(abuse_threshold=threshold),
-                              collect=False)  # fmt: skip
-        spark_s = time.monotonic() - started
-        started = time.monotonic()
-        arrow = pyarrow_tables(root, threshold)
-        arrow_s = time.monotonic() - started
-        spark_messages = spark.read.parquet(str(tables.paths["stream_throughput"])).agg(F.sum("messages")).first()[0]
-        arrow_messages = arrow["stream_throughput"].column("size_count").to_pylist()
-        agree = spark_messages == sum(arrow_messages) == counts["captured"]
+        generate_s = time.monotonic() - started
+        log(f"{rows} rows generated in {generate_s:.1f} s ({counts})")
+        spark_runs: list[float] = []
+        duck_runs: list[float] = []
+        spark_tables: list[dict[str, float]] = []
+        duck_tables: list[dict[str, float]] = []
+        for _ in range(repeats):  # interleaved, so a slow phase of the machine hits both engines
+            started = time.monotonic()
+            tables = build_tables(spark, root, scratch / f"spark-{rows}", options, collect=False)
+            spark_runs.append(time.monotonic() - started)
+            spark_tables.append(tables.seconds)
+            started = time.monotonic()
+            duck_tables.append(
+                duck.build_tables(
+                    root, scratch / f"duckdb-{rows}", abuse_threshold=options.abuse_threshold, bucket_s=options.bucket_s
+                )
+            )
+            duck_runs.append(time.monotonic() - started)
+            log(f"  Spark local[2]: {spark_runs[-1]:.1f} s, DuckDB 2 threads: {duck_runs[-1]:.2f} s")
+        spark_s, duck_s = statistics.median(spark_runs), statistics.median(duck_runs)
+        differences: dict[str, list[str]] = {}
+        table_rows: dict[str, int] = {}
+        for name in TABLES:
+            spark_rows = duck.rows(tables.paths[name])
+            table_rows[name] = len(spark_rows)
+            found = duck.compare(spark_rows, duck.rows(scratch / f"duckdb-{rows}" / f"{name}.parquet"),
+                                 duck.TABLES[name].percentiles)  # fmt: skip
+            if found:
+                differences[name] = found
         entry = {
             "rows": rows,
+            "input_rows": counts,
+            "generate_s": generate_s,
             "spark_s": spark_s,
-            "spark_per_table_s": tables.seconds,
-            "pyarrow_s": arrow_s,
-            "ratio_spark_over_pyarrow": spark_s / arrow_s,
-            "totals_agree": agree,
+            "spark_runs_s": spark_runs,
+            "spark_per_table_s": {name: statistics.median(run[name] for run in spark_tables) for name in TABLES},
+            "duckdb_s": duck_s,
+            "duckdb_runs_s": duck_runs,
+            "duckdb_per_table_s": {name: statistics.median(run[name] for run in duck_tables) for name in TABLES},
+            "spark_s_per_million_rows": spark_s / (rows / 1e6),
+            "duckdb_s_per_million_rows": duck_s / (rows / 1e6),
+            "ratio_spark_over_duckdb": spark_s / duck_s,
+            "table_rows": table_rows,
+            "load_average_after": os.getloadavg(),  # the machine is shared: how busy it was
+            "tables_agree": not differences,
+            "differences": differences,
         }
-        log(f"{rows:,} rows: Spark local[2] {spark_s:.1f} s, pyarrow {arrow_s:.1f} s, totals agree: {agree}")
+        log(f"  Spark/DuckDB {spark_s / duck_s:.1f}x; tables agree: {not differences} {differences or ''}")
+        if rows == percentiles_at:
+            entry["rtt_percentiles"] = percentile_costs(spark, root, scratch / f"pct-{rows}")
         results["sizes"].append(entry)
-        shutil.rmtree(root, ignore_errors=True)
+        for path in (root, scratch / f"spark-{rows}", scratch / f"duckdb-{rows}", scratch / f"pct-{rows}"):
+            shutil.rmtree(path, ignore_errors=True)
     if stop:
         spark.stop()
     return results
@@ -409,11 +553,50 @@ def run_api_part(scratch: Path, count: int = 200_000) -> dict[str, Any]:
     return results
 
 
+def print_report(report: dict[str, Any]) -> None:
+    """The report part's table; adds the marginal cost per extra million rows to ``report``."""
+    startup, first = report["spark_startup_s"], report["first_tiny_job_s"]
+    warm = (
+        f", a first report of the tiny warm-up recording {report['first_report_s']:.1f} s"
+        if "first_report_s" in report
+        else ""
+    )
+    print(f"Spark local[2] cold start-up: {startup:.1f} s (then a first tiny job {first:.1f} s{warm}), not in the "
+          f"figures below; DuckDB {report['duckdb']} on 2 threads, same tables, same Parquet segments")  # fmt: skip
+    print(f"{'rows':>10} {'Spark':>9} {'DuckDB':>9} {'Spark s/M rows':>15} {'DuckDB s/M rows':>16} "
+          f"{'Spark/DuckDB':>13}  tables agree")  # fmt: skip
+    for entry in report["sizes"]:
+        print(f"{entry['rows']:>10} {entry['spark_s']:>7.1f} s {entry['duckdb_s']:>7.2f} s "
+              f"{entry['spark_s_per_million_rows']:>15.2f} {entry['duckdb_s_per_million_rows']:>16.3f} "
+              f"{entry['ratio_spark_over_duckdb']:>12.1f}x  {'yes' if entry['tables_agree'] else 'NO'}")  # fmt: skip
+    sizes = report["sizes"]
+    if len(sizes) >= 2:
+        a, b = sizes[-2], sizes[-1]
+        per_m = 1e6 / (b["rows"] - a["rows"])
+        slopes = {engine: (b[f"{engine}_s"] - a[f"{engine}_s"]) * per_m for engine in ("spark", "duckdb")}
+        report["marginal_s_per_million_rows"] = slopes
+        print(f"marginal cost per extra million rows ({a['rows']} -> {b['rows']}): Spark {slopes['spark']:.2f} s, "
+              f"DuckDB {slopes['duckdb']:.3f} s")  # fmt: skip
+    for entry in sizes:
+        spark_top = sorted(entry["spark_per_table_s"].items(), key=lambda item: -item[1])[:3]
+        print(f"  {entry['rows']} rows, costliest tables in Spark: "
+              + ", ".join(f"{name} {seconds:.1f} s (DuckDB {entry['duckdb_per_table_s'][name]:.2f} s)"
+                          for name, seconds in spark_top))  # fmt: skip
+        for grouping, pct in entry.get("rtt_percentiles", {}).items():
+            print(f"RTT p50/p95/p99 {grouping.replace('_', ' ')} at {entry['rows']} rows ({pct['groups']} groups "
+                  f"of {pct['samples_per_group']:.0f} samples): Spark exact {pct['spark_exact_s']:.1f} s, "
+                  f"approximate {pct['spark_approx_s']:.1f} s; DuckDB exact {pct['duckdb_exact_s']:.2f} s, "
+                  f"approximate {pct['duckdb_approx_s']:.2f} s; largest relative error of the approximations: "
+                  f"Spark {pct['spark_approx_max_rel_error']:.2%}, "
+                  f"DuckDB {pct['duckdb_approx_max_rel_error']:.2%}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("report", "recording", "api", "all"), default="all")
-    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000],
-                        help="report sizes in rows (default 100000 1000000 10000000)")  # fmt: skip
+    parser.add_argument("--rows", nargs="+", default=["1000000,5000000,20000000"],
+                        help="report sizes in rows, comma- or space-separated (default 1M, 5M, 20M)")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=3, help="report runs per engine and size, median (default 3)")
     parser.add_argument("--messages", type=int, default=2_000_000, help="messages per recording round (default 2M)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved recording rounds (default 3)")
     parser.add_argument(
@@ -422,14 +605,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the benchmark works")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    args.rows = [int(size) for sizes in args.rows for size in sizes.split(",") if size]
     if args.quick:
-        args.rows, args.messages, args.rounds = [20_000], 100_000, 1
+        args.rows, args.messages, args.rounds, args.repeats = [20_000], 100_000, 1, 1
     result: dict[str, Any] = {"started": datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
                               "load_average": os.getloadavg()}  # fmt: skip
     scratch = Path(tempfile.mkdtemp(prefix="slipstream-bench-pipeline-"))
     try:
         if args.part in ("report", "all"):
-            result["report"] = run_report_part(args.rows, scratch, threshold=5)
+            result["report"] = run_report_part(args.rows, scratch, threshold=5, repeats=args.repeats)
         if args.part in ("recording", "all"):
             result["recording"] = run_recording_part(scratch, args.messages, args.rounds, args.direct_io)
         if args.part in ("api", "all"):
@@ -438,22 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     print("\nslipstream pipeline benchmark")
     if "report" in result:
-        report = result["report"]
-        startup, first = report["spark_startup_s"], report["first_tiny_job_s"]
-        print(f"Spark local[2] start-up: {startup:.1f} s (then a first tiny job: {first:.1f} s)")
-        print(f"{'rows':>12} {'Spark local[2]':>15} {'pyarrow 1 proc':>15} {'Spark/pyarrow':>14}")
-        for entry in report["sizes"]:
-            print(f"{entry['rows']:>12,} {entry['spark_s']:>13.1f} s {entry['pyarrow_s']:>13.2f} s "
-                  f"{entry['ratio_spark_over_pyarrow']:>13.1f}x")  # fmt: skip
-        sizes = report["sizes"]
-        if len(sizes) >= 2:
-            a, b = sizes[-2], sizes[-1]
-            per_m = 1e6 / (b["rows"] - a["rows"])
-            spark_slope = (b["spark_s"] - a["spark_s"]) * per_m
-            arrow_slope = (b["pyarrow_s"] - a["pyarrow_s"]) * per_m
-            report["marginal_s_per_million_rows"] = {"spark": spark_slope, "pyarrow": arrow_slope}
-            print(f"marginal cost per extra million rows: Spark {spark_slope:.2f} s, pyarrow {arrow_slope:.2f} s "
-                  f"(pyarrow holds the kind in memory; Spark streams it and can use more machines)")  # fmt: skip
+        print_report(result["report"])
     if "recording" in result:
         rec = result["recording"]
         print(f"IPC 32 B: {rec['median_without'] / 1e6:.2f} M msg/s without recording, "

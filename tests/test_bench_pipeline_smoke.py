@@ -1,8 +1,8 @@
 """bench.pipeline still works end to end at tiny sizes; figures live in bench/, never in tests.
 
 The recording part runs as the command does (``--part recording --quick``: driver, publisher,
-subscriber and ``slipstream record`` processes); of the report part, the synthetic data and the
-single-process tables are checked here (the Spark side is the report, tested in test_pipeline).
+subscriber and ``slipstream record`` processes); the report part runs in this process on the suite's
+Spark, and its DuckDB tables must equal Spark's.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,23 +33,73 @@ def test_quick_recording_overhead_benchmark_runs(tmp_path: Path) -> None:
     assert "overhead" in proc.stdout
 
 
-def test_report_benchmark_data_and_single_process_tables(tmp_path: Path) -> None:
-    """The synthetic recording and the pyarrow side of the comparison (the Spark side is the report
-    itself, tested in test_pipeline; a second run of it here would only cost time)."""
+@pytest.mark.slow
+def test_report_benchmark_duckdb_tables_match_spark_row_for_row(spark: Any, tmp_path: Path) -> None:
+    """The report part at 200 k rows: every table of the report computed by Spark (through the
+    ``slipstream`` source) and by DuckDB's SQL (reading the same segments) is the same, row for row
+    (percentiles to a tolerance); every table has rows, so none agrees by being empty."""
+    pytest.importorskip("duckdb", reason="duckdb is not installed: bench.pipeline's DuckDB side needs it")
     sys.path.insert(0, str(ROOT))
     try:
-        from bench.pipeline import make_recording, pyarrow_tables
+        from bench import pipeline_duckdb as duck
+        from bench.pipeline import print_report, run_report_part
     finally:
         sys.path.remove(str(ROOT))
     from slipstream.pipeline.jobs import TABLES
+
+    assert [name for name in TABLES if name not in duck.TABLES] == [], "tables without DuckDB SQL"
+    report = run_report_part([200_000], tmp_path, threshold=5, stop=False, warmup_rows=0)
+    (entry,) = report["sizes"]
+    assert entry["input_rows"]["captured"] == 180_000
+    assert entry["differences"] == {}
+    assert entry["tables_agree"]
+    assert all(entry["table_rows"][name] > 0 for name in TABLES), entry["table_rows"]
+    assert set(entry["duckdb_per_table_s"]) == set(TABLES)
+    per_connection, per_minute = entry["rtt_percentiles"]["per_connection"], entry["rtt_percentiles"]["per_minute"]
+    assert per_connection["groups"] == 160 and per_minute["groups"] == 11  # ten minutes, not from a minute boundary
+    for percentiles in (per_connection, per_minute):
+        assert percentiles["exact_engines_agree"]
+        assert percentiles["spark_approx_max_rel_error"] < 0.1 and percentiles["duckdb_approx_max_rel_error"] < 0.1
+    print_report(report)  # the command's table prints from these keys
+
+
+def test_duckdb_comparison_finds_a_changed_row() -> None:
+    """The comparison the test above relies on is not blind: a changed value, a missing row, another
+    column order, a percentile off by more than the tolerance are each reported."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.pipeline_duckdb import compare
+    finally:
+        sys.path.remove(str(ROOT))
+    table = [{"address": "a", "rejections": 7, "p50": 100.0}, {"address": "b", "rejections": 5, "p50": 10.0}]
+    assert compare(table, [dict(row) for row in table], ("p50",)) == []
+    assert compare(table, [table[0], {**table[1], "rejections": 6}]) == ["row 1 column rejections: 5 against 6"]
+    assert compare(table, table[:1]) == ["2 rows against 1"]
+    assert compare(table, [{"rejections": 7, "address": "a", "p50": 100.0}])[0].startswith("columns differ")
+    assert compare(table, [table[0], {**table[1], "p50": 10.4}], ("p50",)) == []
+    assert compare(table, [table[0], {**table[1], "p50": 12.0}], ("p50",)) == ["row 1 column p50: 10.0 against 12.0"]
+    assert compare(table, [table[0], {**table[1], "p50": 10.4}]) != []  # not a percentile: exact
+
+
+def test_report_benchmark_data(tmp_path: Path) -> None:
+    """The synthetic recording: the kinds and counts the report part's docstring promises."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.pipeline import make_recording
+    finally:
+        sys.path.remove(str(ROOT))
     from slipstream.telemetry import Recording
 
     counts = make_recording(tmp_path, 20_000, segment_rows=5_000)
-    assert counts == {"captured": 18_000, "connection_stats": 1_600, "connection_events": 400}
-    assert len(Recording(tmp_path).segments("captured")) == 4
-    tables = pyarrow_tables(tmp_path, threshold=5)
-    assert set(tables) <= set(TABLES)
-    assert sum(tables["stream_throughput"].column("size_count").to_pylist()) == counts["captured"]
-    assert sum(tables["message_types"].column("size_count").to_pylist()) == counts["captured"]
-    rejected = sum(tables["rejected_handshakes"].column("timestamp_ns_count").to_pylist())
-    assert 0 < rejected < counts["connection_events"]
+    assert counts == {
+        "captured": 18_000,
+        "connection_stats": 1_600,
+        "driver_counters": 20,
+        "loss_report": 2,
+        "error_log": 2,
+        "connection_events": 376,
+    }
+    recording = Recording(tmp_path)
+    assert len(recording.segments("captured")) == 4
+    for kind, count in counts.items():
+        assert sum(segment.rows for segment in recording.segments(kind)) == count, kind
