@@ -10,7 +10,8 @@ very same segment files, with the same queries over the captured messages:
 
 The source is given what a user gives it to read less: the ``columns`` option (the Python data source
 API has no column pruning; Spark's Parquet reader prunes by itself) and ``pushFilters=true`` for the
-filtered query. Each query runs once to warm up, then ``--repeat`` times; the median counts.
+filtered query. Each query runs once to warm up, then ``--repeat`` rounds with the two readers
+interleaved (other work on the machine slows both alike); the median counts.
 
 Ratios are **native seconds / source seconds**: above 1 the source is faster, 1/1.3 = 0.77 is the
 target's bound (the source at most 1.3 times slower). A ``reader`` part times the telemetry reader
@@ -45,15 +46,18 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _timed(run: Callable[[], Any], repeat: int) -> tuple[float, list[float], Any]:
-    answer = run()  # warm-up: Python workers started, files in the page cache
-    times = []
+def _timed(runs: dict[str, Callable[[], Any]], repeat: int) -> dict[str, tuple[float, list[float], Any]]:
+    """Each run once to warm up (Python workers started, files in the page cache), then ``repeat``
+    rounds with the runs interleaved, so a busy machine slows them alike; medians."""
+    answers = {name: run() for name, run in runs.items()}
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeat):
-        started = time.perf_counter()
-        again = run()
-        times.append(time.perf_counter() - started)
-        assert again == answer, (again, answer)
-    return statistics.median(times), times, answer
+        for name, run in runs.items():
+            started = time.perf_counter()
+            again = run()
+            times[name].append(time.perf_counter() - started)
+            assert again == answers[name], (name, again, answers[name])
+    return {name: (statistics.median(times[name]), times[name], answers[name]) for name in runs}
 
 
 def _query(name: str, frame: Any) -> Any:
@@ -86,8 +90,9 @@ def run_queries(spark: Any, root: Path, repeat: int, per_partition: int | None =
         def native(name: str = name) -> Any:
             return _query(name, spark.read.parquet(*paths))
 
-        native_s, native_all, native_answer = _timed(native, repeat)
-        source_s, source_all, source_answer = _timed(source, repeat)
+        timed = _timed({"native": native, "source": source}, repeat)
+        native_s, native_all, native_answer = timed["native"]
+        source_s, source_all, source_answer = timed["source"]
         assert native_answer == source_answer, (name, native_answer, source_answer)
         out[name] = {
             "native_s": native_s,
@@ -117,8 +122,8 @@ def run_reader_part(root: Path, repeat: int) -> dict[str, Any]:
     def pushed() -> int:
         return sum(read_segment(s, columns=columns).num_rows for s in segments)
 
-    whole_s, _, rows = _timed(whole, repeat)
-    pushed_s, _, rows_again = _timed(pushed, repeat)
+    timed = _timed({"whole": whole, "pushed": pushed}, repeat)
+    (whole_s, _, rows), (pushed_s, _, rows_again) = timed["whole"], timed["pushed"]
     assert rows == rows_again
     log(f"  reader: {rows:,} rows, 3 columns: whole file then select {whole_s:.2f} s, columns pushed {pushed_s:.2f} s")
     return {"rows": rows, "columns": columns, "read_table_then_select_s": whole_s, "columns_pushed_s": pushed_s}
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline_source", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[5_000_000, 20_000_000])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--profile", type=int, nargs="*", default=[262_144, 1_048_576, 4_194_304],
+    parser.add_argument("--profile", type=int, nargs="*", default=[262_144, 4_194_304],
                         help="rowsPerPartition values tried on the first size (none: skip)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the benchmark works")
     parser.add_argument("--out", type=Path, default=None)

@@ -71,6 +71,9 @@ DEFAULT_KIND = "captured"
 DEFAULT_ROWS_PER_PARTITION = 1_000_000
 """About four of the recorder's 256 Ki-row row groups: few enough tasks that a Python worker's
 per-task cost stays small, enough of them to keep two cores busy from a few million rows."""
+BATCH_ROWS = 65_536
+"""Rows per Arrow batch handed to Spark: a row group (256 Ki rows, payloads included) would make
+batches of hundreds of MB in the JVM."""
 
 
 class SlipstreamSourceError(ValueError):
@@ -170,7 +173,7 @@ def _read_partition(partition: InputPartition, schema: Any, filters: Sequence[Ro
     columns = schema.names
     for part in partition.slices:
         for table in iter_segment(part.segment, part.start, part.stop, columns=columns, schema=schema, filters=filters):
-            yield from table.to_batches()
+            yield from table.to_batches(max_chunksize=BATCH_ROWS)
 
 
 _PUSHED: dict[type[Filter], str] = {
