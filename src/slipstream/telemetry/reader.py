@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from .errors import RecordError, SchemaVersionError
@@ -50,8 +50,6 @@ RowFilter = tuple[str, str, Any]
 """``(column, op, value)``, op one of ``== < <= > >= in`` (``in``: a tuple of values): a predicate the
 reader applies while reading (row groups whose statistics rule it out are skipped). Plain data, so a
 Spark executor can be handed it."""
-
-_OPS: Final = ("==", "<", "<=", ">", ">=", "in")
 
 
 def _target(metadata: dict[bytes, bytes] | None, kind: str, path: object, schema: Any | None) -> Any:
