@@ -14,7 +14,7 @@ import pytest
 
 from slipstream.pipeline.source import SlipstreamDataSource, SlipstreamSourceError, _StreamReader
 from slipstream.telemetry import BUILTIN_SCHEMAS, Recorder, RecorderConfig, RecordError, Recording, typed_schema
-from slipstream.telemetry.reader import read_segment
+from slipstream.telemetry.reader import Segment, read_segment, segment_ranges
 
 T0 = 1_700_000_000 * 10**9
 EVENTS = ("handshake_accepted", "connected", "disconnected", "handshake_rejected")
@@ -95,6 +95,18 @@ def test_reads_only_the_columns_and_row_groups_asked_for(tmp_path: Path) -> None
     assert _rchar() - before < size // 3
     assert rows.column("position").to_pylist() == [i * 64 for i in range(270_000, 270_100)]
     assert rows.column("payload")[0].as_py() == read_segment(segment, 270_000, 270_001).column("payload")[0].as_py()
+
+
+def test_a_segment_inside_a_compacted_file_reads_from_its_base(tmp_path: Path) -> None:
+    """A compacted file holds several segments: one starting at file row ``base`` reads file rows
+    ``[base + start, base + stop)``, across a row-group boundary (262144), filters included."""
+    _record(tmp_path, "w", "captured", [_captured(0, 300_000)])
+    (whole,) = Recording(tmp_path).segments("captured")
+    inner = Segment(whole.writer, whole.kind, 1, whole.path, rows=1000, base=262_000)
+    assert segment_ranges(inner) == [(0, 144), (144, 1000)]
+    assert read_segment(inner, 100, 300).column("position").to_pylist() == [i * 64 for i in range(262_100, 262_300)]
+    odd = read_segment(inner, filters=[("stream_id", "in", (1001, 1003))], columns=["position"])
+    assert odd.column("position").to_pylist() == [i * 64 for i in range(262_000, 263_000) if i % 8 in (1, 3)]
 
 
 def test_partitions_follow_row_groups_whatever_rows_per_partition(spark: Any, tmp_path: Path) -> None:

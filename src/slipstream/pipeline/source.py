@@ -224,9 +224,10 @@ def _option_int(options: Mapping[str, str], name: str, default: int) -> int:
 class SlipstreamDataSource(DataSource):
     """``format("slipstream")``: see the module docstring for options and guarantees.
 
-    Read options: ``path`` (the recording root, or ``load(DIR)``), ``kind`` (default ``captured``),
-    ``columns`` (comma-separated: read only these),
-    ``rowsPerPartition`` (default 1000000), ``maxRecordsPerTrigger`` (streaming). Write options:
+    Read options: ``path`` (the recording root, or ``load(DIR)``; a local path or ``file://`` URI),
+    ``kind`` (default ``captured``), ``columns`` (comma-separated: read only these),
+    ``rowsPerPartition`` (default 1000000, whole row groups), ``pushFilters`` (``true``: batch reads
+    apply comparisons themselves), ``maxRecordsPerTrigger`` (streaming, shared fairly among writers). Write options:
     ``channel``, ``stream``, ``dir`` (driver directory), ``type`` (the tag value, default ``Row``),
     ``tagField`` (default ``type``), ``connectTimeout`` (seconds, default 10), ``sinkState``.
     """
