@@ -68,8 +68,8 @@ from ..telemetry.reader import RowFilter, iter_segment, segment_ranges
 
 NAME = "slipstream"
 DEFAULT_KIND = "captured"
-DEFAULT_ROWS_PER_PARTITION = 1_000_000
-"""About four of the recorder's 256 Ki-row row groups: few enough tasks that a Python worker's
+DEFAULT_ROWS_PER_PARTITION = 4 * 262_144
+"""Four of the recorder's 256 Ki-row row groups: few enough tasks that a Python worker's
 per-task cost stays small, enough of them to keep two cores busy from a few million rows."""
 BATCH_ROWS = 65_536
 """Rows per Arrow batch handed to Spark: a row group (256 Ki rows, payloads included) would make
@@ -226,7 +226,7 @@ class SlipstreamDataSource(DataSource):
 
     Read options: ``path`` (the recording root, or ``load(DIR)``; a local path or ``file://`` URI),
     ``kind`` (default ``captured``), ``columns`` (comma-separated: read only these),
-    ``rowsPerPartition`` (default 1000000, whole row groups), ``pushFilters`` (``true``: batch reads
+    ``rowsPerPartition`` (default 1048576, whole row groups), ``pushFilters`` (``true``: batch reads
     apply comparisons themselves), ``maxRecordsPerTrigger`` (streaming, shared fairly among writers). Write options:
     ``channel``, ``stream``, ``dir`` (driver directory), ``type`` (the tag value, default ``Row``),
     ``tagField`` (default ``type``), ``connectTimeout`` (seconds, default 10), ``sinkState``.
