@@ -49,6 +49,7 @@ def spark_session(
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.python.filterPushdown.enabled": "true",  # the slipstream source applies filters itself
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.driver.extraJavaOptions": "-Dlog4j2.level=warn",
