@@ -41,6 +41,7 @@ def _events(first: int, n: int) -> pa.Table:
         "connection_id": i,
         "reason": pa.nulls(n, pa.string()),
         "cause": pa.nulls(n, pa.string()),
+        "local": np.full(n, "srv", dtype=object),
     }
     return pa.Table.from_pydict(columns, schema=_schema("connection_events"))
 

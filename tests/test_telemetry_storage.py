@@ -353,8 +353,8 @@ def test_compaction_merges_small_segments_and_a_running_stream_keeps_its_offsets
     following = record_segments(tmp_path, "b", [2, 2, 2], first=following)
     reader = _stream_reader(tmp_path)
     start = reader.initialOffset()
-    middle = reader.latestOffset(start, ReadMaxRows(5))  # stands inside writer a's segment 1: [1, 2]
-    assert middle["writers"] == {"a": [1, 2]}
+    middle = reader.latestOffset(start, ReadMaxRows(9))  # shared fairly: a stands inside its segment 1
+    assert middle["writers"] == {"a": [1, 2], "b": [2, 0]}
     delivered = _read_batch(reader, start, middle)
     before = [(s.writer, s.seq, s.rows) for s in Recording(tmp_path).segments(KIND)]
 
