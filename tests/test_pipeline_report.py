@@ -186,7 +186,7 @@ def test_the_report_opens_the_recording_read_only_and_leaves_dead_journals_unrea
     record_known(root)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     subprocess.run([sys.executable, "-c", DEAD_WRITER, str(root)], check=True, env=env, timeout=60)
-    assert list((root / "dead").rglob("*.arrows")), _tree(root)  # a journal, unfinalized
+    assert list((root / "_journals" / "dead").rglob("*.arrows")), _tree(root)  # a journal, unfinalized
     before = _tree(root)
     result = build_tables(spark, root, tmp_path / "out", ReportOptions(abuse_threshold=1))
     assert _tree(root) == before  # no lock file, no finalized journal: nothing written
