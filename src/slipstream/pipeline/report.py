@@ -123,7 +123,7 @@ def plot_server_rtt(rows: Sequence[dict[str, Any]], path: Path, window_s: int) -
                     ax.plot([x for x, _ in points], [v for _, v in points], style, marker="o", label=label)
             for x, r in zip(xs, mine, strict=True):
                 ax.annotate(f"n={r['rtt_samples']}", (x, r["rtt_p50_ns"] / 1000), textcoords="offset points",
-                            xytext=(0, 7), ha="center", fontsize="x-small", color="#555")  # above: clear of the axis; fmt: skip
+                            xytext=(0, 7), ha="center", fontsize="x-small", color="#555")  # fmt: skip
         _time_axis(ax, [r["window_start_ns"] for r in measured], window_s)
         ax.set_ylabel("RTT (µs)")
         ax.legend(fontsize="x-small")
