@@ -50,16 +50,21 @@ def log(message: str) -> None:
 
 
 def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 1_000_000) -> dict[str, int]:
-    """Write ``rows`` synthetic rows as finalized segments: 90 % captured messages on 8 streams (10 typed
-    kinds of message, empty payloads: the report reads sizes, not bytes), 8 % connection stats (100 per
-    connection), 2 % connection events (a third of them refused handshakes from 250 hosts, each time
-    from a new port), of which 0.1 % driver counter samples and 0.01 % each loss-report and error-log
-    samples (so every table of the report has rows)."""
+    """Write ``rows`` synthetic rows as finalized segments in the partitioned layout
+    (``ROOT/<kind>/date=.../hour=.../host=<name>/<writer>.<seq>.parquet``, as recorders write them):
+    90 % captured messages on 8 streams (10 typed kinds of message, empty payloads: the report reads
+    sizes, not bytes), 8 % connection stats (100 per connection), 2 % connection events (a third of them
+    refused handshakes from 250 hosts, each time from a new port), of which 0.1 % driver counter samples
+    and 0.01 % each loss-report and error-log samples (so every table of the report has rows). Ten
+    minutes of traffic on four servers (``local`` ``srv-0`` .. ``srv-3``): each server's connection
+    events and stats are in its own ``host=`` partition, written by its own recorder; captured messages
+    and the driver's kinds by a fifth host, ``bench-capture``."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from slipstream.telemetry import BUILTIN_SCHEMAS
-    from slipstream.telemetry.segments import arrow_schema, write_segment
+    from slipstream.telemetry.segments import META_HOST, META_HOUR, arrow_schema, hour_of, partition_dir, write_segment
 
     rng = np.random.default_rng(seed)
     counts = {"captured": rows * 90 // 100, "connection_stats": rows * 8 // 100}
@@ -68,15 +73,26 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
     counts["connection_events"] = rows - sum(counts.values())
     start_ns = 1_700_000_000 * 10**9
     span_ns = 600 * 10**9  # ten minutes of traffic
+    hour = hour_of(start_ns / 1e9)  # the ten minutes fall in one UTC hour: one date= and hour= partition
+    assert hour == hour_of((start_ns + span_ns) / 1e9)
+    next_seq: dict[tuple[str, str], int] = {}
 
-    def write(kind: str, n: int, build: Any) -> None:
-        schema = arrow_schema(BUILTIN_SCHEMAS[kind], "bench")
-        kind_dir = root / "bench" / kind
-        kind_dir.mkdir(parents=True, exist_ok=True)
-        for seq, first in enumerate(range(0, n, segment_rows)):
+    def write(kind: str, n: int, build: Any, *, per_server: bool = False) -> None:
+        for first in range(0, n, segment_rows):
             size = min(segment_rows, n - first)
             columns = build(first, size)
-            write_segment(pa.Table.from_pydict(columns, schema=schema), kind_dir, seq, fsync=False)
+            base = arrow_schema(BUILTIN_SCHEMAS[kind])
+            table = pa.Table.from_pydict(columns, schema=base)
+            hosts = sorted(set(table["local"].to_pylist())) if per_server else ["bench-capture"]
+            for name in hosts:
+                part = table.filter(pc.equal(table["local"], name)) if per_server else table
+                writer = f"rec-{name}-1"
+                seq = next_seq.get((writer, kind), 0)
+                next_seq[writer, kind] = seq + 1
+                schema = arrow_schema(BUILTIN_SCHEMAS[kind], writer)
+                schema = schema.with_metadata({**schema.metadata, META_HOUR: hour.encode(), META_HOST: name.encode()})
+                directory = partition_dir(root, kind, hour, name)
+                write_segment(part.cast(schema), directory, seq, fsync=False, writer=writer)
 
     types = np.array([f"Type{i}" for i in range(10)], dtype=object)
 
@@ -102,7 +118,7 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
             "timestamp_ns": start_ns + tick * (span_ns // counts["connection_stats"]),  # over the ten minutes
             "connection_id": conn,
             "address": np.char.add("10.1.0.", (conn % 250).astype(str)).astype(object),
-            "tag": np.full(n, "client", dtype=object),
+            "tag": np.char.add("app-", (conn % 5).astype(str)).astype(object),  # top talkers by tag
             "messages_sent": tick,
             "messages_received": tick,
             "bytes_sent": tick * 32,
@@ -187,8 +203,8 @@ def make_recording(root: Path, rows: int, *, seed: int = 7, segment_rows: int = 
         }
 
     write("captured", counts["captured"], captured)
-    write("connection_stats", counts["connection_stats"], stats)
-    write("connection_events", counts["connection_events"], events)
+    write("connection_stats", counts["connection_stats"], stats, per_server=True)
+    write("connection_events", counts["connection_events"], events, per_server=True)
     write("driver_counters", counts["driver_counters"], counters)
     write("loss_report", counts["loss_report"], loss)
     write("error_log", counts["error_log"], errors)
@@ -221,7 +237,7 @@ def _spark_rtt_percentiles(spark: Any, root: Path, out: Path, key: str, exact: b
 
 
 def _duckdb_rtt_percentiles(root: Path, out: Path, key: str, percentiles: str) -> float:
-    """The same through DuckDB (``quantile_cont`` or ``approx_quantile``)."""
+    """The same through DuckDB (``interpolated``: ``quantile_cont``, or ``approx``: ``approx_quantile``)."""
     from bench import pipeline_duckdb as duck
 
     con = duck.connect(root, percentiles=percentiles)
@@ -249,7 +265,7 @@ def percentile_costs(spark: Any, root: Path, scratch: Path) -> dict[str, Any]:
                 if engine == "spark":
                     seconds = _spark_rtt_percentiles(spark, root, out, key, exact=mode == "exact")
                 else:
-                    seconds = _duckdb_rtt_percentiles(root, out, key, mode)
+                    seconds = _duckdb_rtt_percentiles(root, out, key, "interpolated" if mode == "exact" else mode)
                 entry[f"{engine}_{mode}_s"] = seconds
                 tables[f"{engine}_{mode}"] = duck.rows(out)
                 log(f"  RTT percentiles {grouping}, {engine} {mode}: {seconds:.2f} s")
@@ -340,7 +356,11 @@ def run_report_part(
             started = time.monotonic()
             duck_tables.append(
                 duck.build_tables(
-                    root, scratch / f"duckdb-{rows}", abuse_threshold=options.abuse_threshold, bucket_s=options.bucket_s
+                    root,
+                    scratch / f"duckdb-{rows}",
+                    abuse_threshold=options.abuse_threshold,
+                    window_s=options.window_s,
+                    top=options.top,
                 )
             )
             duck_runs.append(time.monotonic() - started)

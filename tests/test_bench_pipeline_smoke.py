@@ -76,9 +76,10 @@ def test_duckdb_comparison_finds_a_changed_row() -> None:
     assert compare(table, [table[0], {**table[1], "rejections": 6}]) == ["row 1 column rejections: 5 against 6"]
     assert compare(table, table[:1]) == ["2 rows against 1"]
     assert compare(table, [{"rejections": 7, "address": "a", "p50": 100.0}])[0].startswith("columns differ")
-    assert compare(table, [table[0], {**table[1], "p50": 10.4}], ("p50",)) == []
-    assert compare(table, [table[0], {**table[1], "p50": 12.0}], ("p50",)) == ["row 1 column p50: 10.0 against 12.0"]
-    assert compare(table, [table[0], {**table[1], "p50": 10.4}]) != []  # not a percentile: exact
+    assert compare(table, [table[0], {**table[1], "p50": 10.005}], ("p50",)) == []  # within PERCENTILE_REL
+    assert compare(table, [table[0], {**table[1], "p50": 10.1}], ("p50",)) == ["row 1 column p50: 10.0 against 10.1"]
+    assert compare(table, [table[0], {**table[1], "p50": 10.005}]) != []  # not a percentile: exact
+    assert compare(table, [table[0], {**table[1], "p50": None}], ("p50",)) != []  # "n too small" is not a value
 
 
 def test_report_benchmark_data(tmp_path: Path) -> None:
@@ -88,6 +89,8 @@ def test_report_benchmark_data(tmp_path: Path) -> None:
         from bench.pipeline import make_recording
     finally:
         sys.path.remove(str(ROOT))
+    import pyarrow.parquet as pq
+
     from slipstream.telemetry import Recording
 
     counts = make_recording(tmp_path, 20_000, segment_rows=5_000)
@@ -103,3 +106,14 @@ def test_report_benchmark_data(tmp_path: Path) -> None:
     assert len(recording.segments("captured")) == 4
     for kind, count in counts.items():
         assert sum(segment.rows for segment in recording.segments(kind)) == count, kind
+    # the partitioned layout, each server's events and stats in its own host= partition, by its own recorder
+    servers = {f"srv-{i}" for i in range(4)}
+    for kind in counts:
+        partitions = {path.parent.relative_to(tmp_path / kind) for path in (tmp_path / kind).rglob("*.parquet")}
+        hosts = servers if kind.startswith("connection_") else {"bench-capture"}
+        assert partitions == {Path("date=2023-11-14", "hour=22", f"host={host}") for host in hosts}, kind
+    events = pq.read_table(tmp_path / "connection_events" / "date=2023-11-14" / "hour=22" / "host=srv-1")
+    assert set(events["local"].to_pylist()) == {"srv-1"}
+    assert {path.name for path in (tmp_path / "captured").rglob("*.parquet")} == {
+        f"rec-bench-capture-1.{seq:08d}.parquet" for seq in range(4)
+    }
