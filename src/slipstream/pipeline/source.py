@@ -55,7 +55,7 @@ from pyspark.sql.types import (
 )
 
 from ..telemetry import RecordError, Recording, Segment
-from ..telemetry.reader import RowFilter, iter_segment, segment_ranges
+from ..telemetry.reader import RowFilter, iter_segment, segment_ranges, spans
 
 NAME = "slipstream"
 DEFAULT_KIND = "captured"
@@ -142,7 +142,7 @@ def _partitions(
     partitions: list[SlicePartition] = []
     current: list[SegmentSlice] = []
     rows = 0
-    for segment, first, stop in segments:
+    for segment, first, stop in spans(segments):  # a compacted file's segments: one footer read, one cut
         for low, high in segment_ranges(segment, first, stop, filters):
             if current and rows + (high - low) > per_partition:
                 partitions.append(SlicePartition(tuple(current)))

@@ -228,8 +228,9 @@ class Recording:
             missing = [name for name in columns if name not in schema.names]
             if missing:
                 raise RecordError(f"kind {kind!r} has no column {missing} (columns: {schema.names})")
-            schema = pa.schema([schema.field(name) for name in columns])
-        tables = [read_segment(span, schema=schema) for span in spans(self.segments(kind))]
+            schema = _select(schema, columns)
+        whole = [(segment, 0, segment.rows) for segment in self.segments(kind)]
+        tables = [read_segment(span, first, stop, schema=schema) for span, first, stop in spans(whole)]
         tables += [_conform(table, kind, path, schema) for path, table in open_tables]
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
@@ -238,21 +239,24 @@ class Recording:
         cls = RECORD_TYPE_BY_KIND.get(kind)
         if cls is None:
             raise RecordError(f"kind {kind!r} has no record type (typed kinds are read as tables)")
-        for span in spans(self.segments(kind)):
-            for row in read_segment(span).to_pylist():
+        for span, first, stop in spans([(segment, 0, segment.rows) for segment in self.segments(kind)]):
+            for row in read_segment(span, first, stop).to_pylist():
                 yield cls(**row)
 
 
-def spans(segments: Sequence[Segment]) -> list[Segment]:
-    """Consecutive segments that lie one after the other in the same file (a compacted one) joined into
-    one (its first seq, their rows): a file is read once, not once per segment it holds."""
-    joined: list[Segment] = []
-    for segment in segments:
-        last = joined[-1] if joined else None
-        if last is not None and last.path == segment.path and last.base + last.rows == segment.base:
-            joined[-1] = replace(last, rows=last.rows + segment.rows)
-        else:
-            joined.append(segment)
+def spans(ranges: Sequence[tuple[Segment, int, int]]) -> list[tuple[Segment, int, int]]:
+    """``(segment, first, stop)`` row ranges that continue one another inside one file (a compacted one's
+    segments) joined into one range of a segment grown over them: the file's footer is read, and its row
+    groups cut, once per run instead of once per segment it holds."""
+    joined: list[tuple[Segment, int, int]] = []
+    for segment, first, stop in ranges:
+        if joined:
+            last, last_first, last_stop = joined[-1]
+            if last.path == segment.path and last.base + last_stop == segment.base + first:
+                grown = replace(last, rows=segment.base + segment.rows - last.base)
+                joined[-1] = (grown, last_first, segment.base + stop - last.base)
+                continue
+        joined.append((segment, first, stop))
     return joined
 
 
