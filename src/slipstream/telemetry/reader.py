@@ -9,8 +9,10 @@ segment lacks come back null); a segment from a newer version is refused with
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator, Sequence
+import operator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -129,7 +131,8 @@ class Recording:
         self.root = local_root(root)
         self.unreadable: list[str] = []
         """Segment files that could not be read (damaged on disk, not written by a recorder); skipped."""
-        self._rows: dict[Path, int] = {}
+        self._footers: dict[Path, list[tuple[int, int]]] = {}
+        """The ``(seq, rows)`` each segment file holds, by path (finalized files never change)."""
         self._schemas: dict[str, Any] = {}
         """Typed segments' schemas by path (finalized files never change)."""
 
@@ -154,7 +157,7 @@ class Recording:
         """
         import pyarrow as pa
 
-        cache: dict[Path, list[tuple[int, int]]] = self.__dict__.setdefault("_footers", {})
+        cache = self._footers
         files = [f for f in segment_files(self.root, kind) if writers is None or f.writer in writers]
         while True:
             live, _ = resolve(files)
@@ -303,21 +306,22 @@ def _may_match(row_group: Any, filters: Sequence[RowFilter], columns: dict[str, 
     return True
 
 
+_COMPARE: dict[str, Callable[[Any, Any], Any]] = {
+    "==": operator.eq,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
 def _expression(filters: Sequence[RowFilter]) -> Any:
+    """The filters as one pyarrow compute expression (their conjunction)."""
     import pyarrow.compute as pc
 
-    result = None
-    for name, op, value in filters:
-        field = pc.field(name)
-        term = (
-            field.isin(list(value))
-            if op == "in"
-            else {"==": field == value, "<": field < value, "<=": field <= value, ">": field > value}.get(op)
-        )
-        if term is None:
-            term = field >= value
-        result = term if result is None else result & term
-    return result
+    terms = [pc.field(name).isin(list(value)) if op == "in" else _COMPARE[op](pc.field(name), value)
+             for name, op, value in filters]  # fmt: skip
+    return functools.reduce(operator.and_, terms)
 
 
 def segment_ranges(
