@@ -35,6 +35,7 @@ import msgspec
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
 from ..files.directory import default_directory
+from ..telemetry.segments import atomic_file
 from ..telemetry.sinkfeed import (
     BATCH_FIELD,
     COUNT_FIELD,
@@ -271,33 +272,29 @@ def _status(options: _SinkOptions, query_id: str, batch_id: int, records: int, n
     path = options.retained.with_suffix(".status")
     line = {"query": query_id, "batch": batch_id, "records": records, "note": note, "time_ns": time.time_ns()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(line) + "\n")
-    tmp.replace(path)
+    with atomic_file(path, fsync=False) as sink:
+        sink.write((json.dumps(line) + "\n").encode())
 
 
-def read_status(options: Mapping[str, str]) -> dict[str, Any] | None:
-    """The last commit's status for a sink's options (``dir``, ``channel``, ``stream``), or None."""
+def _read_status(options: _SinkOptions) -> dict[str, Any] | None:
     try:
-        status: dict[str, Any] = json.loads(_SinkOptions.parse(options).retained.with_suffix(".status").read_text())
+        status: dict[str, Any] = json.loads(options.retained.with_suffix(".status").read_text())
     except (OSError, ValueError):
         return None
     return status
 
 
+def read_status(options: Mapping[str, str]) -> dict[str, Any] | None:
+    """The last commit's status for a sink's options (``dir``, ``channel``, ``stream``), or None."""
+    return _read_status(_SinkOptions.parse(options))
+
+
 def _published_before(options: _SinkOptions, query_id: str, batch_id: int) -> bool:
     if options.state_path is None:
-        status = read_status({"dir": options.directory or "", "channel": options.channel,
-                              "stream": str(options.stream_id)})  # fmt: skip
-        return (
-            status is not None
-            and status["note"] == "published"
-            and (status["query"], status["batch"])
-            == (
-                query_id,
-                batch_id,
-            )
-        )
+        status = _read_status(options)
+        if status is None or status["note"] != "published":
+            return False
+        return bool((status["query"], status["batch"]) == (query_id, batch_id))
     try:
         text = Path(options.state_path).read_text().split()
     except FileNotFoundError:
@@ -312,9 +309,8 @@ def _remember_published(options: _SinkOptions, query_id: str, batch_id: int) -> 
         return
     path = Path(options.state_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{query_id} {batch_id}\n")
-    tmp.replace(path)
+    with atomic_file(path, fsync=False) as sink:
+        sink.write(f"{query_id} {batch_id}\n".encode())
 
 
 def commit_batch(payloads: Sequence[bytes], options: _SinkOptions, query_id: str, batch_id: int) -> None:

@@ -477,7 +477,7 @@ def atomic_file(final: Path, *, fsync: bool = True) -> Iterator[BinaryIO]:
     """A file that appears at ``final`` whole or not at all: written under a hidden temporary name (never
     listed; Spark and DuckDB skip it), fsynced, renamed, the directory fsynced. An exception in the
     block removes the temporary file instead."""
-    tmp = final.parent / f".{final.name}.tmp"
+    tmp = final.parent / f".{final.name}.{os.getpid()}.tmp"  # two processes never share a temporary
     try:
         with open(tmp, "wb") as sink:
             yield sink

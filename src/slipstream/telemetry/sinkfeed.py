@@ -18,13 +18,13 @@ layer) can use it without importing the pipeline.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
 from ..client import Context, FragmentAssembler, Header, Subscription
+from .segments import atomic_file
 
 QUERY_FIELD = "_query"
 BATCH_FIELD = "_batch"
@@ -80,9 +80,8 @@ def read_retained(path: Path) -> Retained | None:
 def write_retained(path: Path, retained: Retained) -> None:
     """Replace the retained batch atomically: a reader sees the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(msgspec.msgpack.encode(retained))
-    os.replace(tmp, path)
+    with atomic_file(path, fsync=False) as sink:  # in the driver directory: shared memory, nothing to sync
+        sink.write(msgspec.msgpack.encode(retained))
 
 
 class Dedup:
