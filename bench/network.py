@@ -2,9 +2,14 @@
 string), one client to one server, throughput and round trip over UDP loopback and IPC, against
 pyzmq with CURVE and msgspec over ``tcp://`` and ``ipc://``; handshakes per second; idle CPU; the
 one-way latency of a message to a parked receiver (one every 30 ms, from ``send`` to the listener).
+The same throughput and round trip through the blocking API (``slipstream.network.sync``, busy-polling
+on both sides) beside the asyncio one; and, in the same run, the transport's own 32-byte round trip
+(publications and subscriptions, no application layer, measured by ``bench.ipc.run_latency`` as
+``python -m bench`` does), so the application layer's own cost is a printed figure.
 
     python -m bench.network [--quick] [--json PATH]
 
+Every ratio, printed and stored (the JSON's ``ratios``), is > 1 where slipstream is better.
 Every peer runs in its own "spawn" process (``bench.Children``); every wait has a timeout.
 """
 
@@ -20,14 +25,18 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from . import Children, expect
+from . import BenchError, Children, expect, ipc, report, scratch_dir, udp
+from .report import Comparison
+
+if TYPE_CHECKING:
+    from slipstream.network import ClientConfig, ServerConfig
 
 
 class Quote(msgspec.Struct):
@@ -60,6 +69,13 @@ class Params:
 
 PARKED_PROBE = -2
 """Quote id of the messages sent to a parked receiver (the server records their one-way latency)."""
+WARMUP = 200
+"""Round trips run before the kept samples, by every contender."""
+TRANSPORT_SIZE = 32
+"""Bytes of the transport's own round trip: the size ``python -m bench`` measures (an encrypted Quote
+record is a few dozen bytes)."""
+IPC_OVERHEAD_TARGET_US = 25.0
+"""Issue 32: the application layer's own cost on an IPC round trip, p50, on the 2-core machine."""
 
 
 def _dir() -> str:
@@ -92,23 +108,53 @@ async def expect_async(pipe: Pipe, kind: str, timeout_s: float) -> Any:
 # -- slipstream ---------------------------------------------------------------------------------------
 
 
+def _server_config(p: Params) -> ServerConfig:
+    """The server's config, one for the asyncio and the blocking runs."""
+    from slipstream.network import ServerConfig
+
+    return ServerConfig(
+        app_id="bench",
+        messages=[Quote],
+        settings_store=":memory:",
+        driver_directory=p.directory,
+        driver=p.driver,
+        enable_ipc=p.transport == "ipc",
+        enable_ipv6=False,
+        term_length=4 << 20,
+        ipc_term_length=8 << 20,
+        max_clients=256,
+    )
+
+
+def _client_config(p: Params) -> ClientConfig:
+    """The client's config, one for the asyncio and the blocking runs."""
+    from slipstream.network import ClientConfig
+
+    return ClientConfig(
+        app_id="bench",
+        messages=[Quote],
+        settings_store=":memory:",
+        # over UDP each side has its own driver, as on two hosts; over IPC the client uses the server's
+        driver_directory=p.directory + "-client" if p.transport == "udp" else p.directory,
+        driver=p.driver if p.transport == "udp" else "external",
+        enable_ipc=p.transport == "ipc",
+        enable_ipv6=False,
+        term_length=4 << 20,
+        ipc_term_length=8 << 20,
+    )
+
+
+def _rtt_figures(rtts: list[float]) -> dict[str, float]:
+    """p50 and p99 (nearest rank) of round trips in seconds, in microseconds: every contender's summary."""
+    rtts.sort()
+    return {"rtt_p50_us": report.percentile(rtts, 50) * 1e6, "rtt_p99_us": report.percentile(rtts, 99) * 1e6}
+
+
 def slip_server(pipe: Pipe, p: Params) -> None:
-    from slipstream.network import Connection, Server, ServerConfig
+    from slipstream.network import Connection, Server
 
     async def main() -> None:
-        config = ServerConfig(
-            app_id="bench",
-            messages=[Quote],
-            settings_store=":memory:",
-            driver_directory=p.directory,
-            driver=p.driver,
-            enable_ipc=p.transport == "ipc",
-            enable_ipv6=False,
-            term_length=4 << 20,
-            ipc_term_length=8 << 20,
-            max_clients=256,
-        )
-        async with Server(config) as server:
+        async with Server(_server_config(p)) as server:
             received = 0
             parked: list[float] = []
 
@@ -141,21 +187,10 @@ def slip_server(pipe: Pipe, p: Params) -> None:
 
 
 def slip_client(pipe: Pipe, p: Params) -> None:
-    from slipstream.network import Client, ClientConfig
+    from slipstream.network import Client
 
     async def main() -> None:
-        config = ClientConfig(
-            app_id="bench",
-            messages=[Quote],
-            settings_store=":memory:",
-            # over UDP each side has its own driver, as on two hosts; over IPC the client uses the server's
-            driver_directory=p.directory + "-client" if p.transport == "udp" else p.directory,
-            driver=p.driver if p.transport == "udp" else "external",
-            enable_ipc=p.transport == "ipc",
-            enable_ipv6=False,
-            term_length=4 << 20,
-            ipc_term_length=8 << 20,
-        )
+        config = _client_config(p)
         results: dict[str, Any] = {}
         # handshakes per second: sequential connect + close
         start = time.perf_counter()
@@ -191,7 +226,7 @@ def slip_client(pipe: Pipe, p: Params) -> None:
             # round trip: send, the server's listener echoes, our listener sees it
             rtts = []
             probe = Quote(-1, 0.5, "ACME")
-            for i in range(p.samples + 200):
+            for i in range(p.samples + WARMUP):
                 sent = time.perf_counter()
                 await connection.send(probe)
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the wait in a task of its
@@ -199,13 +234,11 @@ def slip_client(pipe: Pipe, p: Params) -> None:
                 # client does not pay either.
                 async with asyncio.timeout(5):
                     got = await echoes.get()
-                if i >= 200:
+                if i >= WARMUP:
                     rtts.append(got - sent)
                 if i % 50 == 0:
                     await asyncio.sleep(0.0005)  # a few round trips land on a parked receiver
-            rtts.sort()
-            results["rtt_p50_us"] = rtts[len(rtts) // 2] * 1e6
-            results["rtt_p99_us"] = rtts[int(len(rtts) * 0.99)] * 1e6
+            results.update(_rtt_figures(rtts))
             # one way to a parked receiver: a message every 30 ms, so both sides are deep in their idle
             # pauses when it is sent (perf_counter is one clock for every process of the host)
             for _ in range(p.parked):
@@ -225,18 +258,21 @@ def slip_client(pipe: Pipe, p: Params) -> None:
     asyncio.run(main())
 
 
-def run_slipstream(transport: str, quick: bool) -> dict[str, Any]:
-    directory = _dir()
-    port = 47000 + os.getpid() % 1000
-    params = Params(
+def _params(transport: str, quick: bool) -> Params:
+    return Params(
         transport,
-        port,
-        directory,
+        47000 + os.getpid() % 1000,
+        _dir(),
         count=50_000 if quick else 200_000,
         samples=1000 if quick else 5000,
         handshakes=10 if quick else 30,
         parked=50 if quick else 150,
     )
+
+
+def run_slipstream(transport: str, quick: bool) -> dict[str, Any]:
+    params = _params(transport, quick)
+    directory = params.directory
     try:
         with Children() as children:
             server = children.start("net-server", slip_server, params)
@@ -263,6 +299,126 @@ def run_slipstream(transport: str, quick: bool) -> dict[str, Any]:
     result["parked_one_way_p50_us"] = parked[len(parked) // 2] * 1e6
     result["parked_one_way_p99_us"] = parked[min(len(parked) - 1, int(len(parked) * 0.99))] * 1e6
     return result
+
+
+# -- slipstream, blocking API -----------------------------------------------------------------------
+
+
+def blocking_api_missing() -> str | None:
+    """Why the blocking API cannot be measured here (``slipstream.network.sync`` does not import), or None."""
+    try:
+        import slipstream.network.sync  # noqa: F401
+    except ImportError as exc:
+        return f"blocking API not available ({exc})"
+    return None
+
+
+def slip_server_sync(pipe: Pipe, p: Params) -> None:
+    """``slip_server`` through the blocking API: the listener echoes on the server's busy-polling thread."""
+    from slipstream.network.sync import Server
+
+    with Server(_server_config(p), busy_poll=True) as server:
+
+        @server.on_message(Quote)
+        def on_quote(connection: Any, quote: Quote) -> None:
+            if quote.id < 0:  # round-trip probe: echo it
+                connection.send_nowait(quote)
+
+        if p.transport == "ipc":
+            server.bind_ipc()
+        else:
+            server.bind(p.port)
+        pipe.send(("ready", None))
+        expect(pipe, "stop", 600, "blocking server")
+
+
+def slip_client_sync(pipe: Pipe, p: Params) -> None:
+    """``slip_client``'s throughput and round trip through the blocking API (no listener: the echo is
+    taken with ``receive``); busy-polling, so no idle CPU or parked figures."""
+    from slipstream.network.sync import Client
+
+    client = Client(_client_config(p), busy_poll=True)
+    try:
+        if p.transport == "ipc":
+            connection = client.connect_ipc(timeout=20)
+        else:
+            connection = client.connect("127.0.0.1", p.port, timeout=20)
+        results: dict[str, Any] = {}
+        messages = [_quote(i) for i in range(1000)]
+        connection.send_sync(_quote(0), timeout=10)
+        start = time.perf_counter()
+        for i in range(p.count):
+            message = messages[i % 1000]
+            if not connection.send_nowait(message):
+                connection.send(message)
+        connection.send_sync(_quote(0), timeout=60)
+        results["throughput_msgs_per_s"] = p.count / (time.perf_counter() - start)
+        rtts = []
+        probe = Quote(-1, 0.5, "ACME")
+        for i in range(p.samples + WARMUP):
+            sent = time.perf_counter()
+            connection.send(probe)
+            echo = connection.receive(timeout=5)
+            got = time.perf_counter()
+            if not isinstance(echo, Quote) or echo.id != probe.id:
+                raise BenchError(f"blocking round trip: expected the probe back, got {echo!r}")
+            if i >= WARMUP:
+                rtts.append(got - sent)
+            if i % 50 == 0:
+                time.sleep(0.0005)  # as the asyncio client does
+        results.update(_rtt_figures(rtts))
+        pipe.send(("result", results))
+        expect(pipe, "close", 30, "blocking client")
+    finally:
+        client.close()
+
+
+def run_slipstream_sync(transport: str, quick: bool) -> dict[str, Any]:
+    params = _params(transport, quick)
+    try:
+        with Children() as children:
+            server = children.start("net-server-sync", slip_server_sync, params)
+            server.expect("ready", 30)
+            client = children.start("net-client-sync", slip_client_sync, params)
+            result: dict[str, Any] = client.expect("result", 300)
+            client.send("close")  # the client first: over IPC it uses the server's driver
+            client.finish()
+            server.send("stop")
+            server.finish()
+    finally:
+        shutil.rmtree(params.directory, ignore_errors=True)
+        shutil.rmtree(params.directory + "-client", ignore_errors=True)
+    return result
+
+
+# -- the transport alone ------------------------------------------------------------------------------
+
+
+def run_transport(transport: str, quick: bool) -> dict[str, Any]:
+    """The transport's own round trip (publication, subscription, no application layer), as ``python -m
+    bench`` measures it with busy-spinning ping and pong processes: over IPC through a standalone driver
+    (the data path does not touch it), over UDP with an invoker-mode driver in each process, as the
+    network benchmarks' processes run theirs."""
+    samples = 1000 if quick else 5000
+    time_limit_s = 60.0
+    with scratch_dir("slipstream-bench-net-transport-", "/dev/shm") as shm:
+        if transport == "ipc":
+            with ipc.standalone_driver(shm / "driver") as driver_pid:
+                run = ipc.run_latency(
+                    shm / "driver", 1000, TRANSPORT_SIZE, WARMUP, samples, time_limit_s, driver_pid=driver_pid
+                )
+            mode = "aeron:ipc, busy-spin ping and pong, standalone driver"
+        else:
+            run = ipc.run_latency(
+                shm / "udp", 2000, TRANSPORT_SIZE, WARMUP, samples, time_limit_s, invoker=True,
+                ping_channel=udp.udp_channel(), pong_channel=udp.udp_channel(),
+            )  # fmt: skip
+            mode = "aeron:udp 127.0.0.1, busy-spin ping and pong invoking their own drivers"
+    summary = report.latency_summary(run["rtt_ns"])
+    return {
+        "mode": mode, "size_bytes": TRANSPORT_SIZE, "samples": summary["count"], "timed_out": run["timed_out"],
+        "rtt_p50_us": summary["p50_us"], "rtt_p99_us": summary["p99_us"],
+    }  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,23 +615,13 @@ def zmq_client(pipe: Pipe, args: tuple[str, bytes, int, int]) -> None:
     elapsed = time.perf_counter() - start
     rtts = []
     probe = Quote(-1, 0.5, "ACME")
-    for i in range(samples + 200):
+    for i in range(samples + WARMUP):
         sent = time.perf_counter()
         sock.send(encoder.encode(probe))
         decoder.decode(sock.recv())
-        if i >= 200:
+        if i >= WARMUP:
             rtts.append(time.perf_counter() - sent)
-    rtts.sort()
-    pipe.send(
-        (
-            "result",
-            {
-                "throughput_msgs_per_s": count / elapsed,
-                "rtt_p50_us": rtts[len(rtts) // 2] * 1e6,
-                "rtt_p99_us": rtts[int(len(rtts) * 0.99)] * 1e6,
-            },
-        )
-    )
+    pipe.send(("result", {"throughput_msgs_per_s": count / elapsed, **_rtt_figures(rtts)}))
     sock.close()
     ctx.term()
 
@@ -502,15 +648,88 @@ def run_zmq(kind: str, quick: bool) -> dict[str, Any]:
     return dict(result)
 
 
+PEERS = {"udp": ("tcp", "pyzmq CURVE tcp"), "ipc": ("ipc", "pyzmq CURVE ipc")}
+"""The pyzmq CURVE run each slipstream transport is held against: its results key and its name."""
+APIS = {"asyncio": "slipstream-{}", "blocking": "slipstream-blocking-{}"}
+"""The results key of each API's run, by transport."""
+
+
+def comparisons(results: dict[str, Any]) -> list[Comparison]:
+    """Every slipstream-against-pyzmq figure of the run, asyncio and (if measured) blocking."""
+    rows = []
+    for api, key in APIS.items():
+        for transport, (kind, peer) in PEERS.items():
+            ours, theirs = results.get(key.format(transport)), results[f"zmq-curve-{kind}"]
+            if ours is None:
+                continue
+            where, versus = f"{transport.upper()} {api}", f"vs_pyzmq_curve_{kind}"
+            rows += [
+                Comparison(
+                    f"{transport}.{api}.throughput_{versus}", f"{where}: encrypted typed throughput", "throughput",
+                    "msg/s", ours["throughput_msgs_per_s"], peer, theirs["throughput_msgs_per_s"],
+                ),
+                *(
+                    Comparison(
+                        f"{transport}.{api}.rtt_{pct}_{versus}", f"{where}: encrypted typed round trip {pct}",
+                        "latency", "us", ours[f"rtt_{pct}_us"], peer, theirs[f"rtt_{pct}_us"],
+                    )
+                    for pct in ("p50", "p99")
+                ),
+            ]  # fmt: skip
+    return rows
+
+
+def app_overhead(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What the application layer adds to the transport's own round trip (p50, same run), per transport
+    and API: the difference in microseconds and the ratio of the two round trips."""
+    overhead = {}
+    for api, key in APIS.items():
+        for transport in PEERS:
+            ours = results.get(key.format(transport))
+            if ours is None:
+                continue
+            app, alone = ours["rtt_p50_us"], results[f"transport-{transport}"]["rtt_p50_us"]
+            overhead[f"{transport}.{api}"] = {
+                "app_rtt_p50_us": app, "transport_rtt_p50_us": alone, "overhead_us": app - alone,
+                "app_over_transport": app / alone if alone > 0 else float("nan"),
+                **({"target_us": IPC_OVERHEAD_TARGET_US, "met": app - alone <= IPC_OVERHEAD_TARGET_US}
+                   if transport == "ipc" else {}),
+            }  # fmt: skip
+    return overhead
+
+
+def overhead_table(overhead: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "application layer's own round-trip cost (encrypted typed round trip p50 minus the transport's, same run):"
+    ]
+    for name, o in overhead.items():
+        target = f"  target <= {o['target_us']:g} us: {'met' if o['met'] else 'not met'}" if "target_us" in o else ""
+        lines.append(
+            f"  {name:14s} {o['app_rtt_p50_us']:8.1f} us - transport {o['transport_rtt_p50_us']:6.2f} us"
+            f" = {o['overhead_us']:8.1f} us ({o['app_over_transport']:.1f}x the transport's round trip){target}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="small counts: checks the suite works")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
     for transport in ("udp", "ipc"):
         results[f"slipstream-{transport}"] = run_slipstream(transport, args.quick)
         print(transport, json.dumps(results[f"slipstream-{transport}"], indent=None), flush=True)
+    missing = blocking_api_missing()
+    if missing is not None:
+        results["slipstream-blocking"] = missing
+        print(missing, flush=True)
+    for transport in ("udp", "ipc") if missing is None else ():
+        results[f"slipstream-blocking-{transport}"] = run_slipstream_sync(transport, args.quick)
+        print("blocking", transport, json.dumps(results[f"slipstream-blocking-{transport}"]), flush=True)
+    for transport in ("udp", "ipc"):
+        results[f"transport-{transport}"] = run_transport(transport, args.quick)
+        print("transport", transport, json.dumps(results[f"transport-{transport}"]), flush=True)
     results["connect-200"] = run_many(200 if not args.quick else 100, 4)
     print("many", json.dumps(results["connect-200"]), flush=True)
     results["idle-connection-memory"] = run_idle_memory(64 if not args.quick else 8)
@@ -518,17 +737,20 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("tcp", "ipc"):
         results[f"zmq-curve-{kind}"] = run_zmq(kind, args.quick)
         print("zmq", kind, json.dumps(results[f"zmq-curve-{kind}"]), flush=True)
-    for transport, kind in (("udp", "tcp"), ("ipc", "ipc")):
-        ours, theirs = results[f"slipstream-{transport}"], results[f"zmq-curve-{kind}"]
-        results[f"ratio-{transport}"] = {
-            "throughput": ours["throughput_msgs_per_s"] / theirs["throughput_msgs_per_s"],
-            "rtt_p50": ours["rtt_p50_us"] / theirs["rtt_p50_us"],
-        }
+    rows = comparisons(results)
+    results["ratios"] = report.ratios(rows)
+    results["comparisons"] = [asdict(row) for row in rows]
+    results["app_overhead"] = app_overhead(results)
     text = json.dumps(results, indent=2)
-    print(text)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text)
+    else:
+        print(text)
+    print()
+    print(report.comparison_table(rows))
+    print()
+    print(overhead_table(results["app_overhead"]))
     return 0
 
 

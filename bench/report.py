@@ -3,7 +3,8 @@
 Every row compares slipstream with pyzmq on one figure and carries a ratio oriented so that > 1
 always means slipstream is better (throughput: slipstream/pyzmq; latency: pyzmq/slipstream), so a
 reader never has to remember which way a column points. The row and note builders here serve every
-suite (IPC, UDP), so the same figure is summarised the same way whatever carried it.
+suite (IPC, UDP), so the same figure is summarised the same way whatever carried it; ``Comparison`` is
+the same rule for the benchmarks with other peers (``bench.network``, ``bench.rmi``).
 """
 
 from __future__ import annotations
@@ -75,10 +76,42 @@ class Row:
     suite: str = "ipc"
 
     def __post_init__(self) -> None:
-        if self.kind == "throughput":
-            self.ratio = self.slipstream / self.pyzmq if self.pyzmq > 0 else math.nan
-        else:
-            self.ratio = self.pyzmq / self.slipstream if self.slipstream > 0 else math.nan
+        self.ratio = oriented_ratio(self.kind, self.slipstream, self.pyzmq)
+
+
+RATIO_RULE = "> 1: slipstream better (rates slipstream/peer, times peer/slipstream)"
+
+
+def oriented_ratio(kind: str, slipstream: float, peer: float) -> float:
+    """slipstream against a peer, oriented so that > 1 always means slipstream is better: a reader
+    never has to remember which way a figure points (``kind`` ``latency``: lower is better)."""
+    if kind == "latency":
+        return peer / slipstream if slipstream > 0 else math.nan
+    return slipstream / peer if peer > 0 else math.nan
+
+
+@dataclass(slots=True)
+class Comparison:
+    """One measure of slipstream against one named peer: the rows of the benchmarks whose peers are not
+    all pyzmq (``bench.network``, ``bench.rmi``), printed by ``comparison_table``."""
+
+    key: str
+    """Stable name in the JSON's ``ratios`` (``ipc.rtt_p50.blocking/pyzmq-curve-ipc``)."""
+    measure: str
+    kind: Literal["throughput", "latency"]
+    unit: str
+    slipstream: float
+    peer: str
+    peer_value: float
+    ratio: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ratio = oriented_ratio(self.kind, self.slipstream, self.peer_value)
+
+
+def ratios(comparisons: Sequence[Comparison]) -> dict[str, Any]:
+    """The JSON's top-level ``ratios``: every comparison's ratio by key, and the rule they follow."""
+    return {"note": RATIO_RULE, **{c.key: c.ratio for c in comparisons}}
 
 
 @dataclass(slots=True)
@@ -307,9 +340,13 @@ def _cpu_model() -> str | None:
 def _fmt(value: float, unit: str) -> str:
     if math.isnan(value):
         return "n/a"
-    if unit == "msg/s":
-        return f"{value / 1e6:.3f} M msg/s" if value >= 1e6 else f"{value / 1e3:.1f} k msg/s"
+    if unit in ("msg/s", "calls/s"):
+        return f"{value / 1e6:.3f} M {unit}" if value >= 1e6 else f"{value / 1e3:.1f} k {unit}"
     return f"{value:.1f} {unit}" if value >= 100 else f"{value:.2f} {unit}"
+
+
+def _ratio(ratio: float) -> str:
+    return "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
 
 
 def format_table(rows: Sequence[Row]) -> str:
@@ -319,23 +356,46 @@ def format_table(rows: Sequence[Row]) -> str:
     for row in rows:
         slip = _fmt(row.slipstream, row.unit) + (f" ({row.slipstream_extra})" if row.slipstream_extra else "")
         zmq = _fmt(row.pyzmq, row.unit) + (f" ({row.pyzmq_extra})" if row.pyzmq_extra else "")
-        ratio = "n/a" if math.isnan(row.ratio) else f"{row.ratio:.2f}x"
-        cells.append((row.benchmark, slip, zmq, ratio))
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    lines = [
-        "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
-        "  ".join("-" * w for w in widths),
-    ]
+        cells.append((row.benchmark, slip, zmq, _ratio(row.ratio)))
+    head, body = _columns(headers, cells)
+    lines = head
     suite = None
-    for row, c in zip(rows, cells, strict=True):
+    for row, line in zip(rows, body, strict=True):
         if row.suite != suite:
             suite = row.suite
             lines.append(f"[{SUITE_TITLES.get(suite, suite)}]")
-        lines.append(
-            "  ".join((c[0].ljust(widths[0]), c[1].rjust(widths[1]), c[2].rjust(widths[2]), c[3].rjust(widths[3])))
-        )
+        lines.append(line)
     lines.append("ratio > 1: slipstream is better (throughput slipstream/pyzmq, latency pyzmq/slipstream)")
     return "\n".join(lines)
+
+
+def comparison_table(comparisons: Sequence[Comparison]) -> str:
+    """Measure, slipstream, peer, ratio: one line per comparison, with the ratio's rule under it."""
+    cells = [
+        (
+            c.measure,
+            _fmt(c.slipstream, c.unit),
+            f"{c.peer} {_fmt(c.peer_value, c.unit)}",
+            _ratio(c.ratio),
+        )
+        for c in comparisons
+    ]
+    head, body = _columns(("measure", "slipstream", "peer", "ratio"), cells)
+    return "\n".join([*head, *body, f"ratio {RATIO_RULE}"])
+
+
+def _columns(headers: Sequence[str], cells: Sequence[Sequence[str]]) -> tuple[list[str], list[str]]:
+    """Header lines and one line per row, columns aligned (the first left, the others right)."""
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    head = [
+        "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip(),
+        "  ".join("-" * w for w in widths),
+    ]
+    body = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in cells
+    ]
+    return head, body
 
 
 def default_output(now: datetime, suites: Sequence[str] = ("ipc",)) -> Path:

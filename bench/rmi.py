@@ -6,7 +6,10 @@ RMI: one client process calls ``add(i, 1)`` on an object a server process hosts,
 result (round trips per second); then ``concurrency`` callers at once, each awaiting its own calls one
 by one (coroutines on one connection for slipstream, as asyncio does it; threads with a proxy or
 connection each for the peers, as they do it); then sends fire-and-forget ``bump()`` calls and waits
-until the host counted them all (calls per second). slipstream is encrypted (Noise + ChaCha20-Poly1305) over
+until the host counted them all (calls per second). The blocking API (``slipstream.network.sync``, both
+sides busy-polling) is measured beside the asyncio one: a blocking proxy's calls one at a time, the way
+the peers are called. Every ratio, printed and stored (the JSON's ``ratios``), is > 1 where slipstream
+is better. slipstream is encrypted (Noise + ChaCha20-Poly1305) over
 UDP loopback and over IPC; Pyro5 (serpent over TCP) and RPyC (its classic brine protocol over TCP)
 run with their unencrypted defaults. RPyC has no fire-and-forget: ``rpyc.async_`` still receives a
 reply, so its row counts calls whose replies were not awaited one by one.
@@ -32,12 +35,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import Children, expect
+from . import Children, expect, report
+from .network import blocking_api_missing
+from .report import Comparison
 
 
 class ICalc(Protocol):
@@ -184,6 +189,35 @@ def slip_client(pipe: Pipe, p: Params) -> None:
     asyncio.run(main())
 
 
+def slip_server_sync(pipe: Pipe, p: Params) -> None:
+    """``slip_server`` through the blocking API: calls run on the server's busy-polling thread."""
+    from slipstream.network.sync import Server
+
+    server_config, _ = _configs(p)
+    with Server(server_config, busy_poll=True) as server:
+        object_id = server.rmi.save(Calc())
+        server.bind(p.port)
+        pipe.send(("ready", object_id))
+        expect(pipe, "stop", 300, "blocking server")
+        pipe.send(("memory", _peak_mib()))
+
+
+def slip_client_sync(pipe: Pipe, p: Params) -> None:
+    """A blocking proxy's calls one at a time, as a Pyro5 or RPyC user makes them."""
+    from slipstream.network.sync import Client
+
+    object_id = expect(pipe, "go", 60, "blocking client")
+    _, client_config = _configs(p)
+    client = Client(client_config, busy_poll=True)
+    try:
+        connection = client.connect("127.0.0.1", p.port, timeout=30)
+        calc = connection.rmi.get_global(ICalc, object_id)
+        result = {"awaited_per_s": _awaited_rate(calc.add, p)}
+    finally:
+        client.close()
+    pipe.send(("result", result))
+
+
 # -- Pyro5 ----------------------------------------------------------------------------------------------
 
 
@@ -269,11 +303,7 @@ def _blocking_rates(
 ) -> dict[str, float]:
     """A blocking peer's awaited calls per second (``add`` one at a time) and fire-and-forget calls per
     second (``oneway`` sends ``p.oneway`` of them; done once the host's ``count`` has them all)."""
-    for i in range(500):  # warm-up
-        add(i, 1)
-    start = time.perf_counter()
-    _calls(add, p.calls)
-    awaited = p.calls / (time.perf_counter() - start)
+    awaited = _awaited_rate(add, p)
     start = time.perf_counter()
     oneway()
     deadline = time.monotonic() + 120
@@ -282,6 +312,15 @@ def _blocking_rates(
             raise TimeoutError(f"{what} did not all arrive")
         time.sleep(0.001)
     return {"awaited_per_s": awaited, "oneway_per_s": p.oneway / (time.perf_counter() - start)}
+
+
+def _awaited_rate(add: Callable[[int, int], int], p: Params) -> float:
+    """Blocking calls of ``add`` one at a time per second, after a warm-up."""
+    for i in range(500):
+        add(i, 1)
+    start = time.perf_counter()
+    _calls(add, p.calls)
+    return p.calls / (time.perf_counter() - start)
 
 
 # -- RPyC -----------------------------------------------------------------------------------------------
@@ -402,14 +441,22 @@ def _pair(name: str, server: Any, client: Any, p: Params) -> dict[str, Any]:
 
 def run_rmi(p: Params) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for transport in ("ipc", "udp"):
-        q = replace(p, transport=transport, port=_free_port(), directory=_dir())
-        try:
-            results[f"slipstream-{transport}"] = _pair(f"slipstream-{transport}", slip_server, slip_client, q)
-        finally:
-            for suffix in ("", "-client"):
-                shutil.rmtree(q.directory + suffix, ignore_errors=True)
-        print(transport, json.dumps(results[f"slipstream-{transport}"]), flush=True)
+    missing = blocking_api_missing()
+    if missing is not None:
+        results["slipstream-blocking"] = missing
+        print(missing, flush=True)
+    apis = {"slipstream": (slip_server, slip_client)}
+    if missing is None:
+        apis["slipstream-blocking"] = (slip_server_sync, slip_client_sync)
+    for api, (server, client) in apis.items():
+        for transport in ("ipc", "udp"):
+            q = replace(p, transport=transport, port=_free_port(), directory=_dir())
+            try:
+                results[f"{api}-{transport}"] = _pair(f"{api}-{transport}", server, client, q)
+            finally:
+                for suffix in ("", "-client"):
+                    shutil.rmtree(q.directory + suffix, ignore_errors=True)
+            print(api, transport, json.dumps(results[f"{api}-{transport}"]), flush=True)
     results["pyro5"] = _pair("pyro5", pyro_server, pyro_client, replace(p, transport="tcp", port=_free_port()))
     print("pyro5", json.dumps(results["pyro5"]), flush=True)
     results["rpyc"] = _pair("rpyc", rpyc_server, rpyc_client, replace(p, transport="tcp", port=_free_port()))
@@ -454,6 +501,36 @@ def run_streaming(p: Params) -> dict[str, Any]:
     return results
 
 
+PEERS = {"pyro5": "Pyro5", "rpyc": "RPyC"}
+
+
+def comparisons(rmi: dict[str, Any], concurrency: int) -> list[Comparison]:
+    """Every slipstream-against-peer rate of an RMI run (none if only streaming ran)."""
+    measures = {
+        "awaited_per_s": "awaited calls one at a time",
+        "concurrent_per_s": f"awaited calls, {concurrency} callers at once",
+        "oneway_per_s": "fire-and-forget calls",
+    }
+    rows = []
+    for api, title in (("slipstream", "asyncio"), ("slipstream-blocking", "blocking")):
+        for transport in ("ipc", "udp"):
+            ours = rmi.get(f"{api}-{transport}")
+            if not isinstance(ours, dict):  # not run (only streaming, or no blocking API)
+                continue
+            for key, what in measures.items():
+                if key not in ours:  # the blocking rows are calls one at a time only
+                    continue
+                rows += [
+                    Comparison(
+                        f"{transport}.{title}.{key.removesuffix('_per_s')}_vs_{peer}",
+                        f"{transport.upper()} {title}: {what}",
+                        "throughput", "calls/s", ours[key], name, rmi[peer][key],
+                    )
+                    for peer, name in PEERS.items()
+                ]  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="tiny counts: checks the suite works")
@@ -463,23 +540,22 @@ def main(argv: list[str] | None = None) -> int:
     p = Params("udp", 0, "")
     if args.quick:
         p = replace(p, calls=300, oneway=2000, file_bytes=8 << 20)
-    results = {
+    results: dict[str, Any] = {
         "machine": {"cpu_count": os.cpu_count(), "loadavg_at_start": os.getloadavg()},
         "params": {"calls": p.calls, "oneway": p.oneway, "file_bytes": p.file_bytes},
         "rmi": run_rmi(p) if args.only != "streaming" else {},
         "streaming": run_streaming(p) if args.only != "rmi" else {},
     }
-    rmi = results["rmi"]
-    for transport in ("ipc", "udp") if rmi else ():
-        for key, what in (("awaited_per_s", "awaited calls one at a time"),
-                          ("concurrent_per_s", f"awaited calls, {p.concurrency} callers at once")):  # fmt: skip
-            mine = rmi[f"slipstream-{transport}"][key]
-            for peer in ("pyro5", "rpyc"):
-                print(f"{what}, slipstream {transport} vs {peer}: {mine / rmi[peer][key]:.2f}x", flush=True)
+    rows = comparisons(results["rmi"], p.concurrency)
+    results["ratios"] = report.ratios(rows)
+    results["comparisons"] = [asdict(row) for row in rows]
     text = json.dumps(results, indent=2)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text)
+    if rows:
+        print()
+        print(report.comparison_table(rows))
     return 0
 
 

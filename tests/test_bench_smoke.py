@@ -6,6 +6,7 @@ the benchmarks and issues, never in timed unit tests.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -90,8 +91,18 @@ def test_rmi_and_streaming_benchmark_runs_with_its_peers(tmp_path: Path) -> None
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
-    assert set(results["rmi"]) == {"slipstream-ipc", "slipstream-udp", "pyro5", "rpyc"}
-    for row in results["rmi"].values():
-        assert row["awaited_per_s"] > 0 and row["oneway_per_s"] > 0
+    rmi = results["rmi"]
+    blocking = {"slipstream-blocking-ipc", "slipstream-blocking-udp"}
+    if importlib.util.find_spec("slipstream.network.sync") is not None:
+        assert set(rmi) == {"slipstream-ipc", "slipstream-udp", "pyro5", "rpyc"} | blocking
+        assert all(rmi[key]["awaited_per_s"] > 0 for key in blocking)
+        assert results["ratios"]["ipc.blocking.awaited_vs_rpyc"] > 0
+    else:
+        assert set(rmi) == {"slipstream-ipc", "slipstream-udp", "pyro5", "rpyc", "slipstream-blocking"}
+        assert rmi["slipstream-blocking"].startswith("blocking API not available")
+    for key in ("slipstream-ipc", "slipstream-udp", "pyro5", "rpyc"):
+        assert rmi[key]["awaited_per_s"] > 0 and rmi[key]["oneway_per_s"] > 0
+    assert results["ratios"]["note"].startswith("> 1: slipstream better")
+    assert results["ratios"]["udp.asyncio.awaited_vs_pyro5"] > 0 and "ratio > 1" in done.stdout
     for row in results["streaming"].values():
         assert row["bytes"] == results["params"]["file_bytes"] and row["mb_per_s"] > 0
