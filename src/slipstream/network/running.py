@@ -79,6 +79,14 @@ class RunningEndpoint(EndpointCore, Generic[C]):
     def _stop_polling(self) -> None:
         raise NotImplementedError
 
+    def _start_poller(self) -> None:
+        raise NotImplementedError
+
+    def _close_streams_later(self, connection: C, then: Callable[[], None] | None = None) -> None:
+        """Close a finished connection's streams once its last records (the CLOSE frame) were handed to
+        the transport, plus a moment for the driver to send them; ``then`` runs after."""
+        raise NotImplementedError
+
     def wake(self) -> None:
         """Make the poller run its next cycle now (new work arrived from the application)."""
         raise NotImplementedError
