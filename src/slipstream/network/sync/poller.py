@@ -14,6 +14,7 @@ thread drives (two Python threads spinning would fight for the GIL)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import threading
@@ -30,6 +31,8 @@ from ..polling import Parked, ParkOn, PollCore
 __all__ = ["CALLER_SPIN_S", "Outcome", "PollThread", "ThreadBackoff"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("slipstream.network")
 
 CALLER_SPIN_S = 2e-4
 """How long a waiting caller runs the cycles itself before leaving them to the poll thread (without
@@ -80,6 +83,8 @@ class ThreadBackoff(Backoff):
         self.parked = True
         try:
             readable, _, _ = select.select([self._kick_read, *bells, *inputs], [], [], max(0.0, pause_s))
+        except (OSError, ValueError):  # a doorbell or input closed meanwhile (its context went): park afresh
+            return Wake.KICK
         finally:
             self.parked = False
         if not readable:
@@ -172,28 +177,36 @@ class PollThread(PollCore):
             return super()._park()
 
     def _run(self) -> None:
-        """The poll thread: carry out each wait of :meth:`~..polling.PollCore.waits` while endpoints
-        remain; stepping aside while a busy application thread drives the cycles itself."""
+        """The poll thread: serve while endpoints remain (a bug logged, never the end of every connection)."""
         while True:
-            waits = self.waits()
             try:
-                wait = next(waits)
-                while True:
-                    wake: Wake | None = None
-                    self._step_aside()
-                    if isinstance(wait, ParkOn):
-                        wake = self.backoff.park(wait.doorbells, wait.seconds, wait.inputs)
-                    else:
-                        self.backoff.take(wait)
-                    wait = waits.send(wake)
-            except StopIteration:
-                pass
-            finally:
-                waits.close()
+                self._serve()
+            except Exception:
+                log.exception("network poll thread failed")
+                time.sleep(0.01)
             with self._state:
                 if not self.endpoints:
                     self._thread = None
                     return
+
+    def _serve(self) -> None:
+        """Carry out each wait of :meth:`~..polling.PollCore.waits`, stepping aside while an application
+        thread drives the cycles itself."""
+        waits = self.waits()
+        try:
+            wait = next(waits)
+            while True:
+                wake: Wake | None = None
+                self._step_aside()
+                if isinstance(wait, ParkOn):
+                    wake = self.backoff.park(wait.doorbells, wait.seconds, wait.inputs)
+                else:
+                    self.backoff.take(wait)
+                wait = waits.send(wake)
+        except StopIteration:
+            pass
+        finally:
+            waits.close()
 
     def _step_aside(self) -> None:
         """While an application thread drives the cycles (or did a moment ago, with ``busy_poll``), wait."""
