@@ -137,6 +137,15 @@ class SendSyncTimeout(NetworkError, TimeoutError):
     """The remote did not acknowledge a ``send_sync`` message within its timeout."""
 
 
+class ReceiveTimeout(NetworkError, TimeoutError):
+    """No message for ``receive`` (the blocking API) within its timeout."""
+
+
+class BlockingListenerError(NetworkError, RuntimeError):
+    """A listener of the blocking API waited for an answer: it runs inside the cycle that would take the
+    answer in, so it must send without waiting (``send_nowait``) or leave the waiting to another thread."""
+
+
 class MessageDispatchError(NetworkError):
     """A message arrived that no ``on_message`` listener takes (reported to ``on_error``)."""
 
@@ -161,6 +170,8 @@ class UndeliveredError(NetworkError):
 
 
 __all__ += [
+    "BlockingListenerError",
+    "ReceiveTimeout",
     "ClientClosedError",
     "ClientError",
     "ClientRejected",

@@ -1,0 +1,201 @@
+"""``Connection`` for blocking code: :class:`~..connected.ConnectionBase` whose waits run the poller's
+cycles in the waiting thread (see :mod:`.poller`), and an inbox that :meth:`Connection.receive` reads.
+
+Messages a listener takes go to it, on the thread that cycles (plain functions only: the blocking API
+runs no coroutines). A message no listener takes waits in the connection's inbox for ``receive``; with
+:data:`INBOX_LIMIT` messages waiting, the connection stops reading (the transport's flow control holds
+the peer back: nothing is dropped). What the application sends leaves at once, from its own thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ..buffered import Hold
+from ..connected import BACKLOG_LIMIT, DRIVER_LOST, ConnectionBase, Flag
+from ..errors import ConnectionClosedError, ReceiveTimeout, SendTimeout
+from ..results import Ping
+from .poller import Outcome
+from .rmi import RmiSession
+
+__all__ = ["BACKLOG_LIMIT", "DRIVER_LOST", "INBOX_LIMIT", "Connection"]
+
+INBOX_LIMIT = 1024
+"""Messages no listener took that may wait for ``receive``; beyond, the connection stops reading."""
+_SAFETY_S = 5.0
+"""How long past a machine's own timeout a wait goes on before it gives up (the machine's timer, run by
+the cycles, normally ends it first)."""
+
+
+def _event(flag: Flag) -> threading.Event:
+    assert isinstance(flag, threading.Event)
+    return flag
+
+
+class Connection(ConnectionBase[RmiSession]):
+    """One connection between a server and a client, for blocking code; the same ``id`` on both sides.
+    Made by servers and clients, never directly; a subclass named in the config (``connection_class``)
+    overrides the hooks. Every method may be called from any thread."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        owner = kwargs["owner"]
+        self._lock: Any = owner.lock
+        self._drive = owner.drive
+        self._inbox: deque[object] = deque()
+        self._arrived = threading.Event()
+        super().__init__(**kwargs)
+
+    def _flag(self) -> Flag:
+        return threading.Event()
+
+    def _rmi_session(self, rmi_timeout: float) -> RmiSession:
+        return RmiSession(
+            self._machine,
+            self._after_append,
+            caller=self,
+            on_error=lambda error: self._owner.report_error(self, error),
+            on_object=self.received,
+            default_timeout=rmi_timeout,
+            wait=self._outcome,
+            lock=self._lock,
+        )
+
+    # -- public -----------------------------------------------------------------------------------
+
+    def send_nowait(self, message: object) -> bool:
+        """Hand ``message`` to the connection without waiting; False (and ``last_refusal``) when it
+        is closed or back-pressured, or queued for a buffered session's return."""
+        with self._lock:
+            return super().send_nowait(message)
+
+    def send(self, message: object) -> None:
+        """Send ``message``, waiting out back-pressure up to ``send_timeout``; raises
+        ConnectionClosedError, SendTimeout, UnregisteredTypeError. With a buffered session waiting for
+        the peer, the message is queued for its return instead (UndeliveredError if the queue is full)."""
+        with self._lock:  # (released before any wait: the cycles that end it need the lock)
+            successor, verdict = self._successor, None
+            if successor is None:
+                verdict = self._hold_closed(message)
+                if verdict is Hold.QUEUED:
+                    return
+                if verdict is not Hold.RECONNECTING and not self._full():
+                    self._send(message)
+                    return
+        if successor is not None:
+            return successor.send(message)
+        if verdict is Hold.RECONNECTING:
+            return self._successor_within(self.send_timeout).send(message)
+        self._wait_room()
+        with self._lock:
+            self._send(message)
+
+    def send_sync(self, message: object, timeout: float | None = None) -> None:
+        """Send ``message`` and wait until the remote's listeners have handled it (or it reached the
+        peer's inbox, for ``receive``); as the asyncio ``send_sync``: raises SendSyncTimeout,
+        ConnectionClosedError, StreamRefused, StreamingError."""
+        if self._successor is not None:
+            return self._successor.send_sync(message, timeout)
+        if self._full():
+            self._wait_room()
+        outcome: Outcome[None] = Outcome()
+        with self._lock:
+            self._start_sync(message, timeout, outcome)
+        self._outcome(outcome)
+
+    def ping(self, timeout: float | None = None) -> Ping:
+        """Round trip to the peer and back (raises PingTimeout, ConnectionClosedError)."""
+        if self._successor is not None:
+            return self._successor.ping(timeout)
+        outcome: Outcome[Ping] = Outcome()
+        with self._lock:
+            self._start_ping(timeout, outcome)
+        result: Ping = self._outcome(outcome)
+        return result
+
+    def receive(self, timeout: float | None = None) -> object:
+        """The next message no listener took, waiting up to ``timeout`` seconds (None: forever) while
+        the calling thread runs the cycles; raises ReceiveTimeout, or ConnectionClosedError once the
+        connection ended and its inbox is empty."""
+        deadline_ns = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
+        self._drive(lambda: bool(self._inbox) or self._machine.closed, self._arrived.wait, deadline_ns)
+        with self._lock:
+            if self._inbox:
+                message = self._inbox.popleft()
+                if not self._inbox:
+                    self._arrived.clear()
+                return message
+        if self._machine.closed:
+            raise ConnectionClosedError(f"connection {self.id} is closed")
+        raise ReceiveTimeout(f"connection {self.id}: no message within {timeout:g} s")
+
+    def close(self) -> None:
+        """Close gracefully: the peer hears CLOSE at once; ``on_disconnect`` runs on both sides."""
+        with self._lock:
+            self.close_now("closed by the application")
+        closed = _event(self._closed_event)
+        self._drive(closed.is_set, closed.wait, time.monotonic_ns() + int((self.send_timeout + _SAFETY_S) * 1e9))
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Wait until the connection has ended (True) or ``timeout`` seconds passed (False)."""
+        closed = _event(self._closed_event)
+        deadline_ns = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
+        return bool(self._drive(closed.is_set, closed.wait, deadline_ns))
+
+    # -- for the owner ----------------------------------------------------------------------------
+
+    def keep(self, message: object) -> bool:
+        """A message no listener took: into the inbox for ``receive`` (not a file: its temporary copy
+        goes once the listeners are done, so it is reported as undispatched instead)."""
+        if isinstance(message, Path):
+            return False
+        self._inbox.append(message)
+        self._arrived.set()
+        return True
+
+    def release_step(self, deadline_ns: int, grace_ns: int, now_ns: int) -> bool:
+        """One step of releasing the streams of a finished connection: True once they are closed (the
+        last records were handed to the transport, or ``deadline_ns`` passed, then ``grace_ns`` more)."""
+        if self._link.outbox and now_ns < deadline_ns:
+            self.flush()
+            return False
+        return True
+
+    def release_now(self) -> None:
+        """Close the streams and remove temporary files not yet released."""
+        self._link.close()
+        self._machine.shutdown()
+
+    def _reading_paused(self) -> bool:
+        return len(self._inbox) >= INBOX_LIMIT
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _outcome(self, outcome: Outcome[Any]) -> Any:
+        """Run the cycles until ``outcome`` is in (the machine's timers end every wait), then its result."""
+        self._drive(outcome.done, outcome.wait, None)
+        return outcome.result()
+
+    def _successor_within(self, seconds: float) -> Connection:
+        """The connection that takes over, once there is one (SendTimeout after ``seconds``)."""
+        handed = _event(self._handed_over)
+        self._drive(handed.is_set, handed.wait, time.monotonic_ns() + int(seconds * 1e9))
+        if self._successor is not None:
+            return self._successor
+        raise self._no_successor(seconds)
+
+    def _wait_room(self) -> None:
+        deadline_ns = time.monotonic_ns() + int(self.send_timeout * 1e9)
+        if not self._drive(lambda: not self._full() or self._machine.closed, _event(self._room).wait, deadline_ns):
+            raise SendTimeout(f"connection {self.id}: the transport took nothing for {self.send_timeout:g} s")
+        if self._machine.closed:
+            raise ConnectionClosedError("the connection is closed")
+
+    def _after_append(self) -> None:
+        """What the application appended leaves now, from its own thread; over UDP an invoker-mode driver
+        sends it at once."""
+        if self.flush() and self._udp:
+            self._owner.send_now(self._link.publication)

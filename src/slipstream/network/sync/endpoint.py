@@ -1,0 +1,245 @@
+"""``Endpoint`` for blocking code, the base of ``Server`` and ``Client``: :class:`~..running.RunningEndpoint`
+polled by the process's poll thread (:mod:`.poller`), its finished connections' streams released step by
+step in its duty cycle, and retries after a fault in a thread of their own."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...client import DriverError
+from ..config import ClientConfig, ServerConfig
+from ..errors import NetworkError
+from ..recovery import FIRST_RETRY_S, PERMANENT, RetryDelays, driver_available
+from ..running import RunningEndpoint
+from ..streamfiles import StreamFiles, ThreadedStreamFiles, shared_stream_files
+from ..transport import BUSY_CADENCE_NS, earliest, shared_contexts
+from .connection import Connection
+from .poller import PollThread
+
+__all__ = ["CLOSE_GRACE_S", "Endpoint"]
+
+CLOSE_GRACE_S = 0.05
+"""After the CLOSE frame was handed to the transport, how long before its publication is closed."""
+DRAIN_STEP_S = 5e-4
+"""The pause between the steps of draining a driver that goes with the last endpoint."""
+
+log = logging.getLogger("slipstream.network")
+
+
+@dataclass(slots=True)
+class _Closing:
+    """A finished connection whose streams are released once its last records left (``release_step``)."""
+
+    connection: Connection
+    deadline_ns: int
+    then: Callable[[], None] | None
+    grace_until_ns: int | None = None
+
+
+class Endpoint(RunningEndpoint[Connection]):
+    """Base of Server and Client: the machinery behind the listeners, run by the process's poll thread.
+    ``busy_poll``: spin instead of parking when idle, and have a caller waiting for an answer run the
+    cycles until it is in (the lowest latency, a core each for the poll thread and the caller)."""
+
+    def __init__(self, config: ServerConfig | ClientConfig, *, busy_poll: bool = False) -> None:
+        super().__init__(config)
+        if config.connection_class is not None and not issubclass(config.connection_class, Connection):
+            raise TypeError(
+                f"connection_class must subclass slipstream.network.sync.Connection here: {config.connection_class!r}"
+            )
+        self.busy_poll = busy_poll
+        self.poller = PollThread.shared()
+        self.lock = self.poller.lock
+        """Held while this endpoint's machines are driven (shared by every blocking endpoint of the process)."""
+        self._files: ThreadedStreamFiles | None = None
+        self._closings: list[_Closing] = []
+        self._probes: dict[int, tuple[Connection, int, int]] = {}
+        """RTT probes by connection id: (connection, interval, when the next ping goes)."""
+        self._retries: list[threading.Thread] = []
+
+    # -- waiting --------------------------------------------------------------------------------------
+
+    def drive(self, done: Callable[[], bool], block: Callable[[float], object], deadline_ns: int | None) -> bool:
+        """Run the cycles in the calling thread until ``done()`` (True) or ``deadline_ns`` (False); see
+        :meth:`~.poller.PollThread.drive`."""
+        return self.poller.drive(done, block, deadline_ns, busy=self.busy_poll)
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` (the lock not held: the poll thread goes on)."""
+        time.sleep(seconds)
+
+    # -- running listeners ------------------------------------------------------------------------
+
+    def _awaited(self, connection: Connection | None, awaitable: Any) -> None:
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()  # (never awaited: no "coroutine was never awaited" warning)
+        self.report_error(connection, TypeError("a listener of the blocking API must be a plain function, not async"))
+
+    def _awaited_quietly(self, awaitable: Any) -> None:
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()
+        log.error("an on_error listener of the blocking API must be a plain function, not async")
+
+    def _after(self, handles: Sequence[Any], then: Callable[[], None]) -> None:
+        then()  # (nothing runs on: listeners here are plain functions)
+
+    def _unclaimed(self, connection: Connection, message: object) -> bool:
+        return connection.keep(message)
+
+    def _probe_rtt(self, connection: Connection, interval_s: float) -> None:
+        interval_ns = int(interval_s * 1e9)
+        self._probes[connection.id] = (connection, interval_ns, time.monotonic_ns() + interval_ns)
+
+    def _run_probes(self, now_ns: int) -> None:
+        """Ping each probed connection whose interval passed (the pong is an RTT sample the recording writes)."""
+        for connection_id, (connection, interval_ns, due_ns) in list(self._probes.items()):
+            if connection.is_closed:
+                del self._probes[connection_id]
+            elif now_ns >= due_ns:
+                self._probes[connection_id] = (connection, interval_ns, now_ns + interval_ns)
+                timeout = max(1.0, 4 * interval_ns / 1e9)
+                connection.machine.ping(now_ns, int(timeout * 1e9))
+                connection.flush()
+
+    def _connection_class(self) -> type[Connection]:
+        return self.config.connection_class or Connection
+
+    def _stream_files(self) -> StreamFiles:
+        if self._files is None:  # one worker per poll thread; it wakes the poller from its thread
+            self._files = shared_stream_files.acquire(self.poller, self.poller.kick)
+        return self._files
+
+    # -- finished connections ---------------------------------------------------------------------------
+
+    def _close_streams_later(self, connection: Connection, then: Callable[[], None] | None = None) -> None:
+        deadline_ns = time.monotonic_ns() + int(self.config.close_timeout * 1e9)
+        self._closings.append(_Closing(connection, deadline_ns, then))
+        self.wake()
+
+    def _release_closings(self, now_ns: int) -> int:
+        """One step of each finished connection's release; the work done."""
+        work = 0
+        for closing in list(self._closings):
+            if closing.grace_until_ns is None:
+                if closing.connection.release_step(closing.deadline_ns, 0, now_ns):
+                    closing.grace_until_ns = now_ns + int(CLOSE_GRACE_S * 1e9)
+            elif now_ns >= closing.grace_until_ns:
+                self._closings.remove(closing)
+                closing.connection.release_now()
+                if closing.then is not None:
+                    closing.then()
+                work += 1
+        return work
+
+    def _wait_closings(self) -> None:
+        """Let every connection that is closing finish (bounded by the close timeout)."""
+        deadline_ns = time.monotonic_ns() + int((self.config.close_timeout + 1.0) * 1e9)
+        self.drive(lambda: not self._closings, lambda seconds: time.sleep(min(seconds, 0.005)), deadline_ns)
+
+    # -- for connections and the poller -----------------------------------------------------------
+
+    def duty_cycle(self, now_ns: int) -> int:
+        work = super().duty_cycle(now_ns)
+        if self._closings:
+            work += self._release_closings(now_ns)
+        if self._probes:
+            self._run_probes(now_ns)
+        return work
+
+    def next_deadline_ns(self, now_ns: int) -> int | None:
+        due = super().next_deadline_ns(now_ns)
+        if self._closings:
+            due = earliest((now_ns + BUSY_CADENCE_NS,), due)
+        return earliest((due_ns for _, _, due_ns in self._probes.values()), due)
+
+    def wake(self) -> None:
+        """Make the poll thread run its next cycle now (new work, or a new timer)."""
+        self.poller.kick()
+
+    # -- after a fault --------------------------------------------------------------------------------
+
+    def _retry_in_thread(self, attempt: Callable[[], object], max_delay_s: float, then: Callable[[bool], None]) -> None:
+        """``attempt`` after a fault, in a thread of its own, again and again (``recovery.RetryDelays``),
+        until it works, the endpoint closes, or a refusal no attempt can change; ``then(worked)`` after.
+        Each failure goes to ``on_error``."""
+
+        def retry() -> None:
+            worked = False
+            try:
+                delays = RetryDelays(max_delay_s)
+                wait = delays.next()
+                while not self._closing:
+                    time.sleep(wait)
+                    if self._closing:
+                        break
+                    if not driver_available(self.config.driver_directory, self.config.driver):
+                        wait = FIRST_RETRY_S  # an external driver not back yet (attaching would block)
+                        continue
+                    try:
+                        attempt()
+                    except PERMANENT as exc:
+                        self.report_error(None, exc)
+                        break
+                    except (NetworkError, DriverError, OSError) as exc:
+                        self.report_error(None, exc)
+                        wait = delays.next()
+                    else:
+                        worked = True
+                        break
+            finally:
+                with self.lock:
+                    then(worked)
+
+        thread = threading.Thread(target=retry, name="slipstream-network-retry", daemon=True)
+        self._retries = [t for t in self._retries if t.is_alive()] + [thread]
+        thread.start()
+
+    def _join_retries(self) -> None:
+        """Wait (bounded) for retry threads to see ``_closing`` and stop."""
+        for thread in self._retries:
+            if thread is not threading.current_thread():
+                thread.join(timeout=self.config.close_timeout + 1.0)
+        self._retries.clear()
+
+    # -- the driver context and the poller --------------------------------------------------------
+
+    def _release_context_drained(self) -> None:
+        """``_release_context`` for ``close``: a driver that goes with us lets its closed publications
+        finish first, the lock let go between steps."""
+        if self._context is not None:
+            context, self._context = self._context, None
+            with self.lock:
+                self._close_counters()
+            if shared_contexts.is_last(context):
+                for _ in context.drain_steps():
+                    with self.lock:
+                        context.invoke()
+                    time.sleep(DRAIN_STEP_S)
+            with self.lock:
+                shared_contexts.release(context)
+
+    def _stop_polling(self) -> None:
+        if self._polling:
+            self._polling = False
+            self.poller.remove(self)
+
+    def _start_poller(self) -> None:
+        if not self._polling:
+            self._polling = True
+            self._closing = False
+            self.poller.add(self, busy=self.busy_poll)
+
+    def _stop_poller(self) -> None:
+        """Stop polling (after the connections were released); the file worker goes too when no other
+        endpoint uses it."""
+        self._closing = True
+        if self._files is not None:
+            self._files = None
+            shared_stream_files.release(self.poller)
+        self._stop_polling()

@@ -1,0 +1,290 @@
+"""The blocking API's poller: one thread per process runs the duty cycle of every blocking server and
+client, and a thread that waits for an answer (a remote call, ``receive``, ``ping``) runs the cycles itself
+meanwhile, so the answer is taken in by the thread that wants it, with no hand-over between threads.
+
+One re-entrant lock guards every machine the poller drives and the drivers it invokes: the poll thread
+and a waiting caller hold it while they cycle, an application thread while it sends. Listeners run on
+the thread that cycles (the poll thread, or a caller waiting for an answer), with the lock held; they
+must not wait for an answer themselves (:class:`~..errors.BlockingListenerError`).
+
+Waiting: the poll thread parks on the doorbells of the logs it reads (a writer rings) and on a pipe that
+:meth:`PollThread.kick` writes to; with ``busy_poll`` it spins instead, stepping aside while an application
+thread drives (two Python threads spinning would fight for the GIL)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import ClassVar, Generic, TypeVar
+
+from ...files.doorbell import Doorbell
+from ..endpoint import Polled
+from ..errors import BlockingListenerError
+from ..pacing import Backoff, Nap, Pacer, Sleep, Step, Wake
+from ..polling import Parked, ParkOn, PollCore
+
+__all__ = ["CALLER_SPIN_S", "Outcome", "PollThread", "ThreadBackoff"]
+
+T = TypeVar("T")
+
+log = logging.getLogger("slipstream.network")
+
+CALLER_SPIN_S = 2e-4
+"""How long a waiting caller runs the cycles itself before leaving them to the poll thread (without
+``busy_poll``): an answer within this time is taken in by the caller, with no thread hand-over."""
+DRIVEN_GRACE_NS = 2_000_000
+"""A busy poll thread leaves the cycles to the application this long after a caller last drove them."""
+_SPIN_FOREVER_S = 1e9
+
+
+class ThreadBackoff(Backoff):
+    """The back-off ladder with blocking waits: a pause spent in ``select`` on the doorbells and on a
+    pipe that :meth:`kick` writes to (so an application thread ends it at once)."""
+
+    def __init__(self) -> None:
+        super().__init__(spins=0, spin_s=0.0)  # (a thread that spins holds the GIL from the others)
+        self._kick_read, self._kick_write = os.pipe()
+        os.set_blocking(self._kick_read, False)
+        os.set_blocking(self._kick_write, False)
+        self.parked = False
+        """True while waiting in :meth:`park` or :meth:`take`'s sleep."""
+
+    def busy(self, on: bool) -> None:
+        """Spin (``busy_poll``) or wait on the doorbells when idle."""
+        # Busy: yield, and nap (the GIL let go) after ``spins`` when an embedded driver thread needs it.
+        self.spins, self.spin_s = (10, _SPIN_FOREVER_S) if on else (0, 0.0)
+        self.reset()
+
+    def kick(self) -> None:
+        """Reset the back-off and end a pause in progress."""
+        self.reset()
+        if self.parked:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._kick_write, b"k")
+
+    def take(self, step: Step) -> None:
+        """Carry out ``step``: a pause (a kick ends it), a nap, or a yield of the CPU (which lets the GIL go)."""
+        if isinstance(step, Sleep):
+            self.park((), step.seconds)
+        elif isinstance(step, Nap):
+            time.sleep(step.seconds)
+        elif step.give_cpu:
+            os.sched_yield()
+
+    def park(self, doorbells: Sequence[Doorbell], pause_s: float, inputs: Sequence[int] = ()) -> Wake:
+        """A pause of up to ``pause_s`` on ``doorbells``, the readable descriptors ``inputs`` and the kick
+        pipe; what ended it. The caller has set its parked bytes and checked its images once more."""
+        bells = {bell.fileno(): bell for bell in doorbells}
+        self.parked = True
+        try:
+            readable, _, _ = select.select([self._kick_read, *bells, *inputs], [], [], max(0.0, pause_s))
+        except (OSError, ValueError):  # a doorbell or input closed meanwhile (its context went): park afresh
+            return Wake.KICK
+        finally:
+            self.parked = False
+        if not readable:
+            return Wake.TIMEOUT
+        rung = False
+        for fd in readable:
+            if fd == self._kick_read:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._kick_read, 512)
+            elif (bell := bells.get(fd)) is not None:
+                bell.drain()
+                rung = True
+        if rung:
+            return Wake.RUNG
+        return Wake.KICK if self._kick_read in readable else Wake.INPUT
+
+
+class PollThread(PollCore):
+    """The process's poll thread for blocking endpoints, and the lock over what it drives."""
+
+    _shared: ClassVar[PollThread | None] = None
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self.backoff: ThreadBackoff = ThreadBackoff()
+        super().__init__(Pacer(self.backoff))
+        self.lock = threading.RLock()
+        """Held while a machine of the polled endpoints is driven (by the poll thread, a waiting caller,
+        or an application thread sending)."""
+        self._state = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._busy: dict[int, int] = {}  # endpoint id -> 1 for each endpoint that asked for busy_poll
+        self._local = threading.local()
+        self._driving = 0
+        self._driven_ns = 0
+
+    @classmethod
+    def shared(cls) -> PollThread:
+        """The process's poll thread (made on first use; its thread runs while endpoints are polled)."""
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = PollThread()
+            return cls._shared
+
+    # -- endpoints ----------------------------------------------------------------------------------
+
+    def add(self, endpoint: Polled, *, busy: bool = False) -> None:
+        """Poll ``endpoint`` from now on (starting the thread if needed); ``busy``: spin when idle."""
+        with self._state:
+            if endpoint not in self.endpoints:
+                self.endpoints.append(endpoint)
+            if busy:
+                self._busy[id(endpoint)] = 1
+            self.backoff.busy(bool(self._busy))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="slipstream-network-poller", daemon=True)
+                self._thread.start()
+        self.backoff.kick()
+
+    def remove(self, endpoint: Polled) -> None:
+        """Stop polling ``endpoint`` (the thread ends with the last one)."""
+        with self._state:
+            if endpoint in self.endpoints:
+                self.endpoints.remove(endpoint)
+            self._busy.pop(id(endpoint), None)
+            self.backoff.busy(bool(self._busy))
+        self.backoff.kick()
+
+    def kick(self) -> None:
+        """Have the poll thread run a cycle now (new work, or a new timer)."""
+        self.backoff.kick()
+
+    # -- cycles ----------------------------------------------------------------------------------------
+
+    @property
+    def cycling(self) -> bool:
+        """Whether the calling thread is inside a duty cycle (a listener runs)."""
+        return bool(getattr(self._local, "cycling", False))
+
+    def _cycle(self, now_ns: int) -> int:
+        with self.lock:
+            self._local.cycling = True
+            try:
+                return super()._cycle(now_ns)
+            finally:
+                self._local.cycling = False
+
+    def _park(self) -> Parked | None:
+        with self.lock:
+            return super()._park()
+
+    def _run(self) -> None:
+        """The poll thread: serve while endpoints remain (a bug logged, never the end of every connection)."""
+        while True:
+            try:
+                self._serve()
+            except Exception:
+                log.exception("network poll thread failed")
+                time.sleep(0.01)
+            with self._state:
+                if not self.endpoints:
+                    self._thread = None
+                    return
+
+    def _serve(self) -> None:
+        """Carry out each wait of :meth:`~..polling.PollCore.waits`, stepping aside while an application
+        thread drives the cycles itself."""
+        waits = self.waits()
+        try:
+            wait = next(waits)
+            while True:
+                wake: Wake | None = None
+                self._step_aside()
+                if isinstance(wait, ParkOn):
+                    wake = self.backoff.park(wait.doorbells, wait.seconds, wait.inputs)
+                else:
+                    self.backoff.take(wait)
+                wait = waits.send(wake)
+        except StopIteration:
+            pass
+        finally:
+            waits.close()
+
+    def _step_aside(self) -> None:
+        """While an application thread drives the cycles (or did a moment ago, with ``busy_poll``), wait."""
+        while self.endpoints and (
+            self._driving or (self._busy and time.monotonic_ns() - self._driven_ns < DRIVEN_GRACE_NS)
+        ):
+            time.sleep(DRIVEN_GRACE_NS / 2e9)
+
+    def drive(
+        self, done: Callable[[], bool], block: Callable[[float], object], deadline_ns: int | None, *, busy: bool
+    ) -> bool:
+        """Run the duty cycles in the calling thread until ``done()`` (True) or ``deadline_ns`` (False).
+        Without ``busy`` only for :data:`CALLER_SPIN_S`; then ``block(seconds)`` waits (woken, or not, by
+        what the poll thread does), in slices, until done or the deadline."""
+        if self.cycling:
+            raise BlockingListenerError(
+                "a listener cannot wait for an answer (it runs inside the cycle that would take the answer "
+                "in): send with send_nowait, or wait in another thread"
+            )
+        spin_until = time.monotonic_ns() + (2**62 if busy else int(CALLER_SPIN_S * 1e9))
+        spins = 0
+        with self.lock:
+            self._driving += 1
+            try:
+                while not done():
+                    now_ns = time.monotonic_ns()
+                    if deadline_ns is not None and now_ns >= deadline_ns:
+                        return False
+                    if now_ns >= spin_until:
+                        break
+                    if self._cycle(now_ns):
+                        continue
+                    spins += 1
+                    if self._threaded() and spins & 7 == 0:
+                        time.sleep(self.backoff.nap_s)  # an embedded driver thread needs our GIL to move the answer
+                    elif spins & 63 == 0:
+                        os.sched_yield()  # (give a process waiting for this CPU its turn now and then)
+                else:
+                    return True
+            finally:
+                self._driving -= 1
+                self._driven_ns = time.monotonic_ns()
+        self.kick()  # the poll thread takes over the cycles
+        while not done():
+            remaining = None if deadline_ns is None else (deadline_ns - time.monotonic_ns()) / 1e9
+            if remaining is not None and remaining <= 0:
+                return False
+            block(0.05 if remaining is None else min(0.05, remaining))
+        return True
+
+
+class Outcome(Generic[T]):
+    """What one blocking caller waits for: a result or an exception, set by whichever thread cycles."""
+
+    __slots__ = ("_error", "_event", "_result")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._result: T | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set_result(self, result: T) -> None:
+        self._result = result
+        self._event.set()
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._error = exception
+        self._event.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds for the outcome; whether it is there."""
+        return self._event.wait(timeout)
+
+    def result(self) -> T:
+        """The result (raising the exception instead); only once :meth:`done`."""
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]

@@ -1,0 +1,326 @@
+"""The blocking API (issue 32): ``slipstream.network.sync``'s Server, Client and Connection over real
+drivers, shared memory and UDP on loopback; threads that wait for answers run the cycles themselves, and
+what the blocking API cannot do (a listener waiting, a coroutine) is said, not hung on."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection as Pipe
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from slipstream.network import (
+    ConnectionClosedError,
+    RmiCallTimeout,
+)
+from slipstream.network.errors import BlockingListenerError, MessageDispatchError, ReceiveTimeout
+from slipstream.network.sync import INBOX_LIMIT, Client, Connection, Server
+
+from .test_network_aio import client_config, free_ports, server_config
+from .test_network_rmi import Calc, CalcError, Counter, Factory, ICalc, ICounter, IFactory, Point
+
+
+class Quote(msgspec.Struct):
+    id: int
+    price: float
+    symbol: str
+
+
+class Other(msgspec.Struct):
+    text: str
+
+
+MESSAGES = [Quote, Other]
+
+
+def wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.005)
+
+
+@contextmanager
+def pair(
+    driver_dir: Path, transport: str = "ipc", *, busy: bool = False, **kwargs: Any
+) -> Iterator[tuple[Server, Client, Connection]]:
+    """A blocking server and client in this process, connected over ``transport`` (the server echoes Quotes)."""
+    ipc = transport == "ipc"
+    server = Server(server_config(driver_dir, messages=MESSAGES, enable_ipc=ipc, **kwargs), busy_poll=busy)
+    client_dir = driver_dir if ipc else Path(f"{driver_dir}-client")
+    client = Client(client_config(client_dir, messages=MESSAGES, enable_ipc=ipc, **kwargs), busy_poll=busy)
+    try:
+
+        @server.on_message(Quote)
+        def echo(connection: Connection, quote: Quote) -> None:
+            connection.send_nowait(quote)
+
+        if ipc:
+            server.bind_ipc()
+            connection = client.connect_ipc(timeout=10)
+        else:
+            port = free_ports(2)
+            server.bind(port)
+            connection = client.connect("127.0.0.1", port, timeout=10)
+        wait_until(lambda: server.connections)  # (the server sees it up a moment after the client)
+        yield server, client, connection
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize("transport", ["ipc", "udp"])
+def test_send_receive_ping_and_send_sync_in_blocking_code(driver_dir: Path, transport: str) -> None:
+    with pair(driver_dir, transport) as (server, _client, connection):
+        connection.send(Quote(1, 2.5, "ACME"))
+        assert connection.receive(timeout=5) == Quote(1, 2.5, "ACME")
+        for i in range(200):  # many round trips, in order, nothing lost
+            assert connection.send_nowait(Quote(i, 0.5, "X")) or connection.send(Quote(i, 0.5, "X")) is None
+        assert [connection.receive(timeout=5) for _ in range(200)] == [Quote(i, 0.5, "X") for i in range(200)]
+        connection.send_sync(Quote(7, 1.0, "S"), timeout=5)  # returns once the server's listener ran
+        assert connection.receive(timeout=5) == Quote(7, 1.0, "S")
+        ping = connection.ping(timeout=5)
+        assert 0 < ping.round_trip < 1
+        assert len(server.connections) == 1
+
+
+def test_a_message_no_listener_takes_waits_for_receive_and_receive_times_out(driver_dir: Path) -> None:
+    with pair(driver_dir) as (server, _client, connection):
+        (peer,) = server.connections
+        peer.send(Other("for receive"))
+        assert connection.receive(timeout=5) == Other("for receive")
+        started = time.monotonic()
+        with pytest.raises(ReceiveTimeout):
+            connection.receive(timeout=0.2)
+        assert 0.15 <= time.monotonic() - started < 2
+
+
+def test_a_full_inbox_stops_reading_and_nothing_is_lost(driver_dir: Path) -> None:
+    count = INBOX_LIMIT + 500
+    with pair(driver_dir) as (server, _client, connection):
+        (peer,) = server.connections
+        sender = threading.Thread(target=lambda: [peer.send(Other(str(i))) for i in range(count)], daemon=True)
+        sender.start()
+        time.sleep(0.5)  # the client's poll thread reads until its inbox is full, then leaves the rest unread
+        assert connection.stats["messages_received"] <= INBOX_LIMIT + 64
+        got = [connection.receive(timeout=10) for _ in range(count)]
+        sender.join(10)
+        assert got == [Other(str(i)) for i in range(count)]
+
+
+def test_listeners_connect_and_disconnect_run_once_each(driver_dir: Path) -> None:
+    seen: list[str] = []
+    server = Server(server_config(driver_dir, messages=MESSAGES, enable_ipc=True))
+    client = Client(client_config(driver_dir, messages=MESSAGES, enable_ipc=True))
+    server.on_connect(lambda connection: seen.append("server connect"))
+    server.on_disconnect(lambda connection: seen.append("server disconnect"))
+    client.on_disconnect(lambda connection: seen.append("client disconnect"))
+    try:
+        server.bind_ipc()
+        connection = client.connect_ipc(timeout=10)
+        wait_until(lambda: "server connect" in seen)
+        connection.close()
+        assert connection.is_closed
+        wait_until(lambda: "server disconnect" in seen)
+        assert sorted(seen) == ["client disconnect", "server connect", "server disconnect"]
+        with pytest.raises(ConnectionClosedError):
+            connection.receive(timeout=1)
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_listener_that_waits_for_an_answer_is_told_so_and_an_async_listener_is_refused(driver_dir: Path) -> None:
+    errors: list[BaseException] = []
+    with pair(driver_dir) as (server, client, connection):
+        server.on_error(lambda connection, error: errors.append(error))
+
+        @server.on_message(Other)
+        def waits(peer: Connection, message: Other) -> None:
+            peer.ping(timeout=1)  # would wait inside the cycle that takes the pong in
+
+        connection.send(Other("x"))
+        wait_until(lambda: errors)
+        assert isinstance(errors[0], BlockingListenerError)
+
+        @connection.on_message(Quote)  # the client's own listener for the echo: a coroutine
+        async def coroutine(peer: Connection, message: Quote) -> None:
+            pass
+
+        client_errors: list[BaseException] = []
+        client.on_error(lambda connection, error: client_errors.append(error))
+        connection.send(Quote(1, 1.0, "echoed"))
+        wait_until(lambda: client_errors)
+        assert isinstance(client_errors[0], TypeError) and "plain function" in str(client_errors[0])
+        assert connection.ping(timeout=5).round_trip > 0  # the connection goes on
+
+
+def test_a_message_for_a_file_nobody_listens_to_is_reported_not_kept(driver_dir: Path, tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+    with pair(driver_dir) as (server, _client, connection):
+        server.on_error(lambda connection, error: errors.append(error))
+        source = tmp_path / "f.bin"
+        source.write_bytes(b"x" * 1000)
+        connection.send_sync(source, timeout=10)
+        wait_until(lambda: errors)
+        assert isinstance(errors[0], MessageDispatchError)
+
+
+def test_connection_class_must_be_the_blocking_connection(driver_dir: Path) -> None:
+    from slipstream.network import Connection as AsyncConnection
+
+    class Mine(AsyncConnection):
+        pass
+
+    with pytest.raises(TypeError, match=r"sync\.Connection"):
+        Server(server_config(driver_dir, messages=MESSAGES, connection_class=Mine))
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_threads_share_one_connection(driver_dir: Path, busy: bool) -> None:
+    """Four threads each send and wait (send_sync, ping) on one connection at once; every wait ends."""
+    with pair(driver_dir, busy=busy) as (_server, _client, connection):
+        failures: list[BaseException] = []
+
+        def work(n: int) -> None:
+            try:
+                for i in range(100):
+                    connection.send_sync(Other(f"{n}-{i}"), timeout=10) if i % 2 else connection.ping(timeout=10)
+            except BaseException as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert failures == [] and not any(thread.is_alive() for thread in threads)
+
+
+# -- remote objects --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["ipc", "udp"])
+def test_blocking_proxies_call_remote_objects(driver_dir: Path, transport: str) -> None:
+    interfaces = [(ICalc, Calc), (ICounter, Counter), (IFactory, Factory)]
+    ipc = transport == "ipc"
+    server = Server(
+        server_config(driver_dir, messages=[Point], interfaces=interfaces, exceptions=[CalcError], enable_ipc=ipc)
+    )
+    client_dir = driver_dir if ipc else Path(f"{driver_dir}-client")
+    client = Client(
+        client_config(
+            client_dir, messages=[Point], interfaces=[ICalc, ICounter, IFactory], exceptions=[CalcError], enable_ipc=ipc
+        )
+    )
+    try:
+        calc_id = server.rmi.save(Calc())
+        if ipc:
+            server.bind_ipc()
+            connection = client.connect_ipc(timeout=10)
+        else:
+            port = free_ports(2)
+            server.bind(port)
+            connection = client.connect("127.0.0.1", port, timeout=10)
+        calc = connection.rmi.get_global(ICalc, calc_id)
+        assert calc.add(2, 3) == 5
+        assert [calc.add(i, i) for i in range(300)] == [2 * i for i in range(300)]
+        with pytest.raises(CalcError, match="boom"):
+            calc.fail("boom")
+        with pytest.raises(TypeError, match="async"):
+            calc.slow(1)  # an async def method cannot run on a blocking host
+        counter = connection.rmi.create(ICounter, 5, timeout=5)
+        assert counter.increment(2) == 7
+        factory = connection.rmi.create(IFactory, timeout=5)
+        made = factory.make_counter(10)
+        assert made.increment(1) == 11
+        calc.rmi_async().bump()  # fire and forget: returns None at once
+        assert calc.add(1, 1) == 2  # (after the bump: calls run in order)
+    finally:
+        client.close()
+        server.close()
+
+
+class Slow(Calc):
+    def add(self, a: int, b: int) -> int:
+        time.sleep(1.0)
+        return a + b
+
+
+def _slow_host(pipe: Pipe, directory: str) -> None:
+    config = server_config(Path(directory), messages=[Point], interfaces=[(ICalc, Slow)], enable_ipc=True)
+    with Server(config) as server:
+        pipe.send(server.rmi.save(Slow()))
+        server.bind_ipc()
+        pipe.send("ready")
+        pipe.poll(60)
+
+
+def test_a_remote_call_times_out_by_the_connection_s_timer(driver_dir: Path) -> None:
+    """The host (another process) takes 1 s; the proxy's 0.3 s timeout ends the call with RmiCallTimeout."""
+    with child(_slow_host, driver_dir) as pipe:
+        calc_id = pipe.recv()
+        assert pipe.recv() == "ready"
+        config = client_config(driver_dir, messages=[Point], interfaces=[ICalc], enable_ipc=True, driver="external")
+        with Client(config) as client:
+            calc = client.connect_ipc(timeout=10).rmi.get_global(ICalc, calc_id)
+            calc.rmi_timeout = 0.3
+            started = time.monotonic()
+            with pytest.raises(RmiCallTimeout):
+                calc.add(1, 2)
+            assert 0.25 <= time.monotonic() - started < 0.9
+
+
+# -- across processes --------------------------------------------------------------------------------
+
+
+def _echo_server(pipe: Pipe, directory: str, busy: bool) -> None:
+    with Server(
+        server_config(Path(directory), messages=MESSAGES, enable_ipc=True, driver="invoker"), busy_poll=busy
+    ) as server:
+
+        @server.on_message(Quote)
+        def echo(connection: Connection, quote: Quote) -> None:
+            connection.send_nowait(quote)
+
+        server.bind_ipc()
+        pipe.send("ready")
+        pipe.poll(60)
+
+
+@contextmanager
+def child(target: Any, driver_dir: Path, *args: Any) -> Iterator[Pipe]:
+    """``target(pipe, directory, *args)`` in a spawned process; told to stop (and joined) at the end."""
+    context = multiprocessing.get_context("spawn")
+    parent, end = context.Pipe()
+    process = context.Process(target=target, args=(end, str(driver_dir), *args), daemon=True)
+    process.start()
+    try:
+        assert parent.poll(30), "the child did not start"
+        yield parent
+    finally:
+        parent.send("stop")
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+    assert process.exitcode == 0
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_blocking_client_and_server_in_two_processes(driver_dir: Path, busy: bool) -> None:
+    with child(_echo_server, driver_dir, busy) as pipe:
+        assert pipe.recv() == "ready"
+        config = client_config(driver_dir, messages=MESSAGES, enable_ipc=True, driver="external")
+        with Client(config, busy_poll=busy) as client:
+            connection = client.connect_ipc(timeout=10)
+            for i in range(2000):
+                connection.send(Quote(i, 1.0, "RT"))
+                assert connection.receive(timeout=5) == Quote(i, 1.0, "RT")
