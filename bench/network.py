@@ -315,12 +315,12 @@ def blocking_api_missing() -> str | None:
 
 def slip_server_sync(pipe: Pipe, p: Params) -> None:
     """``slip_server`` through the blocking API: the listener echoes on the server's busy-polling thread."""
-    from slipstream.network.sync import Server
+    from slipstream.network.sync import Connection, Server
 
     with Server(_server_config(p), busy_poll=True) as server:
 
         @server.on_message(Quote)
-        def on_quote(connection: Any, quote: Quote) -> None:
+        def on_quote(connection: Connection, quote: Quote) -> None:
             if quote.id < 0:  # round-trip probe: echo it
                 connection.send_nowait(quote)
 
@@ -337,8 +337,7 @@ def slip_client_sync(pipe: Pipe, p: Params) -> None:
     taken with ``receive``); busy-polling, so no idle CPU or parked figures."""
     from slipstream.network.sync import Client
 
-    client = Client(_client_config(p), busy_poll=True)
-    try:
+    with Client(_client_config(p), busy_poll=True) as client:
         if p.transport == "ipc":
             connection = client.connect_ipc(timeout=20)
         else:
@@ -369,8 +368,6 @@ def slip_client_sync(pipe: Pipe, p: Params) -> None:
         results.update(_rtt_figures(rtts))
         pipe.send(("result", results))
         expect(pipe, "close", 30, "blocking client")
-    finally:
-        client.close()
 
 
 def run_slipstream_sync(transport: str, quick: bool) -> dict[str, Any]:

@@ -208,13 +208,10 @@ def slip_client_sync(pipe: Pipe, p: Params) -> None:
 
     object_id = expect(pipe, "go", 60, "blocking client")
     _, client_config = _configs(p)
-    client = Client(client_config, busy_poll=True)
-    try:
+    with Client(client_config, busy_poll=True) as client:
         connection = client.connect("127.0.0.1", p.port, timeout=30)
         calc = connection.rmi.get_global(ICalc, object_id)
         result = {"awaited_per_s": _awaited_rate(calc.add, p)}
-    finally:
-        client.close()
     pipe.send(("result", result))
 
 
