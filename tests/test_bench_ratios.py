@@ -77,3 +77,11 @@ def test_rmi_ratios_compare_each_peer_and_skip_what_did_not_run() -> None:
     assert stored["udp.blocking.awaited_vs_rpyc"] == 0.25
     assert not any(key.startswith("udp.asyncio") or "blocking.oneway" in key for key in stored)
     assert all(isinstance(row, Comparison) and row.unit == "calls/s" for row in rows)
+
+
+def test_a_transport_slower_than_the_application_marks_the_run_disturbed() -> None:
+    results = _network_results()
+    results["transport-ipc"] = {"rtt_p50_us": 1000.0}  # two spinning processes starved onto one core
+    ipc = network.app_overhead(results)["ipc.asyncio"]
+    assert ipc["disturbed"] is True and ipc["met"] is False and ipc["overhead_us"] == -960.0
+    assert "DISTURBED" in network.overhead_table({"ipc.asyncio": ipc})
