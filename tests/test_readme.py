@@ -23,8 +23,9 @@ def is_network_tour(block: str) -> bool:
 
 
 def test_the_network_tour_is_found() -> None:
-    """Its printed lines are checked only if the test finds it: exactly one snippet."""
+    """Its printed lines are checked only if the test finds it: exactly one snippet (and one blocking one)."""
     assert sum(map(is_network_tour, blocks("python"))) == 1
+    assert sum("slipstream.network.sync" in block for block in blocks("python")) == 1
 
 
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
@@ -42,6 +43,8 @@ def test_python_snippet_runs(index: int, driver_dir: Path) -> None:
         lines = done.stdout.splitlines()
         assert len(lines) == 2 and lines[0] == "hello, world", done.stdout
         assert re.fullmatch(r"round trip \d+ us, server key [0-9a-f]{8}\.\.\.", lines[1]), done.stdout
+    if "slipstream.network.sync" in blocks("python")[index]:  # the blocking tour
+        assert done.stdout.splitlines() == ["hello, world", "hello, sync"], done.stdout
     if "IAccount" in blocks("python")[index]:  # the remote-objects tour
         assert done.stdout.splitlines() == ["100 70", "refused: balance 70, asked 1000", "True"], done.stdout
 
