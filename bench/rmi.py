@@ -8,11 +8,11 @@ by one (coroutines on one connection for slipstream, as asyncio does it; threads
 connection each for the peers, as they do it); then sends fire-and-forget ``bump()`` calls and waits
 until the host counted them all (calls per second). The blocking API (``slipstream.network.sync``, both
 sides busy-polling) is measured beside the asyncio one: a blocking proxy's calls one at a time, the way
-the peers are called. Every ratio, printed and stored (the JSON's ``ratios``), is > 1 where slipstream
-is better. slipstream is encrypted (Noise + ChaCha20-Poly1305) over
-UDP loopback and over IPC; Pyro5 (serpent over TCP) and RPyC (its classic brine protocol over TCP)
-run with their unencrypted defaults. RPyC has no fire-and-forget: ``rpyc.async_`` still receives a
-reply, so its row counts calls whose replies were not awaited one by one.
+the peers are called. slipstream is encrypted (Noise + ChaCha20-Poly1305) over UDP loopback and over IPC;
+Pyro5 (serpent over TCP) and RPyC (its classic brine protocol over TCP) run with their unencrypted
+defaults. RPyC has no fire-and-forget: ``rpyc.async_`` still receives a reply, so its row counts calls
+whose replies were not awaited one by one. Every ratio, printed and stored (the JSON's ``ratios``), is
+> 1 where slipstream is better.
 
 Streaming: a client sends a 1 GiB file (``connection.send(Path)``) to a server over IPC and over UDP
 loopback; the time runs from the send to the server's listener holding the checked copy; each
