@@ -104,16 +104,27 @@ def test_a_message_no_listener_takes_waits_for_receive_and_receive_times_out(dri
 
 
 def test_a_full_inbox_stops_reading_and_nothing_is_lost(driver_dir: Path) -> None:
-    count = INBOX_LIMIT + 500
-    with pair(driver_dir) as (server, _client, connection):
+    """A reader that leaves its inbox full for longer than the connection's expiry keeps its connection
+    (its peer is not silent, only unread) and then receives every message, in order. What it holds is
+    bounded: INBOX_LIMIT messages, plus those of the records one poll took in."""
+    count = 6000
+    text = "x" * 1000
+    with pair(driver_dir, connection_expiry=1.0) as (server, client, connection):
         (peer,) = server.connections
-        sender = threading.Thread(target=lambda: [peer.send(Other(str(i))) for i in range(count)], daemon=True)
+
+        def send() -> None:
+            for i in range(count):
+                peer.send(Other(f"{i} {text}"))
+
+        sender = threading.Thread(target=send, daemon=True)
         sender.start()
-        time.sleep(0.5)  # the client's poll thread reads until its inbox is full, then leaves the rest unread
-        assert connection.stats["messages_received"] <= INBOX_LIMIT + 64
+        time.sleep(2.5)  # the client's poll thread reads until its inbox is full, then leaves the rest unread
+        held = connection.stats["messages_received"]
+        assert INBOX_LIMIT <= held < count // 2, held
         got = [connection.receive(timeout=10) for _ in range(count)]
         sender.join(10)
-        assert got == [Other(str(i)) for i in range(count)]
+        assert got == [Other(f"{i} {text}") for i in range(count)]
+        assert client.connection is connection and not connection.is_closed
 
 
 def test_listeners_connect_and_disconnect_run_once_each(driver_dir: Path) -> None:

@@ -245,15 +245,19 @@ class ConnectionBase(ConnectionHooks, Generic[T]):
         work = 0
         behind = (streams := machine.streams) is not None and streams.write_backlog > WRITE_BACKLOG_PAUSE
         self._dispatch_held()  # (what finished made room for held messages and calls)
-        if not (machine.closed or behind or self._work.holding or self._reading_paused()):
-            # (The disk behind, or the application: the peer waits, held back by the transport's flow control.)
-            work = self._link.poll()
+        paused = behind or self._work.holding or self._reading_paused()
+        if not machine.closed:
+            # Paused: the disk behind, or the application; the peer waits, held back by the transport's flow
+            # control, and is not silent for that: only its stream going away ends the connection then.
+            work = 0 if paused else self._link.poll()
             if not work and not self._link.subscription.is_connected:
                 # The peer's publication is gone (closed, or silent past the image liveness): no CLOSE
                 # is coming (a server closed while our streams came up never sent one).
                 machine.lost("the peer's stream ended")
                 self._process_events()
                 return 1
+            if paused:
+                machine.last_received_ns = now_ns
         deadline = machine.deadline_ns
         if deadline is not None and now_ns >= deadline:
             machine.handle_timer(now_ns)

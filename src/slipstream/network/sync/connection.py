@@ -26,6 +26,10 @@ __all__ = ["BACKLOG_LIMIT", "DRIVER_LOST", "INBOX_LIMIT", "Connection"]
 
 INBOX_LIMIT = 1024
 """Messages no listener took that may wait for ``receive``; beyond, the connection stops reading."""
+_BURST_GAP_NS = 10_000
+"""An append this soon after the previous one is part of a burst (a loop of sends), not a lone message."""
+_BATCH = 8
+"""Records sealed in a burst after which they are offered at once."""
 _SAFETY_S = 5.0
 """How long past a machine's own timeout a wait goes on before it gives up (the machine's timer, run by
 the cycles, normally ends it first)."""
@@ -45,8 +49,11 @@ class Connection(ConnectionBase[RmiSession]):
         owner = kwargs["owner"]
         self._lock: Any = owner.lock
         self._drive = owner.drive
+        self._note_application = owner.poller.note_application
         self._inbox: deque[object] = deque()
         self._arrived = threading.Event()
+        self._appended_ns = 0
+        self._kicked = False
         super().__init__(**kwargs)
 
     def _flag(self) -> Flag:
@@ -169,6 +176,10 @@ class Connection(ConnectionBase[RmiSession]):
         self._link.close()
         self._machine.shutdown()
 
+    def flush(self) -> int:
+        self._kicked = False  # (what is appended from now on is a new batch: its first defers with a kick)
+        return super().flush()
+
     def _reading_paused(self) -> bool:
         return len(self._inbox) >= INBOX_LIMIT
 
@@ -195,7 +206,17 @@ class Connection(ConnectionBase[RmiSession]):
             raise ConnectionClosedError("the connection is closed")
 
     def _after_append(self) -> None:
-        """What the application appended leaves now, from its own thread; over UDP an invoker-mode driver
-        sends it at once."""
+        """What the application appended leaves now, from its own thread (over UDP an invoker-mode driver
+        sends it at once), unless it comes right after the last append: a burst shares records, offered
+        every :data:`_BATCH` records, and what is left goes with the cycle the poll thread is kicked for."""
+        self._note_application()
+        now_ns = time.monotonic_ns()
+        burst = now_ns - self._appended_ns < _BURST_GAP_NS
+        self._appended_ns = now_ns
+        if burst and self._machine.sealed_count < _BATCH:
+            if not self._kicked:
+                self._kicked = True
+                self._owner.wake()  # (its cycle flushes what is pending)
+            return
         if self.flush() and self._udp:
             self._owner.send_now(self._link.publication)

@@ -157,6 +157,11 @@ class PollThread(PollCore):
         """Have the poll thread run a cycle now (new work, or a new timer)."""
         self.backoff.kick()
 
+    def note_application(self) -> None:
+        """An application thread sent something: a busy poll thread leaves it the GIL for a moment."""
+        if self._busy and not self.cycling:
+            self._driven_ns = time.monotonic_ns()
+
     # -- cycles ----------------------------------------------------------------------------------------
 
     @property
@@ -209,7 +214,8 @@ class PollThread(PollCore):
             waits.close()
 
     def _step_aside(self) -> None:
-        """While an application thread drives the cycles (or did a moment ago, with ``busy_poll``), wait."""
+        """While an application thread drives the cycles (or did, or sent, a moment ago, with ``busy_poll``:
+        two Python threads that both spin hand the GIL over only every few milliseconds), wait."""
         while self.endpoints and (
             self._driving or (self._busy and time.monotonic_ns() - self._driven_ns < DRIVEN_GRACE_NS)
         ):
