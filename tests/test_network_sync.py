@@ -20,7 +20,7 @@ from slipstream.network import (
     ConnectionClosedError,
     RmiCallTimeout,
 )
-from slipstream.network.errors import BlockingListenerError, MessageDispatchError, ReceiveTimeout
+from slipstream.network.errors import BlockingListenerError, InboxFull, MessageDispatchError, ReceiveTimeout
 from slipstream.network.sync import INBOX_LIMIT, Client, Connection, Server
 
 from .test_network_aio import client_config, free_ports, server_config
@@ -121,6 +121,8 @@ def test_a_full_inbox_stops_reading_and_nothing_is_lost(driver_dir: Path) -> Non
         time.sleep(2.5)  # the client's poll thread reads until its inbox is full, then leaves the rest unread
         held = connection.stats["messages_received"]
         assert INBOX_LIMIT <= held < count // 2, held
+        with pytest.raises(InboxFull):  # the pong could not be read: said at once, not after the timeout
+            connection.ping(timeout=5)
         got = [connection.receive(timeout=10) for _ in range(count)]
         sender.join(10)
         assert got == [Other(f"{i} {text}") for i in range(count)]

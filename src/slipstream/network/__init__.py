@@ -16,6 +16,7 @@ from .aio import Client, Connection, Ping, Server, Transfer
 from .config import ClientConfig, ConfigError, ConfigTypeError, ServerConfig
 from .driverstats import DriverStats
 from .errors import (
+    BlockingListenerError,
     ClientClosedError,
     ClientError,
     ClientRejected,
@@ -23,12 +24,14 @@ from .errors import (
     ConnectionNotPermitted,
     ConnectTimeout,
     DriverNotAttachedError,
+    InboxFull,
     MaxMessageSizeExceeded,
     MessageDecodeError,
     MessageDispatchError,
     MessageTooLarge,
     NetworkError,
     PingTimeout,
+    ReceiveTimeout,
     RegistrationMismatch,
     SendSyncTimeout,
     SendTimeout,
@@ -46,6 +49,7 @@ from .streaming import StreamingError
 from .tuning import DriverSettingsIgnored
 
 __all__ = [
+    "BlockingListenerError",
     "Client",
     "ClientClosedError",
     "ClientConfig",
@@ -60,6 +64,7 @@ __all__ = [
     "DriverNotAttachedError",
     "DriverStats",
     "DriverSettingsIgnored",
+    "InboxFull",
     "MessageDecodeError",
     "MessageDispatchError",
     "MaxMessageSizeExceeded",
@@ -67,6 +72,7 @@ __all__ = [
     "NetworkError",
     "Ping",
     "PingTimeout",
+    "ReceiveTimeout",
     "RegistrationMismatch",
     "SendSyncTimeout",
     "SendTimeout",

@@ -141,6 +141,11 @@ class ReceiveTimeout(NetworkError, TimeoutError):
     """No message for ``receive`` (the blocking API) within its timeout."""
 
 
+class InboxFull(NetworkError):
+    """A blocking wait for an answer on a connection whose inbox is full: it reads nothing (answers
+    included) until ``receive`` takes what waits there."""
+
+
 class BlockingListenerError(NetworkError, RuntimeError):
     """A listener of the blocking API waited for an answer: it runs inside the cycle that would take the
     answer in, so it must send without waiting (``send_nowait``) or leave the waiting to another thread."""
@@ -171,6 +176,7 @@ class UndeliveredError(NetworkError):
 
 __all__ += [
     "BlockingListenerError",
+    "InboxFull",
     "ReceiveTimeout",
     "ClientClosedError",
     "ClientError",

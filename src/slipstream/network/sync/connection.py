@@ -17,7 +17,7 @@ from typing import Any
 
 from ..buffered import Hold
 from ..connected import BACKLOG_LIMIT, DRIVER_LOST, ConnectionBase, Flag
-from ..errors import ConnectionClosedError, ReceiveTimeout, SendTimeout
+from ..errors import ConnectionClosedError, InboxFull, ReceiveTimeout, SendTimeout
 from ..results import Ping
 from .poller import Outcome
 from .rmi import RmiSession
@@ -103,7 +103,8 @@ class Connection(ConnectionBase[RmiSession]):
     def send_sync(self, message: object, timeout: float | None = None) -> None:
         """Send ``message`` and wait until the remote's listeners have handled it (or it reached the
         peer's inbox, for ``receive``); as the asyncio ``send_sync``: raises SendSyncTimeout,
-        ConnectionClosedError, StreamRefused, StreamingError."""
+        ConnectionClosedError, StreamRefused, StreamingError, and InboxFull when this side's inbox is
+        full (the acknowledgement could not be read)."""
         if self._successor is not None:
             return self._successor.send_sync(message, timeout)
         if self._full():
@@ -186,8 +187,14 @@ class Connection(ConnectionBase[RmiSession]):
     # -- internals ----------------------------------------------------------------------------------
 
     def _outcome(self, outcome: Outcome[Any]) -> Any:
-        """Run the cycles until ``outcome`` is in (the machine's timers end every wait), then its result."""
-        self._drive(outcome.done, outcome.wait, None)
+        """Run the cycles until ``outcome`` is in (the machine's timers end every wait), then its result;
+        InboxFull if the inbox fills meanwhile (then the answer could not be read)."""
+        self._drive(lambda: outcome.done() or self._reading_paused(), outcome.wait, None)
+        if not outcome.done():
+            raise InboxFull(
+                f"connection {self.id}: {len(self._inbox)} messages wait for receive(), and nothing more is "
+                "read (the answer included) until they are taken"
+            )
         return outcome.result()
 
     def _successor_within(self, seconds: float) -> Connection:
