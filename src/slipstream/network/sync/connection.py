@@ -28,6 +28,8 @@ INBOX_LIMIT = 1024
 """Messages no listener took that may wait for ``receive``; beyond, the connection stops reading."""
 _BURST_GAP_NS = 10_000
 """An append this soon after the previous one is part of a burst (a loop of sends), not a lone message."""
+_BURST_FLUSH_NS = 50_000
+"""In a burst, what was appended is offered once this long passed since the last offer."""
 _BATCH = 8
 """Records sealed in a burst after which they are offered at once."""
 _SAFETY_S = 5.0
@@ -53,7 +55,8 @@ class Connection(ConnectionBase[RmiSession]):
         self._inbox: deque[object] = deque()
         self._arrived = threading.Event()
         self._appended_ns = 0
-        self._kicked = False
+        self._flushed_ns = 0
+        self._kick = owner.poller.kick
         super().__init__(**kwargs)
 
     def _flag(self) -> Flag:
@@ -178,7 +181,7 @@ class Connection(ConnectionBase[RmiSession]):
         self._machine.shutdown()
 
     def flush(self) -> int:
-        self._kicked = False  # (what is appended from now on is a new batch: its first defers with a kick)
+        self._flushed_ns = time.monotonic_ns()
         return super().flush()
 
     def _reading_paused(self) -> bool:
@@ -215,15 +218,14 @@ class Connection(ConnectionBase[RmiSession]):
     def _after_append(self) -> None:
         """What the application appended leaves now, from its own thread (over UDP an invoker-mode driver
         sends it at once), unless it comes right after the last append: a burst shares records, offered
-        every :data:`_BATCH` records, and what is left goes with the cycle the poll thread is kicked for."""
+        every :data:`_BURST_FLUSH_NS`, and its tail goes with the poll thread's next cycle (within a
+        millisecond; it is woken if it is in a longer pause)."""
         self._note_application()
         now_ns = time.monotonic_ns()
-        burst = now_ns - self._appended_ns < _BURST_GAP_NS
+        burst = now_ns - self._appended_ns < _BURST_GAP_NS and now_ns - self._flushed_ns < _BURST_FLUSH_NS
         self._appended_ns = now_ns
         if burst and self._machine.sealed_count < _BATCH:
-            if not self._kicked:
-                self._kicked = True
-                self._owner.wake()  # (its cycle flushes what is pending)
+            self._kick(long_only=True)
             return
         if self.flush() and self._udp:
             self._owner.send_now(self._link.publication)

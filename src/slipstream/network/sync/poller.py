@@ -53,6 +53,8 @@ class ThreadBackoff(Backoff):
         os.set_blocking(self._kick_write, False)
         self.parked = False
         """True while waiting in :meth:`park` or :meth:`take`'s sleep."""
+        self.pause_s = 0.0
+        """How long the pause in progress (or the last one) may last."""
 
     def busy(self, on: bool) -> None:
         """Spin (``busy_poll``) or wait on the doorbells when idle."""
@@ -60,10 +62,11 @@ class ThreadBackoff(Backoff):
         self.spins, self.spin_s = (10, _SPIN_FOREVER_S) if on else (0, 0.0)
         self.reset()
 
-    def kick(self) -> None:
-        """Reset the back-off and end a pause in progress."""
+    def kick(self, *, long_only: bool = False) -> None:
+        """Reset the back-off and end a pause in progress (``long_only``: only a pause longer than the
+        ladder's short ones, which end soon by themselves)."""
         self.reset()
-        if self.parked:
+        if self.parked and not (long_only and self.pause_s <= self.max_sleep_s):
             with contextlib.suppress(BlockingIOError):
                 os.write(self._kick_write, b"k")
 
@@ -80,6 +83,7 @@ class ThreadBackoff(Backoff):
         """A pause of up to ``pause_s`` on ``doorbells``, the readable descriptors ``inputs`` and the kick
         pipe; what ended it. The caller has set its parked bytes and checked its images once more."""
         bells = {bell.fileno(): bell for bell in doorbells}
+        self.pause_s = pause_s
         self.parked = True
         try:
             readable, _, _ = select.select([self._kick_read, *bells, *inputs], [], [], max(0.0, pause_s))
@@ -153,9 +157,10 @@ class PollThread(PollCore):
             self.backoff.busy(bool(self._busy))
         self.backoff.kick()
 
-    def kick(self) -> None:
-        """Have the poll thread run a cycle now (new work, or a new timer)."""
-        self.backoff.kick()
+    def kick(self, *, long_only: bool = False) -> None:
+        """Have the poll thread run a cycle now (new work, or a new timer); ``long_only``: only if it is in
+        a long pause (a short one ends within a millisecond anyway)."""
+        self.backoff.kick(long_only=long_only)
 
     def note_application(self) -> None:
         """An application thread sent something: a busy poll thread leaves it the GIL for a moment."""
