@@ -27,7 +27,8 @@ __all__ = ["BACKLOG_LIMIT", "DRIVER_LOST", "INBOX_LIMIT", "Connection"]
 INBOX_LIMIT = 1024
 """Messages no listener took that may wait for ``receive``; beyond, the connection stops reading."""
 _BURST_GAP_NS = 10_000
-"""An append this soon after the previous one is part of a burst (a loop of sends), not a lone message."""
+"""An append this soon after the previous one returned is part of a burst (a loop of sends), not a lone
+message (a request waits for its answer longer than this)."""
 _BURST_FLUSH_NS = 50_000
 """In a burst, what was appended is offered once this long passed since the last offer."""
 _BATCH = 8
@@ -223,9 +224,8 @@ class Connection(ConnectionBase[RmiSession]):
         self._note_application()
         now_ns = time.monotonic_ns()
         burst = now_ns - self._appended_ns < _BURST_GAP_NS and now_ns - self._flushed_ns < _BURST_FLUSH_NS
-        self._appended_ns = now_ns
         if burst and self._machine.sealed_count < _BATCH:
             self._kick(long_only=True)
-            return
-        if self.flush() and self._udp:
+        elif self.flush() and self._udp:
             self._owner.send_now(self._link.publication)
+        self._appended_ns = time.monotonic_ns()  # (after the offer: the gap is the application's own)
