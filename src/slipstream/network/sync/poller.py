@@ -34,11 +34,14 @@ T = TypeVar("T")
 
 log = logging.getLogger("slipstream.network")
 
-CALLER_SPIN_S = 2e-4
+CALLER_SPIN_S = 5e-4
 """How long a waiting caller runs the cycles itself before leaving them to the poll thread (without
 ``busy_poll``): an answer within this time is taken in by the caller, with no thread hand-over."""
 DRIVEN_GRACE_NS = 2_000_000
 """A busy poll thread leaves the cycles to the application this long after a caller last drove them."""
+_SPIN_S = 5e-4
+"""After work, how long the poll thread spins (yielding the GIL and the CPU between cycles) before it
+parks: the next request of a steady stream is taken in without a wake-up."""
 _SPIN_FOREVER_S = 1e9
 
 
@@ -47,7 +50,7 @@ class ThreadBackoff(Backoff):
     pipe that :meth:`kick` writes to (so an application thread ends it at once)."""
 
     def __init__(self) -> None:
-        super().__init__(spins=0, spin_s=0.0)  # (a thread that spins holds the GIL from the others)
+        super().__init__(spin_s=_SPIN_S)
         self._kick_read, self._kick_write = os.pipe()
         os.set_blocking(self._kick_read, False)
         os.set_blocking(self._kick_write, False)
@@ -59,7 +62,7 @@ class ThreadBackoff(Backoff):
     def busy(self, on: bool) -> None:
         """Spin (``busy_poll``) or wait on the doorbells when idle."""
         # Busy: yield, and nap (the GIL let go) after ``spins`` when an embedded driver thread needs it.
-        self.spins, self.spin_s = (10, _SPIN_FOREVER_S) if on else (0, 0.0)
+        self.spin_s = _SPIN_FOREVER_S if on else _SPIN_S
         self.reset()
 
     def kick(self, *, long_only: bool = False) -> None:
@@ -76,8 +79,8 @@ class ThreadBackoff(Backoff):
             self.park((), step.seconds)
         elif isinstance(step, Nap):
             time.sleep(step.seconds)
-        elif step.give_cpu:
-            os.sched_yield()
+        else:
+            os.sched_yield()  # (lets the GIL go too: the application's threads get their turn)
 
     def park(self, doorbells: Sequence[Doorbell], pause_s: float, inputs: Sequence[int] = ()) -> Wake:
         """A pause of up to ``pause_s`` on ``doorbells``, the readable descriptors ``inputs`` and the kick
