@@ -158,8 +158,24 @@ class ConnectionBase(ConnectionHooks, Generic[T]):
     def _flag(self) -> Flag:
         raise NotImplementedError
 
-    def _rmi_session(self, rmi_timeout: float) -> T:
+    def _rmi_kind(self) -> Callable[..., T]:
+        """The adapter's remote-object session class."""
         raise NotImplementedError
+
+    def _rmi_options(self) -> dict[str, Any]:
+        """What the adapter's session takes beyond the common arguments."""
+        return {}
+
+    def _rmi_session(self, rmi_timeout: float) -> T:
+        return self._rmi_kind()(
+            self._machine,
+            self._after_append,
+            caller=self,
+            on_error=lambda error: self._owner.report_error(self, error),
+            on_object=self.received,
+            default_timeout=rmi_timeout,
+            **self._rmi_options(),
+        )
 
     def _after_append(self) -> None:
         """The application appended records: have them leave (now, or with the adapter's next step)."""

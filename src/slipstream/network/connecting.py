@@ -54,6 +54,7 @@ __all__ = [
     "ClientCore",
     "ConnectSteps",
     "Registering",
+    "advance",
     "connect_window",
     "is_local_host",
     "ns_until",
@@ -128,6 +129,15 @@ class Registering:
 
 ConnectSteps = Generator[Step | Registering, Any, T]
 """A connect's steps: yields waits, returns what it made."""
+
+
+def advance(steps: ConnectSteps[T], reply: Any, error: BaseException | None) -> tuple[Any, bool]:
+    """Resume ``steps`` with the last wait's ``reply`` (or throw its ``error`` in): ``(next wait, False)``,
+    or ``(what it made, True)`` once it returned."""
+    try:
+        return (steps.send(reply) if error is None else steps.throw(error)), False
+    except StopIteration as stop:
+        return stop.value, True
 
 
 def _backoff() -> Backoff:

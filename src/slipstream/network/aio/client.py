@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from ..config import ClientConfig
-from ..connecting import ClientCore, ConnectSteps, Registering, T
+from ..connecting import ClientCore, ConnectSteps, Registering, T, advance
 from .connection import Connection
 from .endpoint import Endpoint
 from .transport import IdleBackoff, registered_pair
@@ -57,10 +57,9 @@ class Client(Endpoint, ClientCore[Connection]):
         reply: Any = None
         error: BaseException | None = None
         while True:
-            try:
-                wait = steps.send(reply) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                result: T = stop.value
+            wait, finished = advance(steps, reply, error)
+            if finished:
+                result: T = wait
                 return result
             reply, error = None, None
             try:

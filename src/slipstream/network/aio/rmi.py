@@ -12,9 +12,8 @@ import asyncio
 from collections.abc import Awaitable, Generator
 from typing import Any, TypeVar, cast
 
-from ..rmi import DEFAULT_TIMEOUT_NS, Invocation, MethodSpec, RemoteRef
-from ..rmi.objects import ProxyBase
-from ..rmi.session import RmiSessionBase
+from ..rmi import Invocation, MethodSpec, RemoteRef
+from ..rmi.session import Proxy, RmiSessionBase
 
 __all__ = ["Proxy", "RmiSession"]
 
@@ -31,59 +30,15 @@ class _Done:
         yield  # pragma: no cover - makes this a generator
 
 
-_DONE = _Done()
-
-
-class _RemoteMethod:
-    """``proxy.method``: calling it sends the request; awaiting the result waits for the response."""
-
-    __slots__ = ("_oneway", "_ref", "_session", "_spec", "_timeout_ns")
-
-    def __init__(self, session: RmiSession, ref: RemoteRef, spec: MethodSpec, oneway: bool, timeout_ns: int) -> None:
-        self._session = session
-        self._ref = ref
-        self._spec = spec
-        self._oneway = oneway
-        self._timeout_ns = timeout_ns
-
-    def __call__(self, *args: object, **kwargs: object) -> Awaitable[Any]:
-        if self._oneway:
-            self._session.call_oneway(self._ref, self._spec, args, kwargs)  # never raises: failures go to on_error
-            return _DONE
-        return self._session.call(self._ref, self._spec, self._spec.bind(args, kwargs), self._timeout_ns)
-
-
-class Proxy(ProxyBase):
-    """A remote object: ``await proxy.method(args)`` calls it on the side that hosts it (see
-    :class:`~slipstream.network.rmi.ProxyBase`: timeouts, fire-and-forget twins)."""
-
-    __slots__ = ("_rmi_session",)
-
-    def __init__(
-        self, session: RmiSession, ref: RemoteRef, *, oneway: bool = False, timeout_ns: int = DEFAULT_TIMEOUT_NS
-    ) -> None:
-        super().__init__(session.endpoint, ref, oneway=oneway, timeout_ns=timeout_ns)
-        object.__setattr__(self, "_rmi_session", session)
-
-    def _remote_method(self, method: MethodSpec, oneway: bool, timeout_ns: int) -> _RemoteMethod:
-        return _RemoteMethod(object.__getattribute__(self, "_rmi_session"), self.rmi_ref, method, oneway, timeout_ns)
-
-    def _twin(self, oneway: bool) -> Proxy:
-        timeout_ns = object.__getattribute__(self, "_rmi_timeout_ns")
-        return Proxy(object.__getattribute__(self, "_rmi_session"), self.rmi_ref, oneway=oneway, timeout_ns=timeout_ns)
-
-
 class RmiSession(RmiSessionBase):
     """One connection's remote objects for asyncio users: awaitable proxies, remote construction, the
     host's task runner."""
 
+    oneway_result = _Done()
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._tasks: set[asyncio.Task[None]] = set()
-
-    def proxy(self, ref: RemoteRef, *, oneway: bool = False, timeout_ns: int | None = None) -> Proxy:
-        """The proxy of the peer's object ``ref``."""
-        return Proxy(self, ref, oneway=oneway, timeout_ns=self.default_timeout_ns if timeout_ns is None else timeout_ns)
 
     async def create(self, interface: type[T], *args: object, timeout: float | None = None) -> T:
         """Have the peer construct its implementation of ``interface``; returns a proxy of it."""

@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from ..connection import ConnectionMachine
 from ..errors import RemoteError
@@ -31,11 +31,55 @@ from .objects import ProxyBase, RemoteRef
 from .registry import MethodSpec
 from .wire import DEFAULT_TIMEOUT_NS
 
-__all__ = ["RmiSessionBase"]
+__all__ = ["Proxy", "RmiSessionBase"]
 
 log = logging.getLogger("slipstream.network")
 
 T = TypeVar("T")
+
+
+class _RemoteMethod:
+    """``proxy.method``: calling it sends the request; the adapter's session says what the caller gets
+    (an awaitable, or the result itself)."""
+
+    __slots__ = ("_oneway", "_ref", "_session", "_spec", "_timeout_ns")
+
+    def __init__(
+        self, session: RmiSessionBase, ref: RemoteRef, spec: MethodSpec, oneway: bool, timeout_ns: int
+    ) -> None:
+        self._session = session
+        self._ref = ref
+        self._spec = spec
+        self._oneway = oneway
+        self._timeout_ns = timeout_ns
+
+    def __call__(self, *args: object, **kwargs: object) -> Any:
+        session = self._session
+        if self._oneway:
+            session.call_oneway(self._ref, self._spec, args, kwargs)  # never raises: failures go to on_error
+            return session.oneway_result
+        return session.call(self._ref, self._spec, self._spec.bind(args, kwargs), self._timeout_ns)
+
+
+class Proxy(ProxyBase):
+    """A remote object: ``proxy.method(args)`` calls it on the side that hosts it, as the connection's
+    adapter calls (asyncio: ``await proxy.method(args)``; blocking: the result); see
+    :class:`~slipstream.network.rmi.ProxyBase` for timeouts and fire-and-forget twins."""
+
+    __slots__ = ("_rmi_session",)
+
+    def __init__(
+        self, session: RmiSessionBase, ref: RemoteRef, *, oneway: bool = False, timeout_ns: int = DEFAULT_TIMEOUT_NS
+    ) -> None:
+        super().__init__(session.endpoint, ref, oneway=oneway, timeout_ns=timeout_ns)
+        object.__setattr__(self, "_rmi_session", session)
+
+    def _remote_method(self, method: MethodSpec, oneway: bool, timeout_ns: int) -> _RemoteMethod:
+        return _RemoteMethod(object.__getattribute__(self, "_rmi_session"), self.rmi_ref, method, oneway, timeout_ns)
+
+    def _twin(self, oneway: bool) -> Proxy:
+        timeout_ns = object.__getattribute__(self, "_rmi_timeout_ns")
+        return Proxy(object.__getattribute__(self, "_rmi_session"), self.rmi_ref, oneway=oneway, timeout_ns=timeout_ns)
 
 
 class RmiSessionBase:
@@ -46,8 +90,12 @@ class RmiSessionBase:
     declare the calling connection receive. Exceptions of fire-and-forget calls this side hosts, and
     fire-and-forget calls that could not be sent (wrong arguments, unencodable values, a closed
     connection, an unreadable file), go to ``on_error``: a fire-and-forget call never raises. Remote
-    objects the peer sends as messages go to ``on_object``.
+    objects the peer sends as messages go to ``on_object``. ``lock`` is held while the machine is driven
+    from the caller's thread (the blocking adapter's; asyncio needs none).
     """
+
+    oneway_result: ClassVar[object] = None
+    """What calling a fire-and-forget proxy's method returns."""
 
     def __init__(
         self,
@@ -59,6 +107,7 @@ class RmiSessionBase:
         on_object: Callable[[object], None] | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         default_timeout: float = DEFAULT_TIMEOUT_NS / 1e9,
+        lock: contextlib.AbstractContextManager[Any] | None = None,
     ) -> None:
         if default_timeout < 0:
             raise ValueError(f"default_timeout must not be negative: {default_timeout}")
@@ -73,13 +122,14 @@ class RmiSessionBase:
         self.on_object = on_object
         self._clock = clock
         self.default_timeout_ns = int(default_timeout * 1e9)
+        self._lock = lock if lock is not None else contextlib.nullcontext()
         self._waiters: dict[int, Any] = {}
         """Calls in flight by call id: what their outcome is given to (``set_result`` / ``set_exception``)."""
 
     # -- what an adapter gives ----------------------------------------------------------------------
 
-    def proxy(self, ref: RemoteRef, *, oneway: bool = False, timeout_ns: int | None = None) -> ProxyBase:
-        """The proxy of the peer's object ``ref``."""
+    def call(self, ref: RemoteRef, spec: MethodSpec, args: tuple[object, ...], timeout_ns: int) -> Any:
+        """Send a call's request; what the caller gets: an awaitable of the response, or the response."""
         raise NotImplementedError
 
     def _run_awaitable(self, invocation_id: int, invocation: Invocation, awaitable: Any) -> None:
@@ -90,6 +140,10 @@ class RmiSessionBase:
         """The connection closed (its machine failed the calls in flight)."""
 
     # -- the user's API -----------------------------------------------------------------------------
+
+    def proxy(self, ref: RemoteRef) -> Proxy:
+        """The proxy of the peer's object ``ref``."""
+        return Proxy(self, ref, timeout_ns=self.default_timeout_ns)
 
     def _resolve(self, value: object) -> object:
         return self.proxy(value) if isinstance(value, RemoteRef) else value
@@ -116,8 +170,9 @@ class RmiSessionBase:
     def send_object(self, value: object) -> None:
         """Send a proxy or a registered implementation as a message (the peer's ``on_object`` gets its
         own object back, or a proxy)."""
-        self.machine.send_object(value)
-        self._flush()
+        with self._lock:
+            self.machine.send_object(value)
+            self._flush()
 
     # -- calls ----------------------------------------------------------------------------------------
 
@@ -126,18 +181,20 @@ class RmiSessionBase:
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must not be negative: {timeout}")
         timeout_ns = self.default_timeout_ns if timeout is None else int(timeout * 1e9)
-        call_id = self.machine.create(interface, args, self._clock(), timeout_ns=timeout_ns)
-        self._waiters[call_id] = waiter
-        self._flush()
+        with self._lock:
+            call_id = self.machine.create(interface, args, self._clock(), timeout_ns=timeout_ns)
+            self._waiters[call_id] = waiter
+            self._flush()
         return call_id
 
     def _start_call(
         self, ref: RemoteRef, spec: MethodSpec, args: tuple[object, ...], timeout_ns: int, waiter: Any
     ) -> int:
         """Send a call's request now; ``waiter`` gets the response. Returns the call id."""
-        call_id = self.machine.call(ref, spec, args, self._clock(), timeout_ns=timeout_ns)
-        self._waiters[call_id] = waiter
-        self._flush()
+        with self._lock:
+            call_id = self.machine.call(ref, spec, args, self._clock(), timeout_ns=timeout_ns)
+            self._waiters[call_id] = waiter
+            self._flush()
         return call_id
 
     def call_oneway(
@@ -149,12 +206,13 @@ class RmiSessionBase:
     ) -> None:
         """Send a fire-and-forget request. It never raises: arguments that do not fit the method or
         cannot be encoded, a closed connection or an unreadable file are reported to ``on_error``."""
-        try:
-            self.machine.call(ref, spec, spec.bind(args, kwargs), 0, oneway=True)
-        except Exception as exc:
-            self._report(exc)
-            return
-        self._flush()
+        with self._lock:
+            try:
+                self.machine.call(ref, spec, spec.bind(args, kwargs), 0, oneway=True)
+            except Exception as exc:
+                self._report(exc)
+                return
+            self._flush()
 
     def _report(self, error: BaseException) -> None:
         if self.on_error is not None:
@@ -164,8 +222,9 @@ class RmiSessionBase:
 
     def _forget(self, call_id: int) -> None:
         """The caller went away from call ``call_id``: its outcome is dropped (a result file removed)."""
-        if self._waiters.pop(call_id, None) is not None:
-            self.machine.abandon_call(call_id)
+        with self._lock:
+            if self._waiters.pop(call_id, None) is not None:
+                self.machine.abandon_call(call_id)
 
     # -- events from the machine ------------------------------------------------------------------
 

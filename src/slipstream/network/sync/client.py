@@ -11,7 +11,7 @@ from typing import Any
 
 from ...client import ExclusivePublication, Registration, Subscription
 from ..config import ClientConfig
-from ..connecting import ClientCore, ConnectSteps, Registering, T
+from ..connecting import ClientCore, ConnectSteps, Registering, T, advance
 from ..pacing import Nap, Sleep, Step
 from ..transport import shared_contexts
 from .connection import Connection
@@ -63,11 +63,10 @@ class Client(Endpoint, ClientCore[Connection]):
         error: BaseException | None = None
         while True:
             with self.lock:
-                try:
-                    wait = steps.send(reply) if error is None else steps.throw(error)
-                except StopIteration as stop:
-                    result: T = stop.value
-                    return result
+                wait, finished = advance(steps, reply, error)
+            if finished:
+                result: T = wait
+                return result
             reply, error = None, None
             try:
                 if isinstance(wait, Registering):

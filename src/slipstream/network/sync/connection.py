@@ -63,17 +63,11 @@ class Connection(ConnectionBase[RmiSession]):
     def _flag(self) -> Flag:
         return threading.Event()
 
-    def _rmi_session(self, rmi_timeout: float) -> RmiSession:
-        return RmiSession(
-            self._machine,
-            self._after_append,
-            caller=self,
-            on_error=lambda error: self._owner.report_error(self, error),
-            on_object=self.received,
-            default_timeout=rmi_timeout,
-            wait=self._outcome,
-            lock=self._lock,
-        )
+    def _rmi_kind(self) -> type[RmiSession]:
+        return RmiSession
+
+    def _rmi_options(self) -> dict[str, Any]:
+        return {"wait": self._outcome, "lock": self._lock}
 
     # -- public -----------------------------------------------------------------------------------
 
