@@ -240,7 +240,7 @@ class ConnectionMachine:
         if rmi is not None and rmi.objects_travel and rmi.endpoint.is_remote_object(message):
             self.send_object(message)  # a proxy goes home as its object; an implementation as a proxy
             return
-        if isinstance(message, os.PathLike):
+        if type(message) not in self.serialization.plain_types and isinstance(message, os.PathLike):
             self.send_file(message)
         elif (delivery := self.delivery) is None or not delivery.sequencing:
             self._append_message(_MESSAGE, 0, message)
