@@ -423,7 +423,9 @@ class ConnectionMachine:
 
     def _control_frame(self, kind: FrameKind, request_id: int, value: object, now_ns: int) -> bool:
         """A frame other than a message or an acknowledgement; True when it was CLOSE."""
-        if kind == FrameKind.SYNC_ACK:
+        if kind in _RMI_KINDS:  # (remote calls first: one at a time, each is a record of its own)
+            self._rmi_frame(kind, request_id, bytes(value))  # type: ignore[call-overload]
+        elif kind == FrameKind.SYNC_ACK:
             if (completed := self.requests.acknowledged(request_id)) is not None:
                 self._events.append(completed)
         elif kind == FrameKind.PING:
@@ -438,8 +440,6 @@ class ConnectionMachine:
                 self._events.append(
                     PingAcknowledged(request_id, now_ns - sent, pong_wall - ping_wall, finished_wall - pong_wall)
                 )
-        elif kind in _RMI_KINDS:
-            self._rmi_frame(kind, request_id, bytes(value))  # type: ignore[call-overload]
         elif kind in _STREAM_KINDS:
             if self.streams is not None:
                 self._now_ns = now_ns
