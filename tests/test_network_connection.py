@@ -3,6 +3,7 @@ expiry, CLOSE, and what happens to tampered, replayed and reordered records."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Protocol
@@ -359,3 +360,30 @@ def test_an_abandoned_calls_result_file_is_removed_when_it_arrives(tmp_path: Pat
     pair.pump()
     assert not [e for e in pair.events_a if getattr(e, "call_id", None) == call_id]
     assert os.listdir(tmp_path / "spill") == []  # the result's copy was removed on arrival
+
+
+@dataclasses.dataclass
+class Attachment:
+    """A registered message type that is also os.PathLike: sent, it streams the file it names."""
+
+    where: str
+
+    def __fspath__(self) -> str:
+        return self.where
+
+
+def test_a_registered_type_that_is_path_like_still_travels_as_a_file(tmp_path: Path) -> None:
+    """``Serialization.plain_types`` (the send path's fast check) leaves out registered types that are os.PathLike."""
+    pair = ConnectionPair(types=[Quote, Attachment], streams=True, temp_dir=str(tmp_path))
+    assert Quote in pair.serialization.plain_types and bytes in pair.serialization.plain_types
+    assert Attachment not in pair.serialization.plain_types
+    source = tmp_path / "sent" / "data.bin"
+    source.parent.mkdir()
+    source.write_bytes(b"x" * 100)
+    pair.a.send(Attachment(str(source)))
+    pair.a.send(Quote(1, 0.5, "A"))
+    pair.pump()
+    got = received(pair.events_b)
+    assert Quote(1, 0.5, "A") in got
+    (copy,) = [m for m in got if isinstance(m, Path)]
+    assert copy.read_bytes() == b"x" * 100

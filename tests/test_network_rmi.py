@@ -1003,3 +1003,22 @@ def test_path_parameters_and_results_are_streamed_files_on_the_wire() -> None:
     ((_kind, request_id, payload),) = server.take_frames()
     client.receive_response(request_id, payload)
     assert client.take_events() == [RmiCallCompleted(call_id, None)]
+
+
+def test_a_call_request_is_its_header_then_the_msgpack_of_its_arguments() -> None:
+    """The arguments are encoded in place after the header: the payload stays exactly the documented layout."""
+    pair = Pair()
+    ref = calc_ref(pair)
+    call_id = pair.client.call(ref, "add", [2, 3], 0)
+    ((kind, request_id, payload),) = pair.client.take_frames()
+    method = pair.client_registry.interface(ICalc).by_name["add"]
+    assert kind == FrameKind.RMI_REQUEST and request_id == call_id
+    assert bytes(payload) == REQUEST.pack(0, ref.object_id, ref.interface_id, method.index) + msgspec.msgpack.encode(
+        [2, 3]
+    )
+    with pytest.raises(InterfaceError, match="do not fit"):  # checked in place, before anything is queued
+        pair.client.call(ref, "add", ["two", 3], 0)
+    assert pair.client.take_frames() == []
+    deliver(pair.server, kind, request_id, bytes(payload))
+    ((kind, rid, response),) = pair.server.take_frames()
+    assert (kind, rid, bytes(response)) == (FrameKind.RMI_RESPONSE, call_id, b"\x00" + msgspec.msgpack.encode(5))

@@ -43,14 +43,7 @@ from pathlib import Path
 
 from .delivery import ACK_ROOM, Delivery
 from .errors import ConnectionClosedError, FrameError, MessageTooLarge, RecordRejected, SerializationError
-from .events import (
-    Closed,
-    Event,
-    KeepaliveSent,
-    MessageDecodeFailed,
-    MessageReceived,
-    PingAcknowledged,
-)
+from .events import Closed, Event, KeepaliveSent, MessageDecodeFailed, MessageReceived, PingAcknowledged
 from .frames import FRAME_OVERHEAD, FrameKind, encode_frame_into
 from .requests import Requests
 from .rmi import DEFAULT_TIMEOUT_NS, FILE_STREAM_MARK, Invocation, MethodSpec, RemoteCalls, RemoteRef
@@ -60,7 +53,9 @@ from .streaming import SpillFile, StreamCompleted, StreamFailed, Streams, Stream
 
 __all__ = ["RECORD_OVERHEAD", "ConnectionMachine", "ConnectionStats", "PlainRecords", "Records"]
 
-_MESSAGE = FrameKind.MESSAGE
+_MESSAGE, _SYNC_REQUEST, _DELIVERED, _KEEPALIVE = (
+    FrameKind.MESSAGE, FrameKind.SYNC_REQUEST, FrameKind.DELIVERED, FrameKind.KEEPALIVE,
+)  # fmt: skip
 _PING = struct.Struct(">q")
 _PONG = struct.Struct(">qq")
 
@@ -141,15 +136,18 @@ class ConnectionMachine:
         """When :meth:`handle_timer` must run: expiry, keepalive, or a ping/sync timeout."""
         if self.closed:
             return None
-        deadline = min(self.last_received_ns + self.expiry_ns, self._last_sent_ns + self.keepalive_ns)
-        if (request_deadline := self.requests.deadline_ns) is not None:
-            deadline = min(deadline, request_deadline)
+        # Asked on every duty cycle: comparisons, not min() calls.
+        deadline = self.last_received_ns + self.expiry_ns
+        if (keepalive := self._last_sent_ns + self.keepalive_ns) < deadline:
+            deadline = keepalive
+        if (request_deadline := self.requests.deadline_ns) is not None and request_deadline < deadline:
+            deadline = request_deadline
         if self.streams is not None and (stream_deadline := self.streams.deadline_ns) is not None:
             deadline = min(deadline, stream_deadline)
-        if self.rmi is not None and (rmi_deadline := self.rmi.deadline_ns) is not None:
-            deadline = min(deadline, rmi_deadline)
-        if self.delivery is not None and (ack_due := self.delivery.ack_due_ns) is not None:
-            deadline = min(deadline, ack_due)
+        if self.rmi is not None and (rmi_deadline := self.rmi.deadline_ns) is not None and rmi_deadline < deadline:
+            deadline = rmi_deadline
+        if self.delivery is not None and (ack_due := self.delivery.ack_due_ns) is not None and ack_due < deadline:
+            deadline = ack_due
         return deadline
 
     def handle_timer(self, now_ns: int) -> None:
@@ -242,7 +240,7 @@ class ConnectionMachine:
         if rmi is not None and rmi.objects_travel and rmi.endpoint.is_remote_object(message):
             self.send_object(message)  # a proxy goes home as its object; an implementation as a proxy
             return
-        if isinstance(message, os.PathLike):
+        if type(message) not in self.serialization.plain_types and isinstance(message, os.PathLike):
             self.send_file(message)
         elif (delivery := self.delivery) is None or not delivery.sequencing:
             self._append_message(_MESSAGE, 0, message)
@@ -393,64 +391,66 @@ class ConnectionMachine:
             return True
         if delivery is not None and not delivery.peer_heard:  # the connection's first record, or delivery is off
             delivery = delivery.first_record(frames)
-        self.stats.records_received += 1
-        self.stats.bytes_received += len(record)
+        stats = self.stats
+        stats.records_received += 1
+        stats.bytes_received += len(record)
         self.last_received_ns = now_ns
-        if len(frames) == 1 and frames[0][0] == FrameKind.KEEPALIVE:
+        if len(frames) == 1 and frames[0][0] is _KEEPALIVE:
             self.liveness_records += 1  # a keepalive is sent alone
             return True
         events = self._events
-        stats = self.stats
-        for kind, request_id, value in frames:
-            if kind == _MESSAGE:
-                if request_id and delivery is not None and not delivery.accept(request_id, now_ns):
+        for kind, request_id, value in frames:  # (kinds are FrameKind members: compared by identity)
+            if kind is _MESSAGE or kind is _SYNC_REQUEST:
+                sync = kind is _SYNC_REQUEST  # (a plain message's request id is its sequence number)
+                if not sync and request_id and delivery is not None and not delivery.accept(request_id, now_ns):
                     continue  # delivered before (a replay), or past a gap (see below)
                 if isinstance(value, SerializationError):
                     stats.decode_errors += 1
                     events.append(MessageDecodeFailed(str(value)))
+                    if sync:
+                        self.acknowledge_sync(request_id)  # nothing to handle: do not keep the sender waiting
                     continue
                 stats.messages_received += 1
-                events.append(MessageReceived(value, 0))
-            elif kind == FrameKind.SYNC_REQUEST:
-                if isinstance(value, SerializationError):
-                    stats.decode_errors += 1
-                    events.append(MessageDecodeFailed(str(value)))
-                    self.acknowledge_sync(request_id)  # nothing to handle: do not keep the sender waiting
-                    continue
-                stats.messages_received += 1
-                events.append(MessageReceived(value, request_id))
-            elif kind == FrameKind.SYNC_ACK:
-                if (completed := self.requests.acknowledged(request_id)) is not None:
-                    events.append(completed)
-            elif kind == FrameKind.PING:
-                if isinstance(value, bytes) and len(value) == _PING.size:
-                    (ping_wall,) = _PING.unpack(value)
-                    self._append(FrameKind.PONG, request_id, _PONG.pack(ping_wall, now_ns + self.wall_offset_ns))
-            elif kind == FrameKind.PONG:
-                sent = self.requests.ponged(request_id)
-                if sent is not None and isinstance(value, bytes) and len(value) == _PONG.size:
-                    ping_wall, pong_wall = _PONG.unpack(value)
-                    finished_wall = now_ns + self.wall_offset_ns
-                    events.append(
-                        PingAcknowledged(request_id, now_ns - sent, pong_wall - ping_wall, finished_wall - pong_wall)
-                    )
-            elif kind == FrameKind.DELIVERED and delivery is not None:
-                delivery.acknowledged(value)
-            elif kind in _RMI_KINDS:
-                self._rmi_frame(kind, request_id, bytes(value))  # type: ignore[call-overload]
-            elif kind in _STREAM_KINDS:
-                if self.streams is not None:
-                    self._now_ns = now_ns
-                    self.streams.receive(kind, request_id, bytes(value), now_ns)  # type: ignore[call-overload]
-                    self._take_stream_events()
-            elif kind == FrameKind.CLOSE:
-                reason = bytes(value).decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else ""
-                self._close(by_peer=True, expired=False, reason=reason)
-                return True
-            # KEEPALIVE only proves liveness; a RESUME counts only as a connection's first frame.
+                events.append(MessageReceived(value, request_id if sync else 0))
+            elif kind is _DELIVERED:
+                if delivery is not None:
+                    delivery.acknowledged(value)
+            elif self._control_frame(kind, request_id, value, now_ns):
+                return True  # CLOSE: the peer reads no frame after it
         if delivery is not None and delivery.gap:  # a record of this connection went missing: its successor replays
             self.lost("a sequenced message is missing")
         return True
+
+    def _control_frame(self, kind: FrameKind, request_id: int, value: object, now_ns: int) -> bool:
+        """A frame other than a message or an acknowledgement; True when it was CLOSE."""
+        if kind in _RMI_KINDS:  # (remote calls first: one at a time, each is a record of its own)
+            self._rmi_frame(kind, request_id, bytes(value))  # type: ignore[call-overload]
+        elif kind == FrameKind.SYNC_ACK:
+            if (completed := self.requests.acknowledged(request_id)) is not None:
+                self._events.append(completed)
+        elif kind == FrameKind.PING:
+            if isinstance(value, bytes) and len(value) == _PING.size:
+                (ping_wall,) = _PING.unpack(value)
+                self._append(FrameKind.PONG, request_id, _PONG.pack(ping_wall, now_ns + self.wall_offset_ns))
+        elif kind == FrameKind.PONG:
+            sent = self.requests.ponged(request_id)
+            if sent is not None and isinstance(value, bytes) and len(value) == _PONG.size:
+                ping_wall, pong_wall = _PONG.unpack(value)
+                finished_wall = now_ns + self.wall_offset_ns
+                self._events.append(
+                    PingAcknowledged(request_id, now_ns - sent, pong_wall - ping_wall, finished_wall - pong_wall)
+                )
+        elif kind in _STREAM_KINDS:
+            if self.streams is not None:
+                self._now_ns = now_ns
+                self.streams.receive(kind, request_id, bytes(value), now_ns)  # type: ignore[call-overload]
+                self._take_stream_events()
+        elif kind == FrameKind.CLOSE:
+            reason = bytes(value).decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else ""
+            self._close(by_peer=True, expired=False, reason=reason)
+            return True
+        # KEEPALIVE only proves liveness; a RESUME counts only as a connection's first frame.
+        return False
 
     def _take_stream_events(self) -> None:
         """Move the streams' events into ours; a completed stream becomes the frame it carried; a stream

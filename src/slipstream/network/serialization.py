@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import re
 import struct
 import typing
@@ -110,6 +111,10 @@ class Serialization:
         self._prefix: dict[type, bytes] = {tp: _id_prefix(i + 1) for i, tp in enumerate(registered)}
         for tp in BUILTIN_TYPES:
             self._prefix[tp] = _ONE_BYTE[0]
+        self._frame_start = {tp: _HEADER_ROOM + prefix for tp, prefix in self._prefix.items()}
+        """Type -> room for a frame header, then the type id: what a frame of that type starts with."""
+        self.plain_types = frozenset(tp for tp in self._prefix if not issubclass(tp, os.PathLike))
+        """The types whose instances are plain messages, never files (``os.PathLike``): a sender's fast check."""
         decoders: list[msgspec.msgpack.Decoder[Any]] = [msgspec.msgpack.Decoder()]
         for tp in registered:
             try:
@@ -161,13 +166,12 @@ class Serialization:
         Returns the number of bytes appended (the caller may check it against its record limit and cut
         ``buf`` back). On any error ``buf`` is left as it was.
         """
-        prefix = self._prefix.get(type(obj))
-        if prefix is None:
+        frame_start = self._frame_start.get(type(obj))
+        if frame_start is None:
             raise UnregisteredTypeError(_unregistered(type(obj)))
         start = len(buf)
         try:
-            buf += _HEADER_ROOM
-            buf += prefix
+            buf += frame_start
             self._encoder.encode_into(obj, buf, -1)
             size = len(buf) - start
             _pack_header_into(buf, start, kind, request_id, size - FRAME_OVERHEAD)

@@ -34,6 +34,8 @@ MAX_RECORD: Final = 16 * 1024 * 1024
 _LAST_COUNTER: Final = 2**64 - 2
 _COUNTER: Final = struct.Struct(">Q")
 _NONCE_PAD: Final = b"\x00\x00\x00\x00"
+_NONCE: Final = struct.Struct(">4xQ")
+"""A counter as its 12-byte nonce (four zero bytes, then the counter), in one call."""
 _SEAL_INTO_FROM: Final = 4096
 """Plaintext size from which a record is encrypted into its own buffer (large chunks: 147 -> 79 us per
 128 KiB here) instead of concatenated to its counter (small records: 2.3 us against 3.8)."""
@@ -127,8 +129,7 @@ class RecordLayer:
         if size < RECORD_OVERHEAD or size > self.max_record:
             self.rejected_malformed += 1
             raise RecordMalformed(f"a record of {size} bytes (must be {RECORD_OVERHEAD}..{self.max_record})")
-        header = bytes(record[:COUNTER_SIZE])  # the rest is read in place (a view of the log, often)
-        (counter,) = _COUNTER.unpack(header)
+        (counter,) = _COUNTER.unpack_from(record)  # read in place (a view of the log, often): no copy
         if counter <= self._floor:
             self.rejected_replayed += 1
             raise RecordReplayed(f"record {counter} is older than the replay window (highest {self._highest})")
@@ -138,7 +139,7 @@ class RecordLayer:
             self.rejected_replayed += 1
             raise RecordReplayed(f"record {counter} was already received")
         try:
-            plaintext = self._open(_NONCE_PAD + header, memoryview(record)[COUNTER_SIZE:], None)
+            plaintext = self._open(_NONCE.pack(counter), memoryview(record)[COUNTER_SIZE:], None)
         except InvalidTag:
             self.rejected_tampered += 1
             raise RecordTampered(f"record {counter} failed authentication") from None

@@ -52,7 +52,7 @@ class RmiPair:
             ):
                 for kind, request_id, payload in source.take_frames():
                     moved = True
-                    deliver(target, kind, request_id, payload, caller=self.caller)
+                    deliver(target, kind, request_id, bytes(payload), caller=self.caller)  # (as the wire gives it)
                 events.extend(target.take_events())
             if not moved:
                 return

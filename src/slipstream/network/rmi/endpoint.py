@@ -67,6 +67,9 @@ from .wire import (
 
 __all__ = ["RmiEndpoint", "RmiStats", "exception_from"]
 
+_STATUS_BYTE = tuple(bytes((status,)) for status in range(256))
+"""A response's status byte, prebuilt."""
+
 
 @dataclass(slots=True)
 class RmiStats:
@@ -210,16 +213,17 @@ class RmiEndpoint:
                 values[position] = self._ref_out(
                     values[position], interface_id, optional, f"{m.name}() argument {position}"
                 )
+        header = REQUEST_HEADER.pack(FLAG_GLOBAL if ref.is_global else 0, ref.object_id, ref.interface_id, m.index)
+        payload: bytes | bytearray
         if m.file_params:
-            body = encode_with_files(self._encoder, self.files, m, list(values))
-        else:
+            payload = header + encode_with_files(self._encoder, self.files, m, list(values))
+        else:  # the arguments encoded after the header in place: no body object, no concatenation
+            payload = bytearray(header)
             try:
-                body = self._encoder.encode(values)
+                self._encoder.encode_into(values, payload, -1)
             except (TypeError, ValueError, OverflowError) as exc:
                 raise InterfaceError(f"{spec.name}.{m.name}: arguments cannot be serialized ({exc})") from exc
-            m.check(body)
-        flags = FLAG_GLOBAL if ref.is_global else 0
-        payload = REQUEST_HEADER.pack(flags, ref.object_id, ref.interface_id, m.index) + body
+            m.check(memoryview(payload)[REQUEST_HEADER.size :])
         if oneway:
             self._frames.append((FrameKind.RMI_REQUEST, ONEWAY_REQUEST_ID, payload))
             self.stats.oneway_sent += 1
@@ -296,9 +300,7 @@ class RmiEndpoint:
                 object_id = INT_BODY.decode(body)
                 if not MIN_OBJECT_ID <= object_id <= MAX_OBJECT_ID:
                     raise _Refused(f"object id {object_id} out of range")
-                self._events.append(
-                    RmiCallCompleted(request_id, RemoteRef(pending.interface_id, object_id))
-                )
+                self._events.append(RmiCallCompleted(request_id, RemoteRef(pending.interface_id, object_id)))
             elif status == Status.EXCEPTION:
                 type_name, message, tb, args = EXCEPTION_BODY.decode(body)
                 self._events.append(
@@ -324,9 +326,7 @@ class RmiEndpoint:
             else:
                 raise _Refused(f"unexpected response status {status}")
         except Exception as exc:  # a hostile or mismatched response: the call fails, nothing escapes
-            self._events.append(
-                RmiCallFailed(request_id, RmiFailure.BAD_RESPONSE, method, message=str(exc)[:MAX_TEXT])
-            )
+            self._events.append(RmiCallFailed(request_id, RmiFailure.BAD_RESPONSE, method, message=str(exc)[:MAX_TEXT]))
 
     # -- host side --------------------------------------------------------------------------------
 
@@ -513,7 +513,7 @@ class RmiEndpoint:
         self._respond(invocation.request_id, Status.EXCEPTION, body)
 
     def _respond(self, request_id: int, status: Status, body: bytes) -> None:
-        self._frames.append((FrameKind.RMI_RESPONSE, request_id, bytes((status,)) + body))
+        self._frames.append((FrameKind.RMI_RESPONSE, request_id, _STATUS_BYTE[status] + body))
 
     # -- substitution -----------------------------------------------------------------------------
 
@@ -593,4 +593,3 @@ def exception_from(event: RmiCallFailed, registry: RmiRegistry) -> BaseException
     if event.failure == RmiFailure.FILE_FAILED:
         return StreamingError(event.message)
     return RmiError(f"bad response to {event.method}: {event.message}")
-

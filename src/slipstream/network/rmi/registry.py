@@ -72,7 +72,7 @@ class MethodSpec:
     """The result is a ``pathlib.Path`` (a streamed file)."""
     file_result_optional: bool = False
 
-    def check(self, body: bytes) -> None:
+    def check(self, body: bytes | memoryview) -> None:
         """Whether the host would take ``body`` (the encoded arguments): decoded here with its own decoder,
         so an argument of the wrong type raises InterfaceError before anything is sent."""
         try:

@@ -67,7 +67,7 @@ OWNER_RECEIVER: Final = 1
 MAX_TEXT: Final = 4096
 MAX_TRACEBACK: Final = 16384
 
-OutFrame = tuple[int, int, bytes]
+OutFrame = tuple[int, int, bytes | bytearray]
 """``(frame kind, request id, payload)``: what the connection machine appends to its batch."""
 
 
