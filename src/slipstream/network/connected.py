@@ -260,7 +260,8 @@ class ConnectionBase(ConnectionHooks, Generic[T]):
         liveness = machine.liveness_records
         work = 0
         behind = (streams := machine.streams) is not None and streams.write_backlog > WRITE_BACKLOG_PAUSE
-        self._dispatch_held()  # (what finished made room for held messages and calls)
+        if self._work.holding:
+            self._dispatch_held()  # (what finished made room for held messages and calls)
         paused = behind or self._work.holding or self._reading_paused()
         if not machine.closed:
             # Paused: the disk behind, or the application; the peer waits, held back by the transport's flow

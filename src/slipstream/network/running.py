@@ -117,7 +117,7 @@ class RunningEndpoint(EndpointCore, Generic[C]):
         except Exception as exc:
             self.report_error(connection, exc)
             return None
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):  # (a plain listener's None: no ABC check)
             return self._awaited(connection, result)
         return None
 

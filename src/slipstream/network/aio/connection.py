@@ -166,7 +166,8 @@ class Connection(ConnectionBase[RmiSession]):
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
-        self._flush_out()
+        if self._machine.has_pending or self._link.outbox or not self._room.is_set():  # (a lone message left)
+            self._flush_out()
 
     def _flush_out(self) -> None:
         """Flush what the application sent, and over UDP have an invoker-mode driver send it at once:
