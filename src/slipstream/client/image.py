@@ -170,6 +170,11 @@ class PyImage:
         waiting reader falls back to a timed back-off."""
         return self._parking is not None and not self._closed
 
+    def has_frame(self) -> bool:
+        """True when a complete frame waits at this subscriber's position: what a spinning poller checks
+        between its duty cycles (a few loads, no handler run)."""
+        return self._has_frame()
+
     def _has_frame(self) -> bool:
         """True when a complete frame waits at this subscriber's position: a cheap re-check after parking
         (the frame's length is positive once written; a frame being written is not counted, its writer

@@ -26,7 +26,7 @@ from ...files.doorbell import Doorbell
 from ..endpoint import Polled
 from ..errors import BlockingListenerError
 from ..pacing import Backoff, Nap, Pacer, Sleep, Step, Wake
-from ..polling import Parked, ParkOn, PollCore
+from ..polling import Parked, ParkOn, PollCore, Watch
 
 __all__ = ["CALLER_SPIN_S", "Outcome", "PollThread", "ThreadBackoff"]
 
@@ -43,6 +43,10 @@ _SPIN_S = 5e-4
 """After work, how long the poll thread spins (yielding the GIL and the CPU between cycles) before it
 parks: the next request of a steady stream is taken in without a wake-up."""
 _SPIN_FOREVER_S = 1e9
+_WATCH_NS = 1_000_000
+"""A waiting caller runs a full duty cycle at least this often even when its watch sees nothing (new
+images, chores of a driver with a thread of its own). (The poll thread's own busy spin runs full cycles:
+a watch there, remade after every cycle, measured slower.)"""
 
 
 class ThreadBackoff(Backoff):
@@ -242,6 +246,8 @@ class PollThread(PollCore):
             )
         spin_until = time.monotonic_ns() + (2**62 if busy else int(CALLER_SPIN_S * 1e9))
         spins = 0
+        watch: Watch | None = None
+        watch_until_ns = 0
         with self.lock:
             self._driving += 1
             try:
@@ -251,13 +257,18 @@ class PollThread(PollCore):
                         return False
                     if now_ns >= spin_until:
                         break
-                    if self._cycle(now_ns):
+                    if watch is not None and now_ns < watch_until_ns and not watch.ready(now_ns):
+                        spins += 1
+                        if spins & 63 == 0:
+                            os.sched_yield()  # (give a process waiting for this CPU its turn now and then)
                         continue
-                    spins += 1
-                    if self._threaded() and spins & 7 == 0:
-                        time.sleep(self.backoff.nap_s)  # an embedded driver thread needs our GIL to move the answer
-                    elif spins & 63 == 0:
-                        os.sched_yield()  # (give a process waiting for this CPU its turn now and then)
+                    if self._cycle(now_ns):
+                        watch = None
+                        continue
+                    if self._threaded():  # (an embedded driver thread moves the answer: no watch sees it)
+                        time.sleep(self.backoff.nap_s)
+                        continue
+                    watch, watch_until_ns = self._watch(now_ns), now_ns + _WATCH_NS
                 else:
                     return True
             finally:
