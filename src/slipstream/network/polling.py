@@ -120,8 +120,12 @@ class PollCore:
             if parked is not None:
                 parked[0].unpark()
 
-    def _watch(self, now_ns: int) -> Watch:
-        """A :class:`Watch` over the endpoints' images and invoker-mode drivers' input, due at their next timer."""
+    def _watch(self, now_ns: int) -> Watch | None:
+        """A :class:`Watch` over the endpoints' images and invoker-mode drivers' input, due at their next
+        timer; None when a timer is due already (or a driver has data in flight): cycle on."""
+        due_ns = self._due_ns(now_ns)
+        if due_ns is not None and due_ns <= now_ns:
+            return None
         images: list[Image] = []
         inputs: list[int] = []
         for context in self._contexts():
@@ -130,7 +134,7 @@ class PollCore:
                 inputs.append(fd)
             for subscription in context.subscriptions:
                 images.extend(subscription.images)
-        return Watch(images, inputs, self._due_ns(now_ns))
+        return Watch(images, inputs, due_ns)
 
     def _contexts(self) -> list[Context]:
         """The transport contexts the endpoints use, each once (endpoints of one directory share one).
