@@ -5,6 +5,7 @@ what the blocking API cannot do (a listener waiting, a coroutine) is said, not h
 from __future__ import annotations
 
 import multiprocessing
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -75,6 +76,8 @@ def pair(
     finally:
         client.close()
         server.close()
+        if client_dir != driver_dir:
+            shutil.rmtree(client_dir, ignore_errors=True)
 
 
 @pytest.mark.parametrize("transport", ["ipc", "udp"])
@@ -260,6 +263,7 @@ def test_blocking_proxies_call_remote_objects(driver_dir: Path, transport: str) 
     finally:
         client.close()
         server.close()
+        shutil.rmtree(client_dir, ignore_errors=True)
 
 
 class Slow(Calc):
@@ -337,3 +341,31 @@ def test_a_blocking_client_and_server_in_two_processes(driver_dir: Path, busy: b
             for i in range(2000):
                 connection.send(Quote(i, 1.0, "RT"))
                 assert connection.receive(timeout=5) == Quote(i, 1.0, "RT")
+
+
+def _forked_child(directory: str, done: Any) -> None:
+    """In a child forked after the parent's poll thread started: a blocking endpoint still gets polled."""
+    try:
+        with pair(Path(directory + "-forked")) as (_server, _client, connection):
+            connection.send(Quote(1, 1.0, "FORK"))
+            done.put(connection.receive(timeout=5) == Quote(1, 1.0, "FORK"))
+    except BaseException as exc:
+        done.put(repr(exc))
+    finally:
+        shutil.rmtree(directory + "-forked", ignore_errors=True)
+
+
+def test_a_forked_child_polls_its_own_endpoints(driver_dir: Path) -> None:
+    with pair(driver_dir) as (_server, _client, connection):  # the parent's poll thread is running
+        connection.send(Quote(0, 1.0, "PARENT"))
+        assert connection.receive(timeout=5) == Quote(0, 1.0, "PARENT")
+        context = multiprocessing.get_context("fork")
+        done = context.Queue()
+        process = context.Process(target=_forked_child, args=(str(driver_dir), done))
+        process.start()
+        try:
+            assert done.get(timeout=30) is True
+        finally:
+            process.join(30)
+            if process.is_alive():
+                process.kill()

@@ -90,11 +90,13 @@ class ThreadBackoff(Backoff):
         """A pause of up to ``pause_s`` on ``doorbells``, the readable descriptors ``inputs`` and the kick
         pipe; what ended it. The caller has set its parked bytes and checked its images once more."""
         bells = {bell.fileno(): bell for bell in doorbells}
+        fds = [self._kick_read, *bells, *inputs]
         self.pause_s = pause_s
         self.parked = True
         try:
-            readable, _, _ = select.select([self._kick_read, *bells, *inputs], [], [], max(0.0, pause_s))
-        except (OSError, ValueError):  # a doorbell or input closed meanwhile (its context went): park afresh
+            readable = _readable(fds, max(0.0, pause_s))
+        except OSError:  # a doorbell or input closed meanwhile (its context went): park afresh, soon
+            time.sleep(min(pause_s, self.max_sleep_s))
             return Wake.KICK
         finally:
             self.parked = False
@@ -113,6 +115,17 @@ class ThreadBackoff(Backoff):
         return Wake.KICK if self._kick_read in readable else Wake.INPUT
 
 
+def _readable(fds: list[int], timeout_s: float) -> list[int]:
+    """Which of ``fds`` became readable within ``timeout_s``: ``select`` (microsecond timeouts) while every
+    descriptor fits its set, ``poll`` (millisecond ones) in a process with more than 1024 open."""
+    if max(fds) < 1024:
+        return select.select(fds, [], [], timeout_s)[0]
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(timeout_s * 1e3)]
+
+
 class PollThread(PollCore):
     """The process's poll thread for blocking endpoints, and the lock over what it drives."""
 
@@ -127,10 +140,13 @@ class PollThread(PollCore):
         or an application thread sending)."""
         self._state = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._busy: dict[int, int] = {}  # endpoint id -> 1 for each endpoint that asked for busy_poll
+        self._busy: set[int] = set()
+        """The ids of the endpoints that asked for ``busy_poll``."""
         self._local = threading.local()
         self._driving = 0
         self._driven_ns = 0
+        self._resumed = threading.Event()
+        """Set when a caller that ran the cycles leaves them to the poll thread."""
 
     @classmethod
     def shared(cls) -> PollThread:
@@ -140,6 +156,12 @@ class PollThread(PollCore):
                 cls._shared = PollThread()
             return cls._shared
 
+    @classmethod
+    def _forget_shared(cls) -> None:
+        """In a forked child: the parent's poll thread did not come along (a new one is made on first use)."""
+        cls._shared = None
+        cls._shared_lock = threading.Lock()
+
     # -- endpoints ----------------------------------------------------------------------------------
 
     def add(self, endpoint: Polled, *, busy: bool = False) -> None:
@@ -148,7 +170,7 @@ class PollThread(PollCore):
             if endpoint not in self.endpoints:
                 self.endpoints.append(endpoint)
             if busy:
-                self._busy[id(endpoint)] = 1
+                self._busy.add(id(endpoint))
             self.backoff.busy(bool(self._busy))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="slipstream-network-poller", daemon=True)
@@ -160,7 +182,7 @@ class PollThread(PollCore):
         with self._state:
             if endpoint in self.endpoints:
                 self.endpoints.remove(endpoint)
-            self._busy.pop(id(endpoint), None)
+            self._busy.discard(id(endpoint))
             self.backoff.busy(bool(self._busy))
         self.backoff.kick()
 
@@ -228,10 +250,15 @@ class PollThread(PollCore):
     def _step_aside(self) -> None:
         """While an application thread drives the cycles (or did, or sent, a moment ago, with ``busy_poll``:
         two Python threads that both spin hand the GIL over only every few milliseconds), wait."""
-        while self.endpoints and (
-            self._driving or (self._busy and time.monotonic_ns() - self._driven_ns < DRIVEN_GRACE_NS)
-        ):
-            time.sleep(DRIVEN_GRACE_NS / 2e9)
+
+        def driven() -> bool:
+            recently = self._busy and time.monotonic_ns() - self._driven_ns < DRIVEN_GRACE_NS
+            return bool(self.endpoints) and bool(self._driving or recently)
+
+        while driven():
+            self._resumed.clear()
+            if driven():
+                self._resumed.wait(DRIVEN_GRACE_NS / 2e9)
 
     def drive(
         self, done: Callable[[], bool], block: Callable[[float], object], deadline_ns: int | None, *, busy: bool
@@ -274,6 +301,7 @@ class PollThread(PollCore):
             finally:
                 self._driving -= 1
                 self._driven_ns = time.monotonic_ns()
+                self._resumed.set()
         self.kick()  # the poll thread takes over the cycles
         while not done():
             remaining = None if deadline_ns is None else (deadline_ns - time.monotonic_ns()) / 1e9
@@ -313,3 +341,6 @@ class Outcome(Generic[T]):
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[return-value]
+
+
+os.register_at_fork(after_in_child=PollThread._forget_shared)
