@@ -17,10 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from slipstream.network import (
-    ConnectionClosedError,
-    RmiCallTimeout,
-)
+from slipstream.network import ConnectionClosedError, RmiCallTimeout, ServerConfig
 from slipstream.network.errors import BlockingListenerError, InboxFull, MessageDispatchError, ReceiveTimeout
 from slipstream.network.sync import INBOX_LIMIT, Client, Connection, Server
 
@@ -369,3 +366,58 @@ def test_a_forked_child_polls_its_own_endpoints(driver_dir: Path) -> None:
             process.join(30)
             if process.is_alive():
                 process.kill()
+
+
+def _udp_echo_server(pipe: Pipe, directory: str, port: int, store: str) -> None:
+    config = ServerConfig(
+        app_id="test", messages=MESSAGES, settings_store=store, driver_directory=directory, connection_expiry=1.0
+    )
+    with Server(config) as server:
+
+        @server.on_message(Quote)
+        def echo(connection: Connection, quote: Quote) -> None:
+            connection.send_nowait(quote)
+
+        server.bind(port)
+        pipe.send("ready")
+        pipe.poll(60)
+
+
+def test_a_blocking_client_reconnects_to_a_server_that_was_killed_and_restarted(
+    driver_dir: Path, tmp_path: Path
+) -> None:
+    """The server process is SIGKILLed and started again (same identity, same port): the client's reconnect
+    thread connects again, and the connection the application holds sends and receives on the new one."""
+    port = free_ports(2)
+    store = str(tmp_path / "server.db")
+    context = multiprocessing.get_context("spawn")
+    config = client_config(
+        Path(f"{driver_dir}-client"), messages=MESSAGES, connection_expiry=1.0, reconnect_max_delay=0.5
+    )
+    reconnected: list[Connection] = []
+    try:
+        with Client(config) as client:
+            for run in range(2):
+                parent, end = context.Pipe()
+                process = context.Process(
+                    target=_udp_echo_server, args=(end, f"{driver_dir}-{run}", port, store), daemon=True
+                )
+                process.start()
+                assert parent.poll(30) and parent.recv() == "ready"
+                if run == 0:
+                    connection = client.connect("127.0.0.1", port, timeout=10)
+                    client.on_connect(reconnected.append)
+                else:
+                    wait_until(lambda: reconnected, timeout=20)
+                connection.send(Quote(run, 1.0, "AGAIN"))  # the first connection's successor carries it
+                assert connection.receive(timeout=10) == Quote(run, 1.0, "AGAIN")
+                if run == 0:
+                    process.kill()
+                    process.join(10)
+                else:
+                    assert client.connection is reconnected[0] and client.connection is not connection
+                    parent.send("stop")
+                    process.join(30)
+    finally:
+        for path in (f"{driver_dir}-client", f"{driver_dir}-0", f"{driver_dir}-1"):
+            shutil.rmtree(path, ignore_errors=True)

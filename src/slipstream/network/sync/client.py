@@ -120,11 +120,13 @@ class Client(Endpoint, ClientCore[Connection]):
             self._reconnect_thread = None
             self._reconnect_ended()
 
-        self._retry_in_thread(attempt, self.config.reconnect_max_delay, then)
-        self._reconnect_thread = self._retries[-1]
+        self._reconnect_thread = self._retry_thread(attempt, self.config.reconnect_max_delay, then)
+        self._reconnect_thread.start()
 
     def close(self) -> None:
-        """Close the connection (the server hears CLOSE at once) and release the driver."""
+        """Close the connection (the server hears CLOSE at once) and release the driver (once: again is a no-op)."""
+        if self._closed:
+            return
         with self.lock:
             self._close_started()
         self._wait_closings()

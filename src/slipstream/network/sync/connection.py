@@ -125,7 +125,10 @@ class Connection(ConnectionBase[RmiSession]):
     def receive(self, timeout: float | None = None) -> object:
         """The next message no listener took, waiting up to ``timeout`` seconds (None: forever) while
         the calling thread runs the cycles; raises ReceiveTimeout, or ConnectionClosedError once the
-        connection ended and its inbox is empty."""
+        connection ended and its inbox is empty (a connection that took over this one's session, a
+        reconnect's or a resumed buffered session's, is read from then on)."""
+        if self._successor is not None and not self._inbox:
+            return self._successor.receive(timeout)
         deadline_ns = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
         self._drive(lambda: bool(self._inbox) or self._machine.closed, self._arrived.wait, deadline_ns)
         with self._lock:
@@ -134,6 +137,10 @@ class Connection(ConnectionBase[RmiSession]):
                 if not self._inbox:
                     self._arrived.clear()
                 return message
+        if self._successor is not None:
+            return self._successor.receive(
+                None if deadline_ns is None else max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
+            )
         if self._machine.closed:
             raise ConnectionClosedError(f"connection {self.id} is closed")
         raise ReceiveTimeout(f"connection {self.id}: no message within {timeout:g} s")
@@ -162,9 +169,9 @@ class Connection(ConnectionBase[RmiSession]):
         self._arrived.set()
         return True
 
-    def release_step(self, deadline_ns: int, grace_ns: int, now_ns: int) -> bool:
-        """One step of releasing the streams of a finished connection: True once they are closed (the
-        last records were handed to the transport, or ``deadline_ns`` passed, then ``grace_ns`` more)."""
+    def release_step(self, deadline_ns: int, now_ns: int) -> bool:
+        """One step of releasing the streams of a finished connection: True once its last records were
+        handed to the transport (or ``deadline_ns`` passed); then :meth:`release_now`, after a grace."""
         if self._link.outbox and now_ns < deadline_ns:
             self.flush()
             return False

@@ -48,11 +48,11 @@ class Endpoint(RunningEndpoint[Connection]):
     cycles until it is in (the lowest latency, a core each for the poll thread and the caller)."""
 
     def __init__(self, config: ServerConfig | ClientConfig, *, busy_poll: bool = False) -> None:
-        super().__init__(config)
         if config.connection_class is not None and not issubclass(config.connection_class, Connection):
             raise TypeError(
                 f"connection_class must subclass slipstream.network.sync.Connection here: {config.connection_class!r}"
             )
+        super().__init__(config)
         self.busy_poll = busy_poll
         self.poller = PollThread.shared()
         self.lock = self.poller.lock
@@ -69,10 +69,6 @@ class Endpoint(RunningEndpoint[Connection]):
         """Run the cycles in the calling thread until ``done()`` (True) or ``deadline_ns`` (False); see
         :meth:`~.poller.PollThread.drive`."""
         return self.poller.drive(done, block, deadline_ns, busy=self.busy_poll)
-
-    def _sleep(self, seconds: float) -> None:
-        """Sleep ``seconds`` (the lock not held: the poll thread goes on)."""
-        time.sleep(seconds)
 
     # -- running listeners ------------------------------------------------------------------------
 
@@ -127,7 +123,7 @@ class Endpoint(RunningEndpoint[Connection]):
         work = 0
         for closing in list(self._closings):
             if closing.grace_until_ns is None:
-                if closing.connection.release_step(closing.deadline_ns, 0, now_ns):
+                if closing.connection.release_step(closing.deadline_ns, now_ns):
                     closing.grace_until_ns = now_ns + int(CLOSE_GRACE_S * 1e9)
             elif now_ns >= closing.grace_until_ns:
                 self._closings.remove(closing)
@@ -164,10 +160,12 @@ class Endpoint(RunningEndpoint[Connection]):
 
     # -- after a fault --------------------------------------------------------------------------------
 
-    def _retry_in_thread(self, attempt: Callable[[], object], max_delay_s: float, then: Callable[[bool], None]) -> None:
-        """``attempt`` after a fault, in a thread of its own, again and again (``recovery.RetryDelays``),
-        until it works, the endpoint closes, or a refusal no attempt can change; ``then(worked)`` after.
-        Each failure goes to ``on_error``."""
+    def _retry_thread(
+        self, attempt: Callable[[], object], max_delay_s: float, then: Callable[[bool], None]
+    ) -> threading.Thread:
+        """A thread (not started) that runs ``attempt`` after a fault, again and again
+        (``recovery.RetryDelays``), until it works, the endpoint closes, or a refusal no attempt can change;
+        ``then(worked)`` after, under the lock. Each failure goes to ``on_error``."""
 
         def retry() -> None:
             worked = False
@@ -198,7 +196,7 @@ class Endpoint(RunningEndpoint[Connection]):
 
         thread = threading.Thread(target=retry, name="slipstream-network-retry", daemon=True)
         self._retries = [t for t in self._retries if t.is_alive()] + [thread]
-        thread.start()
+        return thread  # (started by the caller, once it has noted it: ``then`` may run at once)
 
     def _join_retries(self) -> None:
         """Wait (bounded) for retry threads to see ``_closing`` and stop."""

@@ -59,7 +59,7 @@ class Server(Endpoint, ServerCore[Connection]):
             if worked and not self._closing:
                 self._start_poller()
 
-        self._retry_in_thread(attempt, REBIND_MAX_DELAY_S, then)
+        self._retry_thread(attempt, REBIND_MAX_DELAY_S, then).start()
 
     def close(self) -> None:
         """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
