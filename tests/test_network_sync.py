@@ -46,6 +46,16 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def bind_and_connect(server: Server, client: Client, ipc: bool) -> Connection:
+    """Bind ``server`` (over IPC, or UDP on a free port) and connect ``client`` to it."""
+    if ipc:
+        server.bind_ipc()
+        return client.connect_ipc(timeout=10)
+    port = free_ports(2)
+    server.bind(port)
+    return client.connect("127.0.0.1", port, timeout=10)
+
+
 @contextmanager
 def pair(
     driver_dir: Path, transport: str = "ipc", *, busy: bool = False, **kwargs: Any
@@ -61,13 +71,7 @@ def pair(
         def echo(connection: Connection, quote: Quote) -> None:
             connection.send_nowait(quote)
 
-        if ipc:
-            server.bind_ipc()
-            connection = client.connect_ipc(timeout=10)
-        else:
-            port = free_ports(2)
-            server.bind(port)
-            connection = client.connect("127.0.0.1", port, timeout=10)
+        connection = bind_and_connect(server, client, ipc)
         wait_until(lambda: server.connections)  # (the server sees it up a moment after the client)
         yield server, client, connection
     finally:
@@ -236,13 +240,7 @@ def test_blocking_proxies_call_remote_objects(driver_dir: Path, transport: str) 
     )
     try:
         calc_id = server.rmi.save(Calc())
-        if ipc:
-            server.bind_ipc()
-            connection = client.connect_ipc(timeout=10)
-        else:
-            port = free_ports(2)
-            server.bind(port)
-            connection = client.connect("127.0.0.1", port, timeout=10)
+        connection = bind_and_connect(server, client, ipc)
         calc = connection.rmi.get_global(ICalc, calc_id)
         assert calc.add(2, 3) == 5
         assert [calc.add(i, i) for i in range(300)] == [2 * i for i in range(300)]
