@@ -157,7 +157,7 @@ class PollThread(PollCore):
             return cls._shared
 
     @classmethod
-    def _forget_shared(cls) -> None:
+    def reset_after_fork(cls) -> None:
         """In a forked child: the parent's poll thread did not come along (a new one is made on first use)."""
         cls._shared = None
         cls._shared_lock = threading.Lock()
@@ -343,4 +343,4 @@ class Outcome(Generic[T]):
         return self._result  # type: ignore[return-value]
 
 
-os.register_at_fork(after_in_child=PollThread._forget_shared)
+os.register_at_fork(after_in_child=PollThread.reset_after_fork)
