@@ -16,17 +16,18 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..client import Context, DriverLostError, ExclusivePublication, Subscription
+from ..client import Context, DriverError, DriverLostError, ExclusivePublication, Subscription
 from .buffered import Hold
 from .config import ClientConfig, ServerConfig
 from .connected import DRIVER_LOST, ConnectionBase
 from .delivery import Delivery
 from .endpoint import EndpointCore
-from .errors import MessageDispatchError
+from .errors import MessageDispatchError, NetworkError
 from .events import Closed
+from .recovery import FIRST_RETRY_S, PERMANENT, RetryDelays, driver_available
 from .rmi import ObjectTable
 from .session import Records
 from .streamfiles import StreamFiles
@@ -35,7 +36,12 @@ from .transport import earliest, shared_contexts
 if TYPE_CHECKING:
     from .recording import EndpointRecording
 
-__all__ = ["RunningEndpoint"]
+__all__ = ["CLOSE_GRACE_S", "RETRYABLE", "RunningEndpoint"]
+
+CLOSE_GRACE_S = 0.05
+"""After the CLOSE frame was handed to the transport, how long before its publication is closed."""
+RETRYABLE = (NetworkError, DriverError, OSError)
+"""What an attempt after a fault may fail with and be tried again (unless ``recovery.PERMANENT``)."""
 
 log = logging.getLogger("slipstream.network")
 
@@ -317,6 +323,29 @@ class RunningEndpoint(EndpointCore, Generic[C]):
             connection.lose(DRIVER_LOST)
         shared_contexts.release(context)
         self._recover()
+
+    def _retries(self, max_delay_s: float) -> Generator[float | None, BaseException | None, bool]:
+        """The attempts after a fault (``recovery.RetryDelays``), whichever adapter waits: yields the seconds
+        to wait, or None for "attempt now", which is answered with the attempt's failure (None: it worked).
+        Returns True once one worked; False when the endpoint closes or a refusal no attempt can change
+        comes. Each failure goes to ``on_error``."""
+        delays = RetryDelays(max_delay_s)
+        wait = delays.next()
+        while not self._closing:
+            yield wait
+            if self._closing:
+                break
+            if not driver_available(self.config.driver_directory, self.config.driver):
+                wait = FIRST_RETRY_S  # an external driver not back yet (attaching would block): look again soon
+                continue
+            error = yield None
+            if error is None:
+                return True
+            self.report_error(None, error)
+            if isinstance(error, PERMANENT):
+                return False
+            wait = delays.next()
+        return False
 
     # -- the driver context ---------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from .events import HandshakeCompleted
 from .tuning import endpoint_driver_config, warn_if_ignored
 
 __all__ = [
+    "DRAIN_STEP_S",
     "input_pending",
     "BUSY_CADENCE_NS",
     "HANDSHAKE_IPC_REPLY_STREAM",
@@ -308,6 +309,8 @@ expiry) run only once fewer were waiting, so a packet already in the log is neve
 
 BUSY_CADENCE_NS = 1_000_000
 """How soon a connection with output waiting (back-pressure) wants its next duty cycle."""
+DRAIN_STEP_S = 5e-4
+"""The pause between the steps of draining a driver that goes with the last endpoint (either adapter)."""
 
 
 def earliest(deadlines: Iterable[int | None], start: int | None) -> int | None:

@@ -9,20 +9,15 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ...client import DriverError
 from ..config import ClientConfig, ServerConfig
 from ..errors import NetworkError
-from ..recovery import FIRST_RETRY_S, PERMANENT, RetryDelays, driver_available
-from ..running import RunningEndpoint
+from ..running import CLOSE_GRACE_S, RETRYABLE, RunningEndpoint
 from ..streamfiles import StreamFiles, ThreadedStreamFiles, shared_stream_files
 from .connection import Connection
 from .poller import PollGroup
 from .transport import release_context_drained
 
 __all__ = ["CLOSE_GRACE_S", "Endpoint"]
-
-CLOSE_GRACE_S = 0.05
-"""After the CLOSE frame was handed to the transport, how long before its publication is closed."""
 
 log = logging.getLogger("slipstream.network")
 
@@ -128,26 +123,23 @@ class Endpoint(RunningEndpoint[Connection]):
             self._group.backoff.kick()
 
     async def _retry(self, attempt: Callable[[], Awaitable[object]], max_delay_s: float) -> bool:
-        """``attempt`` after a fault, again and again (``recovery.RetryDelays``), until it works (True), the
-        endpoint closes, or a refusal no attempt can change (False); each failure goes to ``on_error``."""
-        delays = RetryDelays(max_delay_s)
-        wait = delays.next()
-        while not self._closing:
-            await asyncio.sleep(wait)
-            if not driver_available(self.config.driver_directory, self.config.driver):
-                wait = FIRST_RETRY_S  # an external driver not back yet (attaching would block): look again soon
-                continue
-            try:
-                await attempt()
-            except PERMANENT as exc:
-                self.report_error(None, exc)
-                return False
-            except (NetworkError, DriverError, OSError) as exc:
-                self.report_error(None, exc)
-                wait = delays.next()
-            else:
-                return True
-        return False
+        """``attempt`` after a fault, as :meth:`~..running.RunningEndpoint._retries` paces it; whether one worked."""
+        retries = self._retries(max_delay_s)
+        failure: BaseException | None = None
+        try:
+            while True:
+                wait = retries.send(failure)
+                failure = None
+                if wait is not None:
+                    await asyncio.sleep(wait)
+                    continue
+                try:
+                    await attempt()
+                except RETRYABLE as exc:
+                    failure = exc
+        except StopIteration as stop:
+            worked: bool = stop.value
+            return worked
 
     # -- the driver context and the poller --------------------------------------------------------
 

@@ -17,12 +17,9 @@ from ... import Context
 from ...client import Registration, registered
 from ...files.doorbell import Doorbell, wait_any
 from ..pacing import Backoff, Nap, Sleep, Step, Wake
-from ..transport import shared_contexts
+from ..transport import DRAIN_STEP_S, shared_contexts
 
 __all__ = ["IdleBackoff", "registered_pair", "release_context_drained"]
-
-DRAIN_STEP_S = 5e-4
-"""The pause between an asyncio drain's steps."""
 
 
 async def release_context_drained(context: Context) -> None:

@@ -12,22 +12,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...client import DriverError
 from ..config import ClientConfig, ServerConfig
-from ..errors import NetworkError
-from ..recovery import FIRST_RETRY_S, PERMANENT, RetryDelays, driver_available
-from ..running import RunningEndpoint
+from ..running import CLOSE_GRACE_S, RETRYABLE, RunningEndpoint
 from ..streamfiles import StreamFiles, ThreadedStreamFiles, shared_stream_files
-from ..transport import BUSY_CADENCE_NS, earliest, shared_contexts
+from ..transport import BUSY_CADENCE_NS, DRAIN_STEP_S, earliest, shared_contexts
 from .connection import Connection
 from .poller import PollThread
 
 __all__ = ["CLOSE_GRACE_S", "Endpoint"]
 
-CLOSE_GRACE_S = 0.05
-"""After the CLOSE frame was handed to the transport, how long before its publication is closed."""
-DRAIN_STEP_S = 5e-4
-"""The pause between the steps of draining a driver that goes with the last endpoint."""
 
 log = logging.getLogger("slipstream.network")
 
@@ -61,7 +54,7 @@ class Endpoint(RunningEndpoint[Connection]):
         self._closings: list[_Closing] = []
         self._probes: dict[int, tuple[Connection, int, int]] = {}
         """RTT probes by connection id: (connection, interval, when the next ping goes)."""
-        self._retries: list[threading.Thread] = []
+        self._retry_threads: list[threading.Thread] = []
 
     # -- waiting --------------------------------------------------------------------------------------
 
@@ -168,42 +161,36 @@ class Endpoint(RunningEndpoint[Connection]):
         ``then(worked)`` after, under the lock. Each failure goes to ``on_error``."""
 
         def retry() -> None:
+            retries = self._retries(max_delay_s)
+            failure: BaseException | None = None
             worked = False
             try:
-                delays = RetryDelays(max_delay_s)
-                wait = delays.next()
-                while not self._closing:
-                    time.sleep(wait)
-                    if self._closing:
-                        break
-                    if not driver_available(self.config.driver_directory, self.config.driver):
-                        wait = FIRST_RETRY_S  # an external driver not back yet (attaching would block)
+                while True:
+                    wait = retries.send(failure)
+                    failure = None
+                    if wait is not None:
+                        time.sleep(wait)
                         continue
                     try:
                         attempt()
-                    except PERMANENT as exc:
-                        self.report_error(None, exc)
-                        break
-                    except (NetworkError, DriverError, OSError) as exc:
-                        self.report_error(None, exc)
-                        wait = delays.next()
-                    else:
-                        worked = True
-                        break
+                    except RETRYABLE as exc:
+                        failure = exc
+            except StopIteration as stop:
+                worked = stop.value
             finally:
                 with self.lock:
                     then(worked)
 
         thread = threading.Thread(target=retry, name="slipstream-network-retry", daemon=True)
-        self._retries = [t for t in self._retries if t.is_alive()] + [thread]
+        self._retry_threads = [t for t in self._retry_threads if t.is_alive()] + [thread]
         return thread  # (started by the caller, once it has noted it: ``then`` may run at once)
 
     def _join_retries(self) -> None:
         """Wait (bounded) for retry threads to see ``_closing`` and stop."""
-        for thread in self._retries:
+        for thread in self._retry_threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=self.config.close_timeout + 1.0)
-        self._retries.clear()
+        self._retry_threads.clear()
 
     # -- the driver context and the poller --------------------------------------------------------
 
