@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import socket
 import threading
 import time
@@ -32,7 +31,9 @@ from ..files import commands as cmd
 from ..files.cnc import PARKED_INDEX, CncError, CncFile
 from ..files.counters import APPLICATION_TYPE_ID_MIN, MAX_KEY_LENGTH, CountersReader
 from ..files.directory import (
+    CNC_FILE,
     LOCK_FILE,
+    SOCKET_FILE,
     DirectoryHandle,
     default_directory,
     directory_error,
@@ -45,6 +46,7 @@ from ._args import check_callable, check_channel, check_stream_id
 from .counter import Counter
 from .errors import DriverLostError, DriverUnavailableError, RegistrationError, renewed
 from .image import Image
+from .links import WAKE, DriverLink, SocketLink
 from .publication import ExclusivePublication, Publication
 from .subscription import ImageHandler, Subscription
 
@@ -54,8 +56,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("slipstream.client")
 
 DriverMode = Literal["auto", "embedded", "external"]
-_WAKE = cmd.encode(cmd.Wake())
-_KEEPALIVE = cmd.encode(cmd.Keepalive())
 _GRACE_MARGIN_S = 1.0
 """After the client thread itself did not run for a while (a keep-alive tick a whole interval late: its
 process was stopped, the machine slept), the driver gets a keep-alive interval plus this to beat again
@@ -287,19 +287,16 @@ class Context:
         self._closed = False
         self._undrained = False  # a publication closed since the embedded driver last drained
         self._driver_error: DriverError | None = None
-        self._sequence = 0
-        self._decoder = cmd.driver_decoder()
         self._doorbell: Doorbell | None = None
         if driver == "embedded":
             self._embedded = self._launch_embedded()
         try:
-            self._sock = self._connect(driver)
-            welcome = self._handshake()
-            self.client_id = welcome.client_id
-            self.driver_pid = welcome.driver_pid
-            self._keepalive_s = max(0.05, welcome.client_liveness_timeout_ns / 1e9 / 5)
-            self._liveness_ms = max(1000, welcome.client_liveness_timeout_ns // 1_000_000)
-            self._cnc = CncFile.open(self.directory)
+            self._link, self._cnc = self._attach(driver)
+            self.client_id = self._link.client_id
+            self.driver_pid = self._link.driver_pid
+            liveness_ns = self._link.client_liveness_timeout_ns
+            self._keepalive_s = max(0.05, liveness_ns / 1e9 / 5)
+            self._liveness_ms = max(1000, liveness_ns // 1_000_000)
         except BaseException:
             self._stop_embedded()
             raise
@@ -314,6 +311,52 @@ class Context:
         from ..driver.media_driver import MediaDriver  # the driver loads only in a process that starts one
 
         return MediaDriver(self._driver_config).launch_embedded()
+
+    def _attach(self, mode: DriverMode) -> tuple[DriverLink, CncFile]:
+        """The link to the driver serving the directory, and its CnC file: the reference Aeron driver's
+        when its ``cnc.dat`` is there (not for ``"embedded"``), else a slipstream driver's socket."""
+        aeron = None if mode == "embedded" else self._aeron_cnc(mode)
+        if aeron is not None:
+            from .aeron_link import AeronLink  # loads only for a context on aeronmd
+
+            try:
+                return AeronLink(aeron, self.driver_timeout_s), aeron
+            except BaseException:
+                aeron.close()
+                raise
+        sock = self._connect(mode)
+        invoke = self.invoke if self.is_invoker else None  # then the driver answers only while we invoke it
+        link = SocketLink(sock, self.directory, self.driver_timeout_s, invoke)
+        try:
+            return link, CncFile.open(self.directory)
+        except BaseException:
+            link.close()
+            raise
+
+    def _aeron_cnc(self, mode: DriverMode) -> CncFile | None:
+        """The CnC file of a running reference Aeron driver in the directory, or None when the directory
+        is a slipstream driver's (or empty: ``"auto"`` then starts one). A stopped Aeron driver's file is
+        an error for ``"external"``; ``"auto"`` starts a slipstream driver in its place."""
+        if not (self.directory / CNC_FILE).is_file() or (self.directory / SOCKET_FILE).exists():
+            return None
+        try:
+            cnc = CncFile.open(self.directory)
+        except CncError:
+            if mode == "external":
+                raise
+            return None
+        if cnc.flavour != "aeron":
+            cnc.close()
+            return None
+        age_ms = time.time_ns() // 1_000_000 - cnc.heartbeat_ms
+        if age_ms <= cnc.header.client_liveness_timeout_ns // 1_000_000:
+            return cnc
+        cnc.close()
+        if mode == "external":
+            raise DriverUnavailableError(
+                f"the Aeron media driver in {self.directory} is not running: its heartbeat is {age_ms} ms old"
+            )
+        return None
 
     def _connect(self, mode: DriverMode) -> socket.socket:
         deadline = time.monotonic() + self.driver_timeout_s
@@ -385,67 +428,31 @@ class Context:
             return True  # exists, owned by another user
         return True
 
-    def _handshake(self) -> cmd.Welcome:
-        invoker = self.is_invoker  # then the driver answers only while this thread invokes it
-        deadline = time.monotonic() + self.driver_timeout_s
-        self._sock.settimeout(0.001 if invoker else self.driver_timeout_s)
-        self._sock.sendall(cmd.encode(cmd.Hello(0, os.getpid())))
-        while True:
-            try:
-                data = self._sock.recv(65536)
-            except TimeoutError:
-                if invoker and time.monotonic() < deadline:
-                    self.invoke()
-                    continue
-                raise DriverUnavailableError(
-                    f"the driver in {self.directory} did not answer within {self.driver_timeout_s:.1f} s; "
-                    "it may be hung: stop it and start a new one"
-                ) from None
-            if not data:
-                raise DriverUnavailableError(f"the driver in {self.directory} closed the connection at once")
-            messages = self._decoder.feed(data)
-            if messages:
-                break
-        first = messages[0]
-        if not isinstance(first, cmd.Welcome):
-            raise DriverUnavailableError(f"unexpected first message from the driver: {first!r}")
-        for message in messages[1:]:
-            self._dispatch(message)
-        self._sock.settimeout(None)  # from now on: sends wait as _send says, the client thread in select
-        return first
-
     # -- client thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        sock = self._sock
+        link = self._link
         last_tick, last_tick_wall = time.monotonic(), time.time()
         last_gap = 0.0  # between the last two keep-alive ticks: long if this thread was stopped in between
         next_keepalive = last_tick + self._keepalive_s
         judge_after = 0.0  # the driver's heartbeat is not judged before this (a grace after our own stall)
         while not self._closed:
             try:
-                readable, _, _ = select.select([sock], [], [], max(0.0, next_keepalive - time.monotonic()))
-                data = sock.recv(65536) if readable else None
-            except BlockingIOError:
-                data = None
-            except (OSError, ValueError):  # ValueError: closed meanwhile
-                data = b""
-            if data == b"":
+                messages = link.receive(max(0.0, next_keepalive - time.monotonic()))
+            except ValueError as exc:  # cmd.CommandError, AeronProtocolError
+                if not self._closed:
+                    self._lose_driver(DriverLostError(f"garbled message from the driver: {exc}"))
+                return
+            if messages is None:
                 if not self._closed:
                     silent_s = max(time.monotonic() - last_tick, last_gap)
-                    self._lose_driver(DriverLostError(self._went_away(silent_s)))
+                    self._lose_driver(DriverLostError(link.closed_reason() or self._went_away(silent_s)))
                 return
-            if data:
+            for message in messages:
                 try:
-                    messages = self._decoder.feed(data)
-                except cmd.CommandError as exc:
-                    self._lose_driver(DriverLostError(f"garbled message from the driver: {exc}"))
-                    return
-                for message in messages:
-                    try:
-                        self._dispatch(message)
-                    except Exception:
-                        log.exception("error while handling %r", message)
+                    self._dispatch(message)
+                except Exception:
+                    log.exception("error while handling %r", message)
             now = time.monotonic()
             if now >= next_keepalive:
                 wall = time.time()
@@ -609,47 +616,24 @@ class Context:
 
     # -- commands ---------------------------------------------------------------------------------
 
-    def _send(self, message: cmd.ClientMessage | bytes) -> None:
-        """Send a command whole. When the socket is full, an invoker-mode driver is invoked (it reads
-        commands only then: an application that sends many commands at once, as many clients connecting
-        together do, would otherwise wait forever); a driver with a thread of its own is waited for up
-        to ``driver_timeout_s`` (then ``TimeoutError``)."""
-        view = memoryview(message if isinstance(message, bytes) else cmd.encode(message))
-        deadline: float | None = None
+    def _send(self, message: cmd.ClientMessage) -> None:
+        """Send a command whole, one sender at a time (see the link's ``send``)."""
         with self._send_lock:
-            while view:
-                try:
-                    view = view[self._sock.send(view, socket.MSG_DONTWAIT) :]
-                    continue
-                except BlockingIOError:
-                    pass
-                if self.is_invoker:
-                    self.invoke()
-                    continue
-                now = time.monotonic()
-                deadline = now + self.driver_timeout_s if deadline is None else deadline
-                if now >= deadline:
-                    raise TimeoutError(f"the media driver did not read commands for {self.driver_timeout_s:.1f} s")
-                select.select([], [self._sock], [], deadline - now)
+            self._link.send(message)
 
     def _send_keepalive(self) -> bool:
-        """From the client thread, which must never wait for the socket (in invoker mode only the
-        application's thread makes room): a keep-alive, or none when the socket is full (the driver
-        has commands of ours to read: it knows we live). False when a command was being sent."""
+        """From the client thread, which must never wait to send (in invoker mode only the application's
+        thread makes room): a keep-alive, or none now. False when a command was being sent."""
         if not self._send_lock.acquire(blocking=False):
             return False
         try:
-            self._sock.send(_KEEPALIVE, socket.MSG_DONTWAIT)  # a few bytes: all or nothing
-        except OSError:
-            pass
+            return self._link.send_keepalive()
         finally:
             self._send_lock.release()
-        return True
 
     def _next_correlation_id(self) -> int:
         with self._state_lock:
-            self._sequence += 1
-            return (self.client_id << 32) | self._sequence
+            return self._link.next_correlation_id()
 
     def _check_usable(self) -> None:
         if self._driver_error is not None:
@@ -699,7 +683,7 @@ class Context:
                 manage_destination=self._manage_destination,
                 # A driver that sends UDP may park; an invoker-mode one only runs when this process invokes it.
                 doorbell=(self._cnc.header_i64, PARKED_INDEX, self._ring)
-                if channel.startswith("aeron:udp") and not self.is_invoker
+                if channel.startswith("aeron:udp") and self._link.parks and not self.is_invoker
                 else None,
             )
             self._publications[response.registration_id] = publication
@@ -831,7 +815,7 @@ class Context:
     def _ring(self) -> None:
         """Wake a parked driver: it has datagrams to send for us."""
         with contextlib.suppress(OSError):
-            self._send(_WAKE)
+            self._send(WAKE)
 
     def _manage_destination(self, registration_id: int, channel: str, add: bool) -> None:
         channel = str(check_channel("channel", channel))
@@ -912,12 +896,10 @@ class Context:
             counter._release()  # the driver frees them with this client
         self._own_counters.clear()
         self._closed = True
-        with contextlib.suppress(OSError):
-            self._send(cmd.CloseClient())
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+        with self._send_lock:
+            self._link.shutdown()
         self._thread.join(self.driver_timeout_s)
-        self._sock.close()
+        self._link.close()
         with contextlib.suppress(CncError, BufferError):
             self._cnc.close()
         self._stop_embedded()
