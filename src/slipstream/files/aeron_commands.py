@@ -9,7 +9,10 @@ and packed to 4 bytes, as Aeron's ``aeron_control_protocol.h``; a string is an i
 
 The broadcast buffer is shared by every client of the driver: responses to other clients' commands and
 images of other clients' subscriptions arrive too. The caller keeps those whose correlation id (or
-subscription registration id, or client id for a timeout) is its own.
+subscription registration id, or client id for a timeout) is its own; so, as Aeron's clients do, it takes
+its client id and correlation ids from the ring buffer's shared correlation counter, unique driver-wide.
+A client's first command makes the driver allocate its heartbeat counter and announce it as
+ON_COUNTER_READY with the client id as correlation id (ON_UNAVAILABLE_COUNTER likewise after CLIENT_CLOSE).
 
 Everything read from a record is checked against the payload's size: a short or lying record raises
 ``AeronProtocolError`` naming its type id, never an ``IndexError`` or a ``struct.error``.
@@ -252,8 +255,9 @@ def encode_command(message: cmd.ClientMessage, client_id: int) -> tuple[int, byt
         case cmd.RejectImage(correlation_id, image_correlation_id, reason):
             return REJECT_IMAGE, _reject_image(client_id, correlation_id, image_correlation_id, reason)
         case cmd.Keepalive():
-            # Aeron's 1.53 clients write their heartbeat counter instead; the driver still takes this
-            # command (for a client it already knows) and answers nothing, so the correlation id is 0.
+            # Aeron's 1.53 clients write now (epoch ms) into their heartbeat counter instead; the driver
+            # still takes this command, from a client it already knows (one that sent another command
+            # first), and answers nothing, so the correlation id is 0.
             return CLIENT_KEEPALIVE, _CORRELATED.pack(client_id, 0)
         case cmd.CloseClient():
             return CLIENT_CLOSE, _CORRELATED.pack(client_id, NULL_VALUE)
