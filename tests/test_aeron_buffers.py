@@ -542,3 +542,58 @@ def test_without_the_extension_writers_refuse_and_readers_read(shm_dir: Path) ->
     assert [line.split(" refused:")[0] for line in lines[2:]] == ["write", "read", "correlation", "transmit"]
     assert all("needs atomic operations on shared memory" in line and "C extension" in line for line in lines[2:])
     assert issubclass(AtomicsUnavailableError, RuntimeError)
+
+
+# ---- against the reference Aeron C media driver ------------------------------------------------------------
+
+
+def _aeron_binaries() -> dict[str, Path]:
+    from bench.aeron_c import ENV_VAR, find_binaries
+
+    found, reason = find_binaries(os.environ.get(ENV_VAR))
+    if not found:
+        pytest.skip(f"needs a reference Aeron C build: {reason}")
+    return found
+
+
+@needs_atomics
+def test_reference_aeronmd_reads_our_command_and_we_read_its_broadcast(shm_dir: Path) -> None:
+    """A remove-publication command for a registration that does not exist, written to aeronmd's to-driver
+    ring buffer in its cnc.dat: the driver consumes it (the ring's head reaches its tail, the space zeroed)
+    and answers on its to-clients broadcast with an error naming our correlation id."""
+    from bench.aeron_c import aeron_driver
+
+    directory = shm_dir / "aeron"
+    settings = {"aeron.threading.mode": "SHARED", "aeron.dir.delete.on.start": "true"}
+    with (
+        aeron_driver(_aeron_binaries(), directory, settings),
+        open(directory / "cnc.dat", "r+b") as f,
+        mmap.mmap(f.fileno(), 0) as mem,
+    ):
+        view = memoryview(mem)
+        deadline = time.monotonic() + 10.0
+        while i32(mem, 0) == 0 and time.monotonic() < deadline:  # the CnC version goes in last
+            time.sleep(0.01)
+        to_driver, to_clients = i32(mem, 4), i32(mem, 8)  # CnC metadata: version, then the two lengths
+        rb = ManyToOneRingBuffer(view[128 : 128 + to_driver])  # after two cache lines of metadata
+        rx = CopyBroadcastReceiver(BroadcastReceiver(view[128 + to_driver : 128 + to_driver + to_clients]))
+        assert abs(rb.consumer_heartbeat_time - time.time() * 1000) < 10_000  # the driver's epoch ms
+        client_id, correlation_id = rb.next_correlation_id(), rb.next_correlation_id()
+        remove_publication, on_error, unknown_registration = 0x02, 0x0F01, 0x7FFF_0001
+        assert rb.write(remove_publication, struct.pack("<qqqQ", client_id, correlation_id, unknown_registration, 0))
+        errors: list[tuple[int, int, str]] = []
+
+        def handler(type_id: int, message: bytes) -> None:
+            if type_id == on_error:
+                offending, code, length = struct.unpack_from("<qii", message)
+                errors.append((offending, code, message[16 : 16 + length].decode()))
+
+        while not errors and time.monotonic() < deadline + 10.0:
+            if not rx.receive(handler):
+                time.sleep(0.001)
+        assert errors and errors[0][0] == correlation_id, errors
+        assert str(unknown_registration) in errors[0][2]
+        assert rb.consumer_position == rb.producer_position == 40
+        assert bytes(rb.buffer[:40]) == bytes(40)
+        assert rx.lapped_count == 0
+        del rb, rx, view
