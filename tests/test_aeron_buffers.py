@@ -548,9 +548,8 @@ def test_without_the_extension_writers_refuse_and_readers_read(shm_dir: Path) ->
 
 
 def _aeron_binaries() -> dict[str, Path]:
-    from bench.aeron_c import ENV_VAR, find_binaries
-
-    found, reason = find_binaries(os.environ.get(ENV_VAR))
+    aeron_c = pytest.importorskip("bench.aeron_c", reason="bench/ (which starts aeronmd) is not in this tree")
+    found, reason = aeron_c.find_binaries(os.environ.get(aeron_c.ENV_VAR))
     if not found:
         pytest.skip(f"needs a reference Aeron C build: {reason}")
     return found
@@ -561,12 +560,13 @@ def test_reference_aeronmd_reads_our_command_and_we_read_its_broadcast(shm_dir: 
     """A remove-publication command for a registration that does not exist, written to aeronmd's to-driver
     ring buffer in its cnc.dat: the driver consumes it (the ring's head reaches its tail, the space zeroed)
     and answers on its to-clients broadcast with an error naming our correlation id."""
+    binaries = _aeron_binaries()
     from bench.aeron_c import aeron_driver
 
     directory = shm_dir / "aeron"
     settings = {"aeron.threading.mode": "SHARED", "aeron.dir.delete.on.start": "true"}
     with (
-        aeron_driver(_aeron_binaries(), directory, settings),
+        aeron_driver(binaries, directory, settings),
         open(directory / "cnc.dat", "r+b") as f,
         mmap.mmap(f.fileno(), 0) as mem,
     ):
