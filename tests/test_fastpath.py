@@ -751,3 +751,109 @@ def test_fast_path_reported_and_disabled_by_environment() -> None:
         [sys.executable, "-m", "slipstream", "--version"], capture_output=True, text=True, timeout=60, env=os.environ
     )
     assert "C extension" in version.stdout
+
+
+# ---- atomics on shared memory (files/ringbuffer.py, files/broadcast.py) ----------------------------------
+
+
+ATOMIC_WRITES = [
+    ("compare_and_set_i64", 8, (0, 1)),
+    ("get_and_add_i64", 8, (1,)),
+    ("store_release_i64", 8, (5,)),
+    ("store_release_i32", 4, (5,)),
+]
+ATOMIC_LOADS = [("load_acquire_i64", 8), ("load_acquire_i32", 4)]
+
+
+@pytest.mark.parametrize(("name", "width", "rest"), ATOMIC_WRITES + [(n, w, ()) for n, w in ATOMIC_LOADS])
+def test_atomics_check_bounds_and_alignment(name: str, width: int, rest: tuple[int, ...]) -> None:
+    fn = getattr(FAST, name)
+    with mmap.mmap(-1, 64) as mem:
+        for offset in (-width, -1, 64 - width + 1, 64, 2**40, 2**70, -(2**70)):
+            with pytest.raises(ValueError, match="outside the buffer"):
+                fn(mem, offset, *rest)
+        for offset in range(1, width):
+            with pytest.raises(ValueError, match="aligned"):
+                fn(mem, offset, *rest)
+        view = memoryview(mem)
+        for offset in (0, 8, 48):  # aligned in memory: the view's start, not only the offset, counts
+            with pytest.raises(ValueError, match="aligned"):
+                fn(view[1:], offset, *rest)
+        fn(mem, 64 - width, *rest)
+        with pytest.raises(TypeError):
+            fn(mem)
+        with pytest.raises(TypeError):
+            fn(mem, "0", *rest)
+        del view
+
+
+@pytest.mark.parametrize(("name", "width", "rest"), ATOMIC_WRITES)
+def test_atomic_writes_need_a_writable_buffer(name: str, width: int, rest: tuple[int, ...]) -> None:
+    with mmap.mmap(-1, 64) as mem:
+        readonly = memoryview(mem).toreadonly()
+        with pytest.raises((TypeError, BufferError)):
+            getattr(FAST, name)(readonly, 0, *rest)
+        assert mem[:] == bytes(64)
+        del readonly
+
+
+def test_atomic_loads_read_a_readonly_buffer() -> None:
+    with mmap.mmap(-1, 64) as mem:
+        struct.pack_into("<qi", mem, 8, -(2**63), -7)
+        readonly = memoryview(mem).toreadonly()
+        assert FAST.load_acquire_i64(readonly, 8) == -(2**63)
+        assert FAST.load_acquire_i32(readonly, 16) == -7
+        del readonly
+
+
+def test_atomic_values_out_of_range() -> None:
+    with mmap.mmap(-1, 64) as mem:
+        with pytest.raises(OverflowError):
+            FAST.store_release_i32(mem, 0, 2**31)
+        with pytest.raises(OverflowError):
+            FAST.store_release_i64(mem, 0, 2**63)
+        with pytest.raises(OverflowError):
+            FAST.compare_and_set_i64(mem, 0, 0, -(2**63) - 1)
+        assert mem[:] == bytes(64)
+
+
+ATOMIC_OP = st.one_of(
+    st.tuples(st.just("cas"), st.integers(0, 3), st.integers(-3, 3), st.integers(-(2**63), 2**63 - 1)),
+    st.tuples(st.just("add"), st.integers(0, 3), st.integers(-(2**63), 2**63 - 1), st.just(0)),
+    st.tuples(st.just("store64"), st.integers(0, 3), st.integers(-(2**63), 2**63 - 1), st.just(0)),
+    st.tuples(st.just("store32"), st.integers(0, 7), st.integers(-(2**31), 2**31 - 1), st.just(0)),
+)
+
+
+@SETTINGS
+@given(st.lists(ATOMIC_OP, max_size=40))
+def test_atomics_against_a_python_model(ops: list[tuple[str, int, int, int]]) -> None:
+    """Each operation against plain struct arithmetic on a copy (get-and-add wraps as two's complement);
+    the pure-Python acquire loads of fastpath.py read the same values as the C ones."""
+    from slipstream.logbuffer import fastpath
+
+    with mmap.mmap(-1, 32) as mem:
+        model = bytearray(32)
+        for op, index, a, b in ops:
+            if op == "cas":
+                current = struct.unpack_from("<q", model, index * 8)[0]
+                swapped = current == a
+                if swapped:
+                    struct.pack_into("<q", model, index * 8, b)
+                assert FAST.compare_and_set_i64(mem, index * 8, a, b) is swapped
+            elif op == "add":
+                current = struct.unpack_from("<q", model, index * 8)[0]
+                total = (current + a + 2**63) % 2**64 - 2**63
+                struct.pack_into("<q", model, index * 8, total)
+                assert FAST.get_and_add_i64(mem, index * 8, a) == current
+            elif op == "store64":
+                struct.pack_into("<q", model, index * 8, a)
+                FAST.store_release_i64(mem, index * 8, a)
+            else:
+                struct.pack_into("<i", model, index * 4, a)
+                FAST.store_release_i32(mem, index * 4, a)
+            assert mem[:] == model
+        for index in range(4):
+            assert FAST.load_acquire_i64(mem, index * 8) == fastpath._plain_load(mem, index * 8, 8)
+        for index in range(8):
+            assert FAST.load_acquire_i32(mem, index * 4) == fastpath._plain_load(mem, index * 4, 4)

@@ -44,3 +44,9 @@ class DriverAlreadyRunningError(DriverError):
 
 class DriverDirectoryError(DriverError):
     """The driver directory cannot be created, read or written (permissions, a file in the way, ...)."""
+
+
+class AtomicsUnavailableError(SlipstreamError, RuntimeError):
+    """Writing to a buffer shared between processes (Aeron's ring and broadcast buffers) needs atomic
+    compare-and-set and release stores, which only the C extension provides (not built, or disabled by
+    ``SLIPSTREAM_NO_EXTENSIONS``)."""

@@ -1609,6 +1609,160 @@ static PyObject *fp_is_equal_run(PyObject *module, PyObject *const *args, Py_ssi
     return Py_NewRef(equal ? Py_True : Py_False);
 }
 
+/* ---- atomics on shared memory (Aeron's ring and broadcast buffers) ------------------------------- */
+
+/* The word at ``offset`` of ``obj``'s buffer, ``width`` bytes (4 or 8), for an atomic operation: the buffer
+ * must be writable when ``writable``, the word inside it and naturally aligned in memory (an atomic on a
+ * misaligned address may tear, or fault on some CPUs). NULL with ValueError (or the buffer's error) set;
+ * otherwise the caller releases ``b``. */
+static char *atomic_word(PyObject *obj, PyObject *offset_obj, int width, int writable, Py_buffer *b) {
+    int overflow = 0;
+    long long offset = PyLong_AsLongLongAndOverflow(offset_obj, &overflow);
+    if (offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(obj, b, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (overflow || offset < 0 || offset > (long long)b->len - width) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_ValueError, "offset %lld: a %d-byte word there is outside the buffer", offset, width);
+        return NULL;
+    }
+    char *p = (char *)b->buf + offset;
+    if (((uintptr_t)p & (uintptr_t)(width - 1)) != 0) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_ValueError, "offset %lld: the word is not %d-byte aligned in memory", offset, width);
+        return NULL;
+    }
+    return p;
+}
+
+/* A Python int as an int64 (OverflowError outside), or as an int32 when ``width`` is 4. */
+static int atomic_value(PyObject *obj, int width, int64_t *out) {
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (width == 4 && (v < INT32_MIN || v > INT32_MAX)) {
+        PyErr_SetString(PyExc_OverflowError, "value outside int32");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* compare_and_set_i64(buffer, offset, expected, update) -> bool: a sequentially consistent CAS (Aeron's
+ * claim of the ring buffer's tail by many writers in many processes). */
+static PyObject *fp_compare_and_set_i64(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "compare_and_set_i64 takes 4 arguments");
+        return NULL;
+    }
+    int64_t expected, update;
+    if (atomic_value(args[2], 8, &expected) < 0 || atomic_value(args[3], 8, &update) < 0) {
+        return NULL;
+    }
+    Py_buffer b;
+    char *p = atomic_word(args[0], args[1], 8, 1, &b);
+    if (p == NULL) {
+        return NULL;
+    }
+    int swapped =
+        __atomic_compare_exchange_n((int64_t *)p, &expected, update, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    PyBuffer_Release(&b);
+    return Py_NewRef(swapped ? Py_True : Py_False);
+}
+
+/* get_and_add_i64(buffer, offset, delta) -> the value before the add (Aeron's correlation counter). */
+static PyObject *fp_get_and_add_i64(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "get_and_add_i64 takes 3 arguments");
+        return NULL;
+    }
+    int64_t delta;
+    if (atomic_value(args[2], 8, &delta) < 0) {
+        return NULL;
+    }
+    Py_buffer b;
+    char *p = atomic_word(args[0], args[1], 8, 1, &b);
+    if (p == NULL) {
+        return NULL;
+    }
+    /* wraps as Aeron's (two's complement) rather than invoking signed overflow */
+    int64_t previous = (int64_t)__atomic_fetch_add((uint64_t *)p, (uint64_t)delta, __ATOMIC_SEQ_CST);
+    PyBuffer_Release(&b);
+    return PyLong_FromLongLong(previous);
+}
+
+/* An acquire fence, then an acquire load: the loads made before it (a record just copied) are ordered before
+ * it too, which Aeron's broadcast receiver needs when it checks the tail intent after a copy (it fences
+ * first). Both compile to a plain load on x86-64. */
+static PyObject *atomic_load(PyObject *const *args, Py_ssize_t nargs, int width, const char *usage) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    Py_buffer b;
+    const char *p = atomic_word(args[0], args[1], width, 0, &b);
+    if (p == NULL) {
+        return NULL;
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    long long v = width == 8 ? (long long)__atomic_load_n((const int64_t *)p, __ATOMIC_ACQUIRE)
+                             : (long long)__atomic_load_n((const int32_t *)p, __ATOMIC_ACQUIRE);
+    PyBuffer_Release(&b);
+    return PyLong_FromLongLong(v);
+}
+
+/* A release store, then a release fence: the stores after it are not seen before it either (Aeron's
+ * broadcast tail intent needs that store-store order; both compile to a plain store on x86-64). */
+static PyObject *atomic_store(PyObject *const *args, Py_ssize_t nargs, int width, const char *usage) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    int64_t v;
+    if (atomic_value(args[2], width, &v) < 0) {
+        return NULL;
+    }
+    Py_buffer b;
+    char *p = atomic_word(args[0], args[1], width, 1, &b);
+    if (p == NULL) {
+        return NULL;
+    }
+    if (width == 8) {
+        __atomic_store_n((int64_t *)p, v, __ATOMIC_RELEASE);
+    } else {
+        __atomic_store_n((int32_t *)p, (int32_t)v, __ATOMIC_RELEASE);
+    }
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fp_load_acquire_i64(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    return atomic_load(args, nargs, 8, "load_acquire_i64 takes 2 arguments");
+}
+
+static PyObject *fp_load_acquire_i32(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    return atomic_load(args, nargs, 4, "load_acquire_i32 takes 2 arguments");
+}
+
+static PyObject *fp_store_release_i64(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    return atomic_store(args, nargs, 8, "store_release_i64 takes 3 arguments");
+}
+
+static PyObject *fp_store_release_i32(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    return atomic_store(args, nargs, 4, "store_release_i32 takes 3 arguments");
+}
+
 /* ---- the driver's UDP send ---------------------------------------------------------------------- */
 
 #ifdef __linux__
@@ -1924,6 +2078,18 @@ static PyMethodDef module_methods[] = {
      "insert_datagram(term, term_offset, data, first_frame_length) -> inserted"},
     {"cut_datagrams", (PyCFunction)(void (*)(void))fp_cut_datagrams, METH_FASTCALL,
      "cut_datagrams(term, offset, window, mtu, budget, out) -> (consumed, sent, limited)"},
+    {"compare_and_set_i64", (PyCFunction)(void (*)(void))fp_compare_and_set_i64, METH_FASTCALL,
+     "compare_and_set_i64(buffer, offset, expected, update) -> swapped"},
+    {"get_and_add_i64", (PyCFunction)(void (*)(void))fp_get_and_add_i64, METH_FASTCALL,
+     "get_and_add_i64(buffer, offset, delta) -> previous value"},
+    {"load_acquire_i64", (PyCFunction)(void (*)(void))fp_load_acquire_i64, METH_FASTCALL,
+     "load_acquire_i64(buffer, offset) -> value"},
+    {"load_acquire_i32", (PyCFunction)(void (*)(void))fp_load_acquire_i32, METH_FASTCALL,
+     "load_acquire_i32(buffer, offset) -> value"},
+    {"store_release_i64", (PyCFunction)(void (*)(void))fp_store_release_i64, METH_FASTCALL,
+     "store_release_i64(buffer, offset, value) -> None"},
+    {"store_release_i32", (PyCFunction)(void (*)(void))fp_store_release_i32, METH_FASTCALL,
+     "store_release_i32(buffer, offset, value) -> None"},
 #ifdef __linux__
     {"send_datagrams", (PyCFunction)(void (*)(void))fp_send_datagrams, METH_FASTCALL,
      "send_datagrams(fd, datagrams, start, gso) -> (group_start, group_end, error) or None"},

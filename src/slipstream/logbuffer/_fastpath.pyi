@@ -84,3 +84,14 @@ def send_datagrams(
 def receive_batches(fd: int, buffer: bytearray, budget: int, gro: bool) -> list[tuple[int, int, int, Any]]:
     """Linux only. Up to ``budget`` (at most 64) receive calls, GIL released, each into the next 64 KiB of
     ``buffer`` while that much is left: (start, end, segment, source) per call, until one fails."""
+
+def compare_and_set_i64(buffer: Any, offset: int, expected: int, update: int) -> bool:
+    """Atomically replace the i64 at ``offset`` by ``update`` if it is ``expected``; whether it did."""
+
+def get_and_add_i64(buffer: Any, offset: int, delta: int) -> int:
+    """Atomically add ``delta`` to the i64 at ``offset``; the value before."""
+
+def load_acquire_i64(buffer: Any, offset: int) -> int: ...
+def load_acquire_i32(buffer: Any, offset: int) -> int: ...
+def store_release_i64(buffer: Any, offset: int, value: int) -> None: ...
+def store_release_i32(buffer: Any, offset: int, value: int) -> None: ...
