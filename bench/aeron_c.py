@@ -142,7 +142,12 @@ PLANNED = {
     "aeron_c.udp.throughput.1024B": "Aeron C UDP throughput 1 KiB",
     "aeron_c.udp.bulk.65536B": "Aeron C UDP bulk, 64 KiB messages",
     "aeron_c.udp.latency.32B": "Aeron C UDP round trip 32 B",
+    "aeronmd.slipstream.udp.latency.32B": "slipstream ping/pong on aeronmd, UDP round trip 32 B",
+    "aeronmd.slipstream.ipc.throughput.32B": "slipstream IPC throughput 32 B on aeronmd and on its own driver",
 }
+ON_AERONMD = ("aeronmd.slipstream.udp.latency.32B", "aeronmd.slipstream.ipc.throughput.32B")
+"""Rows of slipstream's own clients on the reference driver (``Context(dir, driver="external")`` on an
+aeronmd directory), beside the C samples on the same driver settings."""
 
 
 def find_binaries(aeron_dir: str | os.PathLike[str] | None) -> tuple[dict[str, Path], str]:
@@ -558,7 +563,115 @@ def run_suite(
                 f"Aeron C {transport} RTT: {s['count']} samples, min {s['min_us']:.2f} us, p90 {s['p90_us']:.2f} us, "
                 f"max {s.get('max_us', math.nan):.0f} us" + (" (stopped at the time limit)" if lat["timed_out"] else "")
             )
+    _slipstream_on_aeronmd(plan, result, attempt, do_latency=do_latency, do_throughput=do_throughput)
     return result
+
+
+def _aeronmd_pid(env: dict[str, str]) -> int:
+    from slipstream.files.cnc import CncFile
+
+    cnc = CncFile.open(Path(env["AERON_DIR"]))
+    try:
+        return cnc.header.pid
+    finally:
+        cnc.close()
+
+
+def _slipstream_on_aeronmd(
+    plan: AeronCPlan,
+    result: AeronCResult,
+    attempt: Callable[[str, Callable[[dict[str, str]], dict[str, Any]]], dict[str, Any] | None],
+    *,
+    do_latency: bool,
+    do_throughput: bool,
+) -> None:
+    """slipstream's clients on aeronmd: the UDP round trip against the C samples' (target: within 2x),
+    and the IPC throughput against slipstream's own standalone driver (target: no worse), run by the
+    same workers as ``python -m bench`` (``bench.ipc``), busy-spinning as the C samples do."""
+    from . import ipc
+    from .report import latency_summary
+
+    by_id = {row.id: row for row in result.rows}
+    if do_latency:
+        key = "aeronmd.slipstream.udp.latency.32B"
+        progress(f"aeron-c: slipstream ping/pong on aeronmd over UDP ({plan.udp_samples} samples)")
+        ping, pong = udp_channel(), udp_channel()
+        lat = attempt(
+            key,
+            lambda env: ipc.run_latency(
+                Path(env["AERON_DIR"]), PING_STREAM_ID, plan.latency_size, max(10, plan.udp_samples // 10),
+                plan.udp_samples, plan.time_limit_s, ping_channel=ping, pong_channel=pong,
+                driver_pid=_aeronmd_pid(env),
+            ),
+        )  # fmt: skip
+        if lat is not None:
+            summary = latency_summary(lat.pop("rtt_ns"))
+            result.raw[key] = {**lat, "summary": summary}
+            for pct in PERCENTILES:
+                c_row = by_id.get(f"aeron_c.udp.latency.{plan.latency_size}B.p{pct:g}")
+                row = YardstickRow(
+                    id=f"{key}.p{pct:g}",
+                    benchmark=f"RTT {plan.latency_size} B p{pct:g}, slipstream ping/pong clients on aeronmd "
+                    "over aeron:udp 127.0.0.1, busy-spin (Aeron C: cping/cpong on the same settings)",
+                    kind="latency",
+                    unit="us",
+                    aeron_c=c_row.aeron_c if c_row is not None else math.nan,
+                    slipstream=summary[f"p{pct:g}_us"],
+                    slipstream_row="slipstream clients on aeronmd",
+                    details={"samples": summary["count"], "stopped_at_time_limit": lat["timed_out"],
+                             "target": "ratio >= 0.5 (p50 within 2x of the C samples')"},
+                )  # fmt: skip
+                if c_row is not None and row.slipstream > 0:
+                    row.ratio = row.aeron_c / row.slipstream
+                result.rows.append(row)
+    if do_throughput:
+        key = "aeronmd.slipstream.ipc.throughput.32B"
+        count = min(plan.ipc_messages.get(32, 2_000_000), 2_000_000)
+        on_aeronmd: list[dict[str, Any]] = []
+        on_own: list[dict[str, Any]] = []
+        for round_no in range(plan.rounds):
+            progress(f"aeron-c round {round_no + 1}/{plan.rounds}: slipstream IPC 32 B on aeronmd, then its own driver")
+            run = attempt(
+                key,
+                lambda env: ipc.run_throughput(
+                    Path(env["AERON_DIR"]), STREAM_ID, 32, count, plan.time_limit_s, driver_pid=_aeronmd_pid(env)
+                ),
+            )
+            if run is None:
+                return
+            on_aeronmd.append(run)
+            own_dir = Path(f"{run['params']['directory']}-own")  # beside aeronmd's, in the suite's scratch
+            with ipc.standalone_driver(own_dir) as pid:
+                on_own.append(ipc.run_throughput(own_dir, STREAM_ID, 32, count, plan.time_limit_s, driver_pid=pid))
+            shutil.rmtree(own_dir, ignore_errors=True)
+        rate = median([r["msgs_per_s"] for r in on_aeronmd])
+        own = median([r["msgs_per_s"] for r in on_own])
+        c_row = by_id.get("aeron_c.ipc.throughput.32B")
+        row = YardstickRow(
+            id=key,
+            benchmark="IPC throughput 32 B, slipstream publisher and subscriber processes on aeronmd "
+            "(Aeron C: streaming_publisher -> rate_subscriber)",
+            kind="throughput",
+            unit="msg/s",
+            aeron_c=c_row.aeron_c if c_row is not None else math.nan,
+            slipstream=rate,
+            slipstream_row="slipstream clients on aeronmd",
+            details={
+                "statistic": f"median of {len(on_aeronmd)} rounds, alternating with the own-driver runs",
+                "on_aeronmd_msgs_per_s_rounds": [r["msgs_per_s"] for r in on_aeronmd],
+                "on_own_driver_msgs_per_s_rounds": [r["msgs_per_s"] for r in on_own],
+                "on_own_driver_msgs_per_s": own,
+                "aeronmd_over_own_driver": rate / own if own > 0 else math.nan,
+                "target": "aeronmd_over_own_driver >= 1 (no worse than slipstream's own driver)",
+            },
+        )
+        if c_row is not None and c_row.aeron_c > 0:
+            row.ratio = rate / c_row.aeron_c
+        result.rows.append(row)
+        result.notes.append(
+            f"slipstream IPC 32 B: {rate / 1e6:.2f} M msg/s on aeronmd, {own / 1e6:.2f} M msg/s on its own standalone "
+            f"driver (ratio {rate / own:.2f}; target >= 1)"
+        )
 
 
 def compare(rows: Sequence[YardstickRow], slip_rows: Sequence[Row]) -> None:
