@@ -377,7 +377,7 @@ def test_slipstream_reads_an_aeronmd_directory(aeronmd: subprocess.Popen[bytes],
     assert done.returncode == 0, done.stderr
     head, *rest = done.stdout.splitlines()
     assert re.fullmatch(
-        rf"\S+ - slipstream stat \(CnC v0\.2\.0, Aeron driver\), pid {aeronmd.pid}, heartbeat age \d+ms", head
+        rf"\S+ - slipstream stat, pid {aeronmd.pid}, heartbeat age \d+ms, CnC v0\.2\.0 \(Aeron driver\)", head
     ), head
     printed = {line.split(" - ", 1)[1].split(":")[0] for line in rest if " - " in line}
     assert printed >= set(SYSTEM_LABELS), done.stdout

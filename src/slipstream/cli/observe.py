@@ -133,8 +133,8 @@ def format_stat(status: DriverStatus, pattern: re.Pattern[str] | None = None) ->
     now = datetime.now().astimezone().isoformat(timespec="seconds")
     driver = "Aeron driver" if status.flavour == "aeron" else "slipstream driver"
     header = (
-        f"{now} - slipstream stat (CnC v{version_text(status.cnc_version)}, {driver}), pid {status.pid}, "
-        f"heartbeat age {status.heartbeat_age_ms}ms"
+        f"{now} - slipstream stat, pid {status.pid}, heartbeat age {status.heartbeat_age_ms}ms, "
+        f"CnC v{version_text(status.cnc_version)} ({driver})"
     )
     if not status.alive:
         if not status.process_exists:
