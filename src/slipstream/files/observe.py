@@ -28,7 +28,7 @@ from typing import Final
 
 from ..errors import DriverError
 from ..wire.uri import ChannelUri, ChannelUriError, udp_channel
-from .cnc import STATE_CLOSED, STATE_RUNNING, STATE_STARTING, CncError, CncFile
+from .cnc import STATE_CLOSED, STATE_RUNNING, STATE_STARTING, CncError, CncFile, Flavour
 from .counters import (
     NETWORK_ERRORS_TYPE_ID,
     NETWORK_RECORDS_DROPPED_TYPE_ID,
@@ -160,7 +160,7 @@ class DriverStatus:
     cnc_version: int = 0
     """The CnC version of ``cnc.dat``: Aeron's semantic version (``major << 16 | minor << 8 | patch``,
     0.2.0 for both drivers; ``files.cnc.version_text`` spells it)."""
-    flavour: str = "slipstream"
+    flavour: Flavour = "slipstream"
     """Who wrote the directory: ``slipstream`` (its driver) or ``aeron`` (the reference ``aeronmd``), which
     records no run state: its ``state`` reads ``running`` and ``alive`` rests on its pid and heartbeat."""
 
