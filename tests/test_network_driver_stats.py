@@ -57,7 +57,7 @@ def test_stats_show_the_connections_streams_and_a_forced_error(driver_dir: Path)
             await wait_for(lambda: sent(client.driver_stats()) and received(server.driver_stats()), 10)
             stats = server.driver_stats()
             assert stats.directory == driver_dir and client.driver_stats().directory == client_dir
-            assert stats.pid == os.getpid() and stats.embedded and not stats.invoker and stats.version == "1.0.1"
+            assert stats.pid == os.getpid() and stats.embedded and not stats.invoker and stats.version == "0.2.0"
             assert stats.status.alive and stats.system["Bytes received"] > 0 and stats.counters[0].counter_id == 0
             assert stats.errors == () and stats.loss == ()
             assert any(c.label.startswith("net errors: server test") for c in stats.counters)

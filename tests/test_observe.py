@@ -103,7 +103,9 @@ def test_stat_once_shows_system_and_per_stream_counters(ctx: Context, driver_dir
     done = cli("stat", "--dir", str(driver_dir), "--once")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert re.fullmatch(rf"\S+ - slipstream stat, pid {os.getpid()}, heartbeat age \d+ms", lines[0]), lines[0]
+    assert re.fullmatch(
+        rf"\S+ - slipstream stat, pid {os.getpid()}, heartbeat age \d+ms, CnC v0\.2\.0 \(slipstream driver\)", lines[0]
+    ), lines[0]
     by_label = {
         m[3]: int(m[2].replace(",", ""))
         for m in (re.fullmatch(r" *(\d+): +([\d,-]+) - (.*)", x) for x in lines[2:])
@@ -137,6 +139,7 @@ def test_stat_json_parses_and_names_types(ctx: Context, driver_dir: Path) -> Non
     data = json.loads(done.stdout)
     assert data["pid"] == os.getpid() and data["alive"] is True and data["state"] == "running"
     assert 0 <= data["heartbeat_age_ms"] < 5000
+    assert (data["cnc_version"], data["flavour"]) == ("0.2.0", "slipstream")
     types = {c["label"]: c["type_name"] for c in data["counters"]}
     assert types["Bytes sent"] == "system"
     assert types[f"pub-lmt: {pub.registration_id} {pub.session_id} 7 aeron:ipc"] == "pub-lmt"

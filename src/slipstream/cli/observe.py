@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..files.cnc import CncError
+from ..files.cnc import CncError, version_text
 from ..files.counters import CounterInfo
 from ..files.directory import default_directory
 from ..files.error_log import ErrorRecord
@@ -39,9 +39,7 @@ def register(commands: Any) -> None:
     )
     _common(stat)
     stat.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    stat.add_argument(
-        "--interval", type=_positive, default=1.0, metavar="S", help="seconds between refreshes"
-    )
+    stat.add_argument("--interval", type=_positive, default=1.0, metavar="S", help="seconds between refreshes")
     stat.add_argument(
         "--duration",
         type=_positive,
@@ -133,7 +131,11 @@ def _selected(status: DriverStatus, pattern: re.Pattern[str] | None) -> list[Cou
 def format_stat(status: DriverStatus, pattern: re.Pattern[str] | None = None) -> str:
     """AeronStat's layout: a header, then ``id: value - label`` with thousands separators."""
     now = datetime.now().astimezone().isoformat(timespec="seconds")
-    header = f"{now} - slipstream stat, pid {status.pid}, heartbeat age {status.heartbeat_age_ms}ms"
+    driver = "Aeron driver" if status.flavour == "aeron" else "slipstream driver"
+    header = (
+        f"{now} - slipstream stat, pid {status.pid}, heartbeat age {status.heartbeat_age_ms}ms, "
+        f"CnC v{version_text(status.cnc_version)} ({driver})"
+    )
     if not status.alive:
         if not status.process_exists:
             why = f"process {status.pid} is gone"
@@ -153,6 +155,8 @@ def stat_json(status: DriverStatus, pattern: re.Pattern[str] | None = None) -> d
         "time_ms": time.time_ns() // 1_000_000,
         "directory": str(status.directory),
         "pid": status.pid,
+        "cnc_version": version_text(status.cnc_version),
+        "flavour": status.flavour,
         "start_timestamp_ms": status.start_timestamp_ms,
         "heartbeat_age_ms": status.heartbeat_age_ms,
         "client_liveness_timeout_ns": status.client_liveness_timeout_ns,

@@ -290,6 +290,7 @@ class DriverConductor:
     def _on_timer(self, now_ns: int) -> int:
         """Every ``timer_interval_ns``: heartbeat, client liveness, error log and counters."""
         self._next_timer_ns = now_ns + self.config.timer_interval_ns
+        # cnc.dat's one heartbeat: the to-driver ring buffer's consumer heartbeat, where Aeron's tools read it.
         self.cnc.heartbeat_ms = time.time_ns() // 1_000_000
         if self.clock.stalls != self._stalls_seen:
             self._on_stall()

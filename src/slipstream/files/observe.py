@@ -1,5 +1,8 @@
 """What a media driver is doing, read from its files by any process: status, counters, loss, errors, backlog.
 
+The files are Aeron's (CnC 0.2.0, the loss report, the error log), so all of this reads the directory of
+the reference ``aeronmd`` as well as a slipstream driver's (``DriverStatus.flavour`` tells them apart).
+
 The Python face of ``slipstream stat | loss | errors | backlog | settings``. Each function opens the driver's
 files, copies what it needs and closes them again, so a monitor that polls never pins the mappings of
 a driver that has since restarted (a restart recreates the files), and works just as well after the
@@ -25,7 +28,7 @@ from typing import Final
 
 from ..errors import DriverError
 from ..wire.uri import ChannelUri, ChannelUriError, udp_channel
-from .cnc import STATE_CLOSED, STATE_RUNNING, STATE_STARTING, CncError, CncFile
+from .cnc import STATE_CLOSED, STATE_RUNNING, STATE_STARTING, CncError, CncFile, Flavour
 from .counters import (
     NETWORK_ERRORS_TYPE_ID,
     NETWORK_RECORDS_DROPPED_TYPE_ID,
@@ -155,8 +158,11 @@ class DriverStatus:
     """Whether process ``pid`` exists (seen from this pid namespace): a SIGKILLed driver shows at once,
     before its heartbeat ages past the liveness timeout."""
     cnc_version: int = 0
-    """The layout version of ``cnc.dat`` (``files.cnc.CNC_VERSION``: 'S' in the top byte, then
-    major, minor and patch bytes)."""
+    """The CnC version of ``cnc.dat``: Aeron's semantic version (``major << 16 | minor << 8 | patch``,
+    0.2.0 for both drivers; ``files.cnc.version_text`` spells it)."""
+    flavour: Flavour = "slipstream"
+    """Who wrote the directory: ``slipstream`` (its driver) or ``aeron`` (the reference ``aeronmd``), which
+    records no run state: its ``state`` reads ``running`` and ``alive`` rests on its pid and heartbeat."""
 
 
 def driver_status(directory: Path | str) -> DriverStatus:
@@ -166,6 +172,7 @@ def driver_status(directory: Path | str) -> DriverStatus:
         header = cnc.header
         heartbeat_ms = cnc.heartbeat_ms
         state = cnc.state
+        flavour = cnc.flavour
         snapshot = _read_counters(cnc)
     age_ms = _now_ms() - heartbeat_ms
     exists = _process_exists(header.pid)
@@ -181,6 +188,7 @@ def driver_status(directory: Path | str) -> DriverStatus:
         counters=snapshot,
         process_exists=exists,
         cnc_version=header.version,
+        flavour=flavour,
     )
 
 
