@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.aeron_c import ENV_VAR
 from slipstream import Context, DriverConfig, ExclusivePublication, MediaDriver
 from slipstream.files import broadcast, ringbuffer
 from slipstream.files.cnc import (
@@ -47,22 +46,14 @@ from slipstream.files.counters import (
 )
 from slipstream.files.directory import CNC_FILE
 from slipstream.files.loss_report import LossReport
+from slipstream.logbuffer.fastpath import ATOMICS
+from tests.test_aeron_interop import ENV_VAR, aeron_binaries
 
 TOOLS = ("aeronmd", "AeronStat", "ErrorStat", "LossStat")
 SYSTEM_LABELS = ("Bytes sent", "Bytes received", "NAKs sent", "Status Messages sent", "Invalid packets", "Errors")
 
 
-def _binaries() -> Path | None:
-    given = os.environ.get(ENV_VAR)
-    if not given:
-        return None
-    for candidate in (Path(given), Path(given) / "binaries", Path(given) / "build" / "binaries"):
-        if all(os.access(candidate / name, os.X_OK) for name in TOOLS):
-            return candidate
-    return None
-
-
-BINARIES = _binaries()
+BINARIES = aeron_binaries(TOOLS)
 needs_aeron = pytest.mark.skipif(
     BINARIES is None, reason=f"needs a reference Aeron C build: set {ENV_VAR} (with {', '.join(TOOLS)})"
 )
@@ -387,3 +378,25 @@ def test_slipstream_reads_an_aeronmd_directory(aeronmd: subprocess.Popen[bytes],
     assert errors.returncode == 0 and errors.stdout.endswith("0 distinct errors observed.\n"), errors
     loss = cli("loss", "--dir", str(directory))
     assert loss.returncode == 0 and loss.stdout.startswith("#OBSERVATION_COUNT,"), loss
+
+
+@needs_aeron
+@pytest.mark.skipif(ATOMICS is None, reason="the driver reads its ring buffer only with the C fast path's atomics")
+@pytest.mark.timeout(60)
+def test_an_aeron_client_is_told_at_once_that_a_slipstream_driver_does_not_serve_it(
+    slipstream_driver: MediaDriver, directory: Path
+) -> None:
+    """Aeron's basic_publisher on a slipstream driver's directory: its ADD_PUBLICATION is answered with
+    ON_ERROR naming the reason, within a second (not its 10 s driver timeout), and logged once."""
+    assert BINARIES is not None
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(BINARIES / "basic_publisher"), "-p", str(directory), "-c", "aeron:ipc", "-s", "3304"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "serves slipstream's clients only" in output, output
+    assert elapsed < 5.0, f"refused after {elapsed:.1f} s"
+    wait_for(lambda: "an Aeron client wrote a command" in run_tool("ErrorStat", directory), "the refusal logged")

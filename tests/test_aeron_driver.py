@@ -29,6 +29,7 @@ import pytest
 from slipstream import Context, FragmentAssembler
 from slipstream.client.errors import DriverUnavailableError, RegistrationError
 from slipstream.files.cnc import CncFile
+from slipstream.logbuffer.fastpath import ATOMICS
 from slipstream.network import Client, Connection, Server
 from tests.test_aeron_interop import (
     BINARIES,
@@ -44,6 +45,7 @@ pytestmark = [
     pytest.mark.skipif(BINARIES is None, reason=f"needs a reference Aeron C build: set {ENV_VAR} to its directory"),
     pytest.mark.timeout(120),
 ]
+needs_atomics = pytest.mark.skipif(ATOMICS is None, reason="aeronmd's ring buffer needs the C fast path's atomics")
 STREAM_ID = 1101
 
 
@@ -102,6 +104,7 @@ def poll_until(sub: object, count: int, timeout_s: float = 20.0) -> list[bytes]:
     return received
 
 
+@needs_atomics
 @pytest.mark.parametrize("transport", ["ipc", "udp"])
 def test_slipstream_publication_and_subscription_on_aeronmd(aeron_dir: Path, transport: str) -> None:
     """Both ends slipstream, the driver Aeron's: every message, fragmented ones too, in order."""
@@ -117,6 +120,7 @@ def test_slipstream_publication_and_subscription_on_aeronmd(aeron_dir: Path, tra
         assert sub.images[0].session_id == pub.session_id
 
 
+@needs_atomics
 @pytest.mark.parametrize("transport", ["ipc", "udp"])
 def test_aeron_c_subscriber_reads_a_slipstream_publication_on_aeronmd(aeron_dir: Path, transport: str) -> None:
     """slipstream appends into aeronmd's log; Aeron's basic_subscriber reads it through the same driver."""
@@ -134,6 +138,7 @@ def test_aeron_c_subscriber_reads_a_slipstream_publication_on_aeronmd(aeron_dir:
     assert [m.group(4).encode() for m in parsed if m] == messages
 
 
+@needs_atomics
 @pytest.mark.parametrize("transport", ["ipc", "udp"])
 def test_slipstream_subscription_reads_an_aeron_c_publisher_with_image_callbacks(
     aeron_dir: Path, transport: str
@@ -164,6 +169,7 @@ def test_slipstream_subscription_reads_an_aeron_c_publisher_with_image_callbacks
     assert events[0][1] == events[1][1]
 
 
+@needs_atomics
 def test_the_driver_refusal_is_a_registration_error(aeron_dir: Path) -> None:
     """What aeronmd refuses comes back as slipstream's ``RegistrationError`` with Aeron's code and text;
     the context goes on working."""
@@ -183,7 +189,7 @@ def test_external_context_on_a_stopped_aeronmd_is_refused() -> None:
         driver.stop()
         assert (directory / "cnc.dat").is_file()
         started = time.monotonic()
-        with pytest.raises(DriverUnavailableError, match="Aeron media driver .* is not running"):
+        with pytest.raises(DriverUnavailableError, match=r"Aeron media driver .* is not running"):
             Context(directory, driver="external", driver_timeout_s=5.0)
         assert time.monotonic() - started < 1.0
 
@@ -208,6 +214,7 @@ def client_counters(directory: Path) -> dict[str, int]:
         cnc.close()
 
 
+@needs_atomics
 def test_a_sigkilled_client_is_timed_out_by_aeronmd() -> None:
     """A slipstream process attached to aeronmd keeps its heartbeat counter fresh; SIGKILLed, it stops,
     and the driver times it out (its client liveness timeout here 2 s) and frees what it held."""
@@ -240,6 +247,7 @@ def test_a_sigkilled_client_is_timed_out_by_aeronmd() -> None:
                 child.wait(5.0)
 
 
+@needs_atomics
 def test_network_layer_runs_on_aeronmd(aeron_dir: Path) -> None:
     """slipstream.network unchanged on the reference driver: an encrypted server and client, over UDP
     and over IPC, typed messages both ways and a ping."""
@@ -258,7 +266,7 @@ def test_network_layer_runs_on_aeronmd(aeron_dir: Path) -> None:
             for ipc in (False, True):
                 async with Client(client_config(aeron_dir, driver="external", enable_ipc=ipc)) as client:
                     answers: asyncio.Queue[Base] = asyncio.Queue()
-                    client.on_message(Base)(lambda connection, message: answers.put_nowait(message))
+                    client.on_message(Base)(lambda connection, message, answers=answers: answers.put_nowait(message))
                     connection = await client.connect("127.0.0.1", port, timeout=10)  # IPC when both allow it
                     assert connection.is_ipc is ipc
                     await connection.send(Base(4 + ipc))
@@ -267,3 +275,13 @@ def test_network_layer_runs_on_aeronmd(aeron_dir: Path) -> None:
         return got
 
     assert run(main()) == [40, 50]
+
+
+def test_without_the_c_fast_path_a_context_on_aeronmd_says_why(aeron_dir: Path) -> None:
+    """Pure Python cannot compare-and-set on shared memory: attaching to aeronmd then fails, naming the cause."""
+    script = "import sys\nfrom slipstream import Context\nContext(sys.argv[1], driver='external')"
+    env = dict(os.environ, SLIPSTREAM_NO_EXTENSIONS="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src"))
+    done = subprocess.run([sys.executable, "-c", script, str(aeron_dir)], capture_output=True, text=True, env=env,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode != 0
+    assert "AtomicsUnavailableError" in done.stderr and "C extension" in done.stderr, done.stderr[-2000:]

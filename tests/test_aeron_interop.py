@@ -37,17 +37,19 @@ NEEDED = ("aeronmd", "basic_subscriber", "streaming_publisher", "rate_subscriber
 STREAM_ID = 1001
 
 
-def _binaries() -> Path | None:
+def aeron_binaries(needed: Sequence[str]) -> Path | None:
+    """The directory of an Aeron C build with the executables ``needed`` (given by ``$SLIPSTREAM_AERON_C_DIR``:
+    the build's ``binaries/``, the cmake build tree or its parent), or None."""
     given = os.environ.get(ENV_VAR)
     if not given:
         return None
     for candidate in (Path(given), Path(given) / "binaries", Path(given) / "build" / "binaries"):
-        if all((candidate / name).is_file() for name in NEEDED):
+        if all(os.access(candidate / name, os.X_OK) for name in needed):
             return candidate
     return None
 
 
-BINARIES = _binaries()
+BINARIES = aeron_binaries(NEEDED)
 pytestmark = [
     pytest.mark.skipif(
         BINARIES is None,
@@ -319,6 +321,10 @@ def test_aeron_c_yardstick_quick_run(tmp_path: Path) -> None:
         *(f"aeron_c.{t}.throughput.{s}B" for t in ("ipc", "udp") for s in (32, 1024)),
         "aeron_c.udp.bulk.65536B",
         *(f"aeron_c.{t}.latency.32B.p{p}" for t in ("ipc", "udp") for p in (50, 99)),
+        *(f"aeronmd.slipstream.udp.latency.32B.p{p}" for p in (50, 99)),
+        "aeronmd.slipstream.ipc.throughput.32B",
     }
     for row in rows.values():
         assert row["aeron_c"] > 0, row
+        if row["id"].startswith("aeronmd."):
+            assert row["slipstream"] > 0 and row["ratio"] > 0, row

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+
 from msgspec.structs import replace
 
 from ..files import aeron_commands as aeron
@@ -52,7 +53,6 @@ class AeronLink:
         self.client_liveness_timeout_ns = cnc.header.client_liveness_timeout_ns
         self._mine: dict[int, cmd.ClientMessage] = {}  # commands awaiting an answer, by correlation id
         self._subscriptions: set[int] = set()
-        self._images: dict[int, int] = {}  # image correlation id -> subscription registration id
         self._received: list[cmd.DriverMessage] = []
         self._heartbeat_id = -1
         self._sent_any = False
@@ -135,9 +135,9 @@ class AeronLink:
                 while self._to_clients.receive(self._on_record):
                     pass
             except BroadcastLappedError:
+                where = self._cnc.path.parent
                 self._reason = (
-                    f"this client fell a whole broadcast buffer behind the Aeron media driver in {self._cnc.path.parent}: "
-                    "answers to it were lost"
+                    f"this client fell a broadcast buffer behind the Aeron media driver in {where}: answers were lost"
                 )
                 return None
             if self._received:
@@ -154,30 +154,31 @@ class AeronLink:
         if type_id not in aeron.RESPONSE_NAMES:
             return  # a newer driver's message for clients that know it
         message = aeron.decode_response(type_id, payload)
+        if message is None or isinstance(message, aeron.UnavailableCounter):
+            return  # nothing a slipstream client acts on
         if isinstance(message, aeron.ClientTimeout):
             if message.client_id == self.client_id:
                 self._reason = f"the Aeron media driver (pid {self.driver_pid}) timed this client out"
                 self._stop.set()
             return
         if isinstance(message, cmd.ImageAvailable):
-            if message.subscription_registration_id not in self._subscriptions:
-                return
-            join = self._counters.values_i64[self._counters.value_index(message.subscriber_position_counter_id)]
-            self._images[message.correlation_id] = message.subscription_registration_id
-            self._received.append(replace(message, join_position=int(join)))
+            if message.subscription_registration_id in self._subscriptions:
+                join = self._counters.get(message.subscriber_position_counter_id)
+                self._received.append(replace(message, join_position=join))
             return
         if isinstance(message, cmd.ImageUnavailable):
             if message.subscription_registration_id in self._subscriptions:
-                self._images.pop(message.correlation_id, None)
                 self._received.append(message)
             return
-        correlation_id = getattr(message, "correlation_id", None)
+        if isinstance(message, cmd.Welcome):
+            return
+        correlation_id = message.correlation_id
         if isinstance(message, cmd.CounterReady) and correlation_id == self.client_id:
             self._heartbeat_id = message.counter_id  # the driver met this client: its heartbeat counter
             return
-        if correlation_id is None or correlation_id not in self._mine:
+        request = self._mine.pop(correlation_id, None)
+        if request is None:
             return  # another client's answer
-        request = self._mine.pop(correlation_id)
         if isinstance(message, cmd.PublicationReady) and isinstance(request, cmd.AddPublication):
             message = aeron.with_channel(message, request)
         elif isinstance(message, cmd.ErrorResponse) and isinstance(request, cmd.AddSubscription):

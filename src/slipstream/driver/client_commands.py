@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ..files import commands as cmd
 from .poller import SocketPoller
 
-__all__ = ["ClientCommandAdapter", "ClientSession"]
+__all__ = ["AERON_CLIENTS_REFUSED", "AeronClientRefusal", "ClientCommandAdapter", "ClientSession"]
 
 log = logging.getLogger("slipstream.driver")
 
@@ -212,3 +212,43 @@ class ClientCommandAdapter:
         for what in list(self._poller.watched.values()):
             if isinstance(what, ClientSession):
                 self.close(what, reason)
+
+
+AERON_CLIENTS_REFUSED = (
+    "an Aeron client wrote a command into this slipstream driver's CnC ring buffer: a slipstream driver serves "
+    "slipstream's clients only (on its socket); run Aeron's media driver (aeronmd) for Aeron's clients"
+)
+
+
+class AeronClientRefusal:
+    """Aeron's clients find a live driver in a slipstream directory (its CnC file is Aeron's, for Aeron's
+    tools) and write their commands into its to-driver ring buffer. Each command is answered on the
+    broadcast buffer with Aeron's ON_ERROR saying what this driver is, so such a client fails at once
+    with the reason instead of timing out. Without the C extension (no compare-and-set on shared
+    memory) nothing is read: those clients time out."""
+
+    def __init__(self, to_driver: memoryview, to_clients: memoryview) -> None:
+        from ..files.broadcast import BroadcastTransmitter
+        from ..files.ringbuffer import ManyToOneRingBuffer
+        from ..logbuffer.fastpath import ATOMICS
+
+        self._ring = ManyToOneRingBuffer(to_driver) if ATOMICS is not None else None
+        self._answers = BroadcastTransmitter(to_clients) if ATOMICS is not None else None
+        self._refused = 0
+
+    def poll(self) -> int:
+        """Answer the commands written since the last call; how many there were."""
+        if self._ring is None:
+            return 0
+        self._refused = 0
+        self._ring.read(self._refuse, 16)
+        return self._refused
+
+    def _refuse(self, type_id: int, payload: memoryview) -> None:
+        from ..files import aeron_commands as aeron
+
+        self._refused += 1
+        correlation_id = aeron.command_correlation_id(type_id, payload)
+        if correlation_id is not None and self._answers is not None:
+            answer = aeron.encode_error_response(correlation_id, aeron.GENERIC_ERROR, AERON_CLIENTS_REFUSED)
+            self._answers.transmit(*answer)
