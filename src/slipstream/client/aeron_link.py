@@ -88,7 +88,7 @@ class AeronLink:
                 raise TimeoutError(f"the Aeron media driver did not read commands for {self._timeout_s:.1f} s")
             time.sleep(0.0005)
         self._sent_any = True
-        self._busy_until = time.monotonic() + self._timeout_s
+        self._busy_until = time.monotonic() + _BUSY_AFTER_S
 
     def send_keepalive(self) -> bool:
         """Write the time into this client's heartbeat counter (found once the driver made it, on our

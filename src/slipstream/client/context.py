@@ -28,7 +28,7 @@ from ..errors import (
     InvalidArgumentTypeError,
 )
 from ..files import commands as cmd
-from ..files.cnc import PARKED_INDEX, CncError, CncFile
+from ..files.cnc import PARKED_INDEX, CncError, CncFile, CncStartingError
 from ..files.counters import APPLICATION_TYPE_ID_MIN, MAX_KEY_LENGTH, CountersReader
 from ..files.directory import (
     CNC_FILE,
@@ -337,14 +337,25 @@ class Context:
         """The CnC file of a running reference Aeron driver in the directory, or None when the directory
         is a slipstream driver's (or empty: ``"auto"`` then starts one). A stopped Aeron driver's file is
         an error for ``"external"``; ``"auto"`` starts a slipstream driver in its place."""
-        if not (self.directory / CNC_FILE).is_file() or (self.directory / SOCKET_FILE).exists():
-            return None
-        try:
-            cnc = CncFile.open(self.directory)
-        except CncError:
-            if mode == "external":
-                raise
-            return None
+        deadline = time.monotonic() + self.driver_timeout_s
+        while True:
+            if not (self.directory / CNC_FILE).is_file() or (self.directory / SOCKET_FILE).exists():
+                return None
+            try:
+                cnc = CncFile.open(self.directory)
+            except CncStartingError:  # a driver (either kind) is writing it: its version comes last
+                cnc = None
+            except CncError:
+                if mode == "external":
+                    raise
+                return None
+            if cnc is not None and (cnc.flavour != "aeron" or cnc.heartbeat_ms != 0 or time.monotonic() >= deadline):
+                break
+            if cnc is not None:
+                cnc.close()  # aeronmd has not beaten yet: it is starting
+            elif time.monotonic() >= deadline:
+                return None  # the socket wait says what is missing
+            time.sleep(0.01)
         if cnc.flavour != "aeron":
             cnc.close()
             return None

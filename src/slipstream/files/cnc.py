@@ -74,6 +74,10 @@ class CncError(SlipstreamError, RuntimeError):
     """``cnc.dat`` is missing, too short or from an incompatible version."""
 
 
+class CncStartingError(CncError):
+    """``cnc.dat`` is being written (too short, or no version yet): its driver is starting; try again."""
+
+
 @dataclass(frozen=True, slots=True)
 class CncHeader:
     version: int
@@ -252,14 +256,14 @@ class CncFile:
 def _read_header(mapping: mmap.mmap, path: Path) -> tuple[CncHeader, Flavour]:
     """Recognise the file's writer and check its sections; ``CncError`` says plainly what is wrong."""
     if len(mapping) < HEADER_LENGTH:
-        raise CncError(f"{path} is too short to be a driver file")
+        raise CncStartingError(f"{path} is too short to be a driver file")
     fields = _HEADER.unpack_from(mapping, 0)
     version = fields[0]
     header = CncHeader(
         version, fields[3], fields[4], fields[5], fields[6], fields[7], fields[8], fields[9], fields[1], fields[2]
     )
     if version == 0:
-        raise CncError(f"{path} has no version yet: its driver is still starting")
+        raise CncStartingError(f"{path} has no version yet: its driver is still starting")
     if (version >> 24) & 0xFF == _OLD_SLIPSTREAM_TOP_BYTE:
         raise CncError(
             f"{path} was written by an older slipstream (layout {version:#x}), before slipstream took Aeron's "
