@@ -11,7 +11,6 @@ import mmap
 import os
 import re
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -47,7 +46,7 @@ from slipstream.files.counters import (
 from slipstream.files.directory import CNC_FILE
 from slipstream.files.loss_report import LossReport
 from slipstream.logbuffer.fastpath import ATOMICS
-from tests.test_aeron_interop import ENV_VAR, aeron_binaries
+from tests.test_aeron_interop import ENV_VAR, aeron_binaries, running_aeronmd
 
 TOOLS = ("aeronmd", "AeronStat", "ErrorStat", "LossStat")
 SYSTEM_LABELS = ("Bytes sent", "Bytes received", "NAKs sent", "Status Messages sent", "Invalid packets", "Errors")
@@ -308,41 +307,6 @@ def test_loss_stat_reads_a_slipstream_drivers_loss_report(directory: Path) -> No
 # -- slipstream on an aeronmd directory ---------------------------------------------------------------
 
 
-@pytest.fixture
-def aeronmd(directory: Path) -> Iterator[subprocess.Popen[bytes]]:
-    assert BINARIES is not None
-    argv = [
-        str(BINARIES / "aeronmd"),
-        f"-Daeron.dir={directory}",
-        "-Daeron.threading.mode=SHARED",
-        "-Daeron.dir.delete.on.start=true",
-        "-Daeron.dir.delete.on.shutdown=true",
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-def open_when_ready(directory: Path, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> CncFile:
-    """aeronmd creates cnc.dat, then writes its version last: retry until a complete file opens."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, f"aeronmd exited with {proc.returncode}"
-        try:
-            return CncFile.open(directory)
-        except CncError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "slipstream", *args], capture_output=True, text=True, timeout=60, check=False
@@ -351,10 +315,15 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @needs_aeron
 @pytest.mark.timeout(60)
-def test_slipstream_reads_an_aeronmd_directory(aeronmd: subprocess.Popen[bytes], directory: Path) -> None:
-    cnc = open_when_ready(directory, aeronmd)
+def test_slipstream_reads_an_aeronmd_directory(directory: Path) -> None:
+    with running_aeronmd(directory=directory) as (_, aeronmd):
+        check_aeronmd_directory(directory, aeronmd.proc.pid)
+
+
+def check_aeronmd_directory(directory: Path, pid: int) -> None:
+    cnc = CncFile.open(directory)
     try:
-        assert cnc.flavour == "aeron" and cnc.header.version_text == "0.2.0" and cnc.header.pid == aeronmd.pid
+        assert cnc.flavour == "aeron" and cnc.header.version_text == "0.2.0" and cnc.header.pid == pid
         capacity = len(cnc.to_driver_buffer) - ringbuffer.TRAILER_LENGTH
         assert capacity > 0 and capacity & (capacity - 1) == 0
         wait_for(lambda: abs(time.time_ns() // 1_000_000 - cnc.heartbeat_ms) < 5_000, "a fresh aeronmd heartbeat")
@@ -368,7 +337,7 @@ def test_slipstream_reads_an_aeronmd_directory(aeronmd: subprocess.Popen[bytes],
     assert done.returncode == 0, done.stderr
     head, *rest = done.stdout.splitlines()
     assert re.fullmatch(
-        rf"\S+ - slipstream stat, pid {aeronmd.pid}, heartbeat age \d+ms, CnC v0\.2\.0 \(Aeron driver\)", head
+        rf"\S+ - slipstream stat, pid {pid}, heartbeat age \d+ms, CnC v0\.2\.0 \(Aeron driver\)", head
     ), head
     printed = {line.split(" - ", 1)[1].split(":")[0] for line in rest if " - " in line}
     assert printed >= set(SYSTEM_LABELS), done.stdout

@@ -11,16 +11,13 @@ running unchanged on aeronmd. Skipped unless ``SLIPSTREAM_AERON_C_DIR`` names an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import shutil
 import signal
 import struct
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,8 +32,8 @@ from tests.test_aeron_interop import (
     BINARIES,
     ENV_VAR,
     MESSAGE_LINE,
-    AeronProcess,
     aeron_process,
+    running_aeronmd,
     udp_channel,
     wait_until,
 )
@@ -47,36 +44,6 @@ pytestmark = [
 ]
 needs_atomics = pytest.mark.skipif(ATOMICS is None, reason="aeronmd's ring buffer needs the C fast path's atomics")
 STREAM_ID = 1101
-
-
-@contextlib.contextmanager
-def running_aeronmd(*properties: str) -> Iterator[tuple[Path, AeronProcess]]:
-    """``aeronmd`` in a fresh directory (shared threading mode), stopped whatever happens."""
-    assert BINARIES is not None
-    directory = Path("/dev/shm") / f"aeron-client-{uuid.uuid4().hex[:12]}"
-    argv = [
-        str(BINARIES / "aeronmd"),
-        f"-Daeron.dir={directory}",
-        "-Daeron.threading.mode=SHARED",
-        "-Daeron.dir.delete.on.start=true",
-        "-Daeron.dir.delete.on.shutdown=true",
-        *properties,
-    ]
-    try:
-        with aeron_process(argv, dict(os.environ, AERON_DIR=str(directory))) as driver:
-            deadline = time.monotonic() + 10.0
-            while True:
-                with contextlib.suppress(Exception):
-                    cnc = CncFile.open(directory)
-                    cnc.close()
-                    break
-                assert driver.proc.poll() is None, f"aeronmd exited: {driver.lines}"
-                assert time.monotonic() < deadline, "aeronmd made no cnc.dat within 10 s"
-                time.sleep(0.02)
-            time.sleep(0.05)
-            yield directory, driver
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from slipstream import Context, FragmentAssembler
-from slipstream.files.cnc import CncFile
+from slipstream.files.cnc import CncError, CncFile
 from slipstream.files.counters import SYSTEM_COUNTER_TYPE_ID
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,29 +125,44 @@ def aeron_process(argv: Sequence[str], env: dict[str, str]) -> Iterator[AeronPro
         proc.stop()
 
 
-@pytest.fixture
-def aeronmd() -> Iterator[dict[str, str]]:
-    """The reference driver in a fresh directory; yields its clients' environment (AERON_DIR)."""
+@contextlib.contextmanager
+def running_aeronmd(*properties: str, directory: Path | None = None) -> Iterator[tuple[Path, AeronProcess]]:
+    """The reference driver (one SHARED thread) in ``directory`` (default: a fresh one under /dev/shm),
+    with extra ``-D`` ``properties``; yields once its cnc.dat opens, stops it (SIGINT, then SIGKILL) and
+    removes the directory whatever happens."""
     assert BINARIES is not None
-    directory = Path("/dev/shm") / f"aeron-interop-{uuid.uuid4().hex[:12]}"
-    env = dict(os.environ, AERON_DIR=str(directory))
+    directory = directory or Path("/dev/shm") / f"aeron-test-{uuid.uuid4().hex[:12]}"
     argv = [
         str(BINARIES / "aeronmd"),
         f"-Daeron.dir={directory}",
         "-Daeron.threading.mode=SHARED",
         "-Daeron.dir.delete.on.start=true",
         "-Daeron.dir.delete.on.shutdown=true",
+        *properties,
     ]
-    with aeron_process(argv, env) as driver:
-        deadline = time.monotonic() + 10.0
-        while not (directory / "cnc.dat").exists() or (directory / "cnc.dat").stat().st_size == 0:
-            assert driver.proc.poll() is None, f"aeronmd exited: {driver.lines}"
-            assert time.monotonic() < deadline, "aeronmd made no cnc.dat within 10 s"
-            time.sleep(0.02)
+    try:
+        with aeron_process(argv, dict(os.environ, AERON_DIR=str(directory))) as driver:
+            deadline = time.monotonic() + 10.0
+            while True:
+                try:
+                    CncFile.open(directory).close()
+                    break
+                except CncError:  # not there yet, or its header not written yet
+                    assert driver.proc.poll() is None, f"aeronmd exited: {driver.lines}"
+                    assert time.monotonic() < deadline, "aeronmd made no complete cnc.dat within 10 s"
+                    time.sleep(0.02)
+            yield directory, driver
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def aeronmd() -> Iterator[dict[str, str]]:
+    """The reference driver in a fresh directory; yields its clients' environment (AERON_DIR)."""
+    with running_aeronmd() as (directory, _):
         time.sleep(0.1)
-        yield env
+        yield dict(os.environ, AERON_DIR=str(directory))
         assert_aeron_saw_no_errors(directory)
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 QUIET_COUNTERS = ("Invalid packets", "Errors", "Status Messages rejected", "Images rejected", "Error Frames received")
