@@ -18,6 +18,10 @@ target's bound (the source at most 1.3 times slower). A ``reader`` part times th
 alone on a column subset (the whole file read then selected, as before, against the columns passed to
 the Parquet reader), and a ``profile`` part varies ``rowsPerPartition``.
 
+A ``floor`` part counts the captured rows through a Python data source that reads nothing (the same rows,
+partitions and Arrow batches, made in memory): the least any Python data source costs here, beside the
+native reader.
+
 Results print as a table and go to ``bench/results/pipeline-source-<date>.json``.
 """
 
@@ -31,7 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -105,6 +109,73 @@ def run_queries(spark: Any, root: Path, repeat: int, per_partition: int | None =
     return out
 
 
+def floor_source(rows: int, per_partition: int, batch_rows: int) -> type:
+    """A Python data source that reads nothing: ``rows`` int64 rows in the source's partitions and batches,
+    made in memory. What Spark spends on it is the floor of any Python data source on these rows (the
+    Arrow hand-off from the Python worker, the rows made in the JVM, the tasks), with no Parquet read."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    class Part(InputPartition):
+        def __init__(self, count: int) -> None:
+            self.count = count
+
+    class Reader(DataSourceReader):
+        def partitions(self) -> Sequence[InputPartition]:
+            full, rest = divmod(rows, per_partition)
+            return [Part(per_partition) for _ in range(full)] + ([Part(rest)] if rest else [])
+
+        def read(self, partition: InputPartition) -> Any:
+            import pyarrow as pa
+
+            count = partition.count  # type: ignore[attr-defined]
+            batch = pa.RecordBatch.from_arrays([pa.array(range(batch_rows), pa.int64())], names=["timestamp_ns"])
+            while count > 0:
+                yield batch if count >= batch_rows else batch.slice(0, count)
+                count -= batch_rows
+
+    class Floor(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "slipstream_bench_floor"
+
+        def schema(self) -> StructType:
+            return StructType([StructField("timestamp_ns", LongType(), False)])
+
+        def reader(self, schema: StructType) -> DataSourceReader:
+            return Reader()
+
+    return Floor
+
+
+def run_floor_part(spark: Any, root: Path, rows: int, repeat: int) -> dict[str, Any]:
+    """``count`` through :func:`floor_source` beside Spark's Parquet reader on the recording's files: how
+    close to the native reader any Python data source can get here."""
+    from slipstream.pipeline.source import BATCH_ROWS, DEFAULT_ROWS_PER_PARTITION
+    from slipstream.telemetry import Recording
+
+    spark.dataSource.register(floor_source(rows, DEFAULT_ROWS_PER_PARTITION, BATCH_ROWS))
+    paths = sorted({segment.path for segment in Recording(root).segments("captured")})
+    timed = _timed(
+        {
+            "native": lambda: spark.read.parquet(*paths).count(),
+            "floor": lambda: spark.read.format("slipstream_bench_floor").load().count(),
+        },
+        repeat,
+    )
+    (native_s, native_all, native_n), (floor_s, floor_all, floor_n) = timed["native"], timed["floor"]
+    assert native_n == floor_n == rows, (native_n, floor_n, rows)
+    log(f"  floor: a data source reading nothing, {rows:,} rows counted in {floor_s:.2f} s (native {native_s:.2f} s)")
+    return {
+        "rows": rows,
+        "native_s": native_s,
+        "floor_s": floor_s,
+        "ratio_native_over_floor": native_s / floor_s,
+        "native_runs_s": native_all,
+        "floor_runs_s": floor_all,
+    }
+
+
 def run_reader_part(root: Path, repeat: int) -> dict[str, Any]:
     """The telemetry reader alone, every captured segment, three columns: the old way (``read_table``
     of the whole file, then ``select``) against the columns passed to the Parquet reader."""
@@ -166,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{rows:,} rows generated in {time.monotonic() - started:.1f} s ({counts})")
             entry: dict[str, Any] = {"rows": rows, "captured_rows": counts["captured"]}
             entry["queries"] = run_queries(spark, root, args.repeat)
+            entry["floor"] = run_floor_part(spark, root, counts["captured"], args.repeat)
             if index == 0:
                 result["reader"] = run_reader_part(root, args.repeat)
                 if args.profile:
@@ -186,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, q in entry["queries"].items():
             print(f"{entry['rows']:>12,} {name:>9} {q['native_s']:>7.2f} s {q['source_s']:>7.2f} s "
                   f"{q['ratio_native_over_source']:>6.2f}")  # fmt: skip
+    for entry in result["sizes"]:
+        f = entry["floor"]
+        print(f"{entry['rows']:>12,} {'floor':>9} {f['native_s']:>7.2f} s {f['floor_s']:>7.2f} s "
+              f"{f['ratio_native_over_floor']:>6.2f}  (a Python data source that reads nothing)")  # fmt: skip
     reader = result.get("reader")
     if reader:
         print(f"telemetry reader, {reader['rows']:,} rows, 3 columns: {reader['read_table_then_select_s']:.2f} s "

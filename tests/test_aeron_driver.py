@@ -252,3 +252,26 @@ def test_without_the_c_fast_path_a_context_on_aeronmd_says_why(aeron_dir: Path) 
                           timeout=60, check=False)  # fmt: skip
     assert done.returncode != 0
     assert "AtomicsUnavailableError" in done.stderr and "C extension" in done.stderr, done.stderr[-2000:]
+
+
+@needs_atomics
+def test_own_counter_and_mdc_destinations_on_aeronmd(aeron_dir: Path) -> None:
+    """``add_counter`` makes a counter aeronmd's readers see under its label, freed by ``close``; a manual
+    MDC publication on aeronmd takes destinations added and removed, and a subscriber behind one gets data."""
+    with Context(aeron_dir, driver="external") as ctx:
+        counter = ctx.add_counter(1234, "slipstream on aeronmd", b"key!")
+        counter.set(42)
+        found = [c for c in ctx.counters() if c.label == "slipstream on aeronmd"]
+        assert [(c.type_id, c.value, c.key[:4]) for c in found] == [(1234, 42, b"key!")]
+        counter.close()
+        wait_until(lambda: not any(c.label == "slipstream on aeronmd" for c in ctx.counters()), 5.0, "counter freed")
+
+        destination = udp_channel()
+        sub = ctx.add_subscription(destination, STREAM_ID)
+        port = udp_channel().rsplit(":", 1)[1]
+        pub = ctx.add_exclusive_publication(f"aeron:udp?control=127.0.0.1:{port}|control-mode=manual", STREAM_ID)
+        pub.add_destination(destination)
+        wait_until(lambda: pub.is_connected and sub.image_count == 1, 10.0, "the destination's subscriber connected")
+        offer_all(pub, [b"to the destination"])
+        assert poll_until(sub, 1) == [b"to the destination"]
+        pub.remove_destination(destination)
