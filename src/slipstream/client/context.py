@@ -1,9 +1,11 @@
 """``Context``: a client's connection to a media driver, embedded or standalone.
 
 The context attaches to the driver serving its directory, or (by default) starts one on a thread of
-this process when none runs. Commands go over the driver's socket; a background thread reads the
-driver's answers and image notifications and sends keep-alives. That thread sleeps in ``recv``, so
-an idle client costs no CPU, and it notices at once when the driver's process dies.
+this process when none runs. Commands go over a link to the driver (``client.links``): a slipstream
+driver's socket, or the CnC file of the reference Aeron driver (``client.aeron_link``). A background
+thread reads the driver's answers and image notifications and sends keep-alives. On a slipstream
+driver that thread sleeps in ``recv``, so an idle client costs no CPU, and it notices at once when the
+driver's process dies.
 """
 
 from __future__ import annotations
