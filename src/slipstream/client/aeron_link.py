@@ -63,6 +63,8 @@ class AeronLink:
     # -- commands -------------------------------------------------------------------------------
 
     def next_correlation_id(self) -> int:
+        """From the ring buffer's correlation counter, which every client of the driver shares: answers
+        come on a broadcast all clients read, so ids must be unique across them."""
         return self._to_driver.next_correlation_id()
 
     def send(self, message: cmd.ClientMessage) -> None:
@@ -186,6 +188,7 @@ class AeronLink:
         self._received.append(message)
 
     def closed_reason(self) -> str | None:
+        """Why the driver ended this client (timed out, counter freed, broadcast lapped), once it did."""
         return self._reason
 
     def shutdown(self) -> None:
@@ -197,4 +200,5 @@ class AeronLink:
         self._stop.set()
 
     def close(self) -> None:
+        """Nothing to release: the CnC file's mapping belongs to the context."""
         self._stop.set()

@@ -54,7 +54,9 @@ class DriverLink(Protocol):
         """Make :meth:`receive` return None now (from any thread), after a last goodbye was sent."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the link holds (after :meth:`shutdown` and the client thread's end)."""
+        ...
 
 
 class SocketLink:
@@ -160,15 +162,18 @@ class SocketLink:
         return self._decoder.feed(data)
 
     def closed_reason(self) -> str | None:
+        """None: a slipstream driver that ends a client closes its socket, which ``receive`` reports."""
         return None
 
     def shutdown(self) -> None:
+        """Say goodbye (the driver frees what this client held) and shut the socket both ways."""
         with contextlib.suppress(OSError):
             self.send(cmd.CloseClient())
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
+        """Close the socket."""
         self._sock.close()
 
 
