@@ -140,7 +140,7 @@ def floor_source(rows: int, per_partition: int, batch_rows: int) -> type:
             return "slipstream_bench_floor"
 
         def schema(self) -> StructType:
-            return StructType([StructField("timestamp_ns", LongType(), False)])
+            return StructType([StructField("timestamp_ns", LongType())])
 
         def reader(self, schema: StructType) -> DataSourceReader:
             return Reader()
