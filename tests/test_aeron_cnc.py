@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from slipstream import Context, DriverConfig, ExclusivePublication, MediaDriver
-from slipstream.files import broadcast, ringbuffer
+from slipstream.files import broadcast, observe, ringbuffer
 from slipstream.files.cnc import (
     CNC_VERSION,
     HEADER_LENGTH,
@@ -369,3 +369,24 @@ def test_an_aeron_client_is_told_at_once_that_a_slipstream_driver_does_not_serve
     assert "serves slipstream's clients only" in output, output
     assert elapsed < 5.0, f"refused after {elapsed:.1f} s"
     wait_for(lambda: "an Aeron client wrote a command" in run_tool("ErrorStat", directory), "the refusal logged")
+
+
+@pytest.mark.skipif(ATOMICS is None, reason="the driver reads its ring buffer only with the C fast path's atomics")
+@pytest.mark.timeout(60)
+def test_a_corrupt_ring_buffer_is_reported_once_and_the_driver_goes_on(
+    slipstream_driver: MediaDriver, directory: Path
+) -> None:
+    """Any local process can write into cnc.dat: a record whose length runs past the buffer's end is an
+    error in the driver's log, once, and the ring is no longer read; the driver serves its clients still."""
+    cnc = CncFile.open(directory)
+    try:
+        struct.pack_into("<ii", cnc.to_driver_buffer, 0, 0x7FFF0000, 1)  # a "record" longer than the buffer
+    finally:
+        cnc.close()
+    wait_for(lambda: any("ring buffer is corrupt" in e.text for e in observe.errors(directory)), "corruption logged")
+    time.sleep(0.2)  # more timer ticks: still one observation
+    (record,) = [e for e in observe.errors(directory) if "ring buffer is corrupt" in e.text]
+    assert record.observation_count == 1
+    with Context(directory, driver="external") as ctx:
+        pub = ctx.add_exclusive_publication("aeron:ipc", 3305)
+        assert pub.session_id is not None

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..files import commands as cmd
@@ -227,21 +228,32 @@ class AeronClientRefusal:
     with the reason instead of timing out. Without the C extension (no compare-and-set on shared
     memory) nothing is read: those clients time out."""
 
-    def __init__(self, to_driver: memoryview, to_clients: memoryview) -> None:
+    def __init__(self, to_driver: memoryview, to_clients: memoryview, record_error: Callable[[str, int], None]) -> None:
         from ..files.broadcast import BroadcastTransmitter
         from ..files.ringbuffer import ManyToOneRingBuffer
         from ..logbuffer.fastpath import ATOMICS
 
         self._ring = ManyToOneRingBuffer(to_driver) if ATOMICS is not None else None
         self._answers = BroadcastTransmitter(to_clients) if ATOMICS is not None else None
+        self._record_error = record_error
         self._refused = 0
 
     def poll(self) -> int:
-        """Answer the commands written since the last call; how many there were."""
+        """Answer the commands written since the last call (each refusal goes to the error log); how many
+        there were. A ring buffer someone corrupted is reported once and no longer read: any local
+        process can write into it, and that must not stop the driver."""
         if self._ring is None:
             return 0
+        from ..files.ringbuffer import RingBufferCorruptError
+
         self._refused = 0
-        self._ring.read(self._refuse, 16)
+        try:
+            self._ring.read(self._refuse, 16)
+        except RingBufferCorruptError as exc:
+            self._ring = None
+            self._record_error(f"the CnC's to-driver ring buffer is corrupt and is no longer read: {exc}", 1)
+        if self._refused:
+            self._record_error(AERON_CLIENTS_REFUSED, self._refused)
         return self._refused
 
     def _refuse(self, type_id: int, payload: memoryview) -> None:

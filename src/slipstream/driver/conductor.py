@@ -67,7 +67,7 @@ from .channels import (
     sender_config,
     subscription_endpoints,
 )
-from .client_commands import AERON_CLIENTS_REFUSED, AeronClientRefusal, ClientCommandAdapter, ClientSession
+from .client_commands import AeronClientRefusal, ClientCommandAdapter, ClientSession
 from .clock import StallClock
 from .config import DriverConfig
 from .ipc_publication import IpcPublication, PublicationState
@@ -129,7 +129,7 @@ class DriverConductor:
         self.poller: SocketPoller[ClientSession | str | None] = SocketPoller()
         """Every socket the agents read (None: the command listener; "udp": a channel's socket)."""
         self.client_commands = ClientCommandAdapter(listener, self.poller, config.client_liveness_timeout_ns)
-        self.aeron_clients = AeronClientRefusal(cnc.to_driver_buffer, cnc.to_clients_buffer)
+        self.aeron_clients = AeronClientRefusal(cnc.to_driver_buffer, cnc.to_clients_buffer, self.record_error)
         self.sender = SenderAgent()
         self.receiver = ReceiverAgent()
         self.publications: dict[int, IpcPublication] = {}
@@ -296,9 +296,7 @@ class DriverConductor:
         if self.clock.stalls != self._stalls_seen:
             self._on_stall()
         work = self._check_liveness(now_ns)
-        if refused := self.aeron_clients.poll():
-            self.record_error(AERON_CLIENTS_REFUSED, refused)
-            work += refused
+        work += self.aeron_clients.poll()
         self._record_invalid_packets()
         self._update_stream_counters()
         self.system_counters.update(self.sender.publications.values(), self.receiver.channels.values())
