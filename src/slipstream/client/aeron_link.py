@@ -165,7 +165,10 @@ class AeronLink:
             return
         if isinstance(message, cmd.ImageAvailable):
             if message.subscription_registration_id in self._subscriptions:
-                join = self._counters.get(message.subscriber_position_counter_id)
+                counter_id = message.subscriber_position_counter_id
+                if not 0 <= counter_id < self._counters.capacity:
+                    raise aeron.AeronProtocolError(f"image {message.correlation_id}: no counter {counter_id}")
+                join = self._counters.get(counter_id)
                 self._received.append(replace(message, join_position=join))
             return
         if isinstance(message, cmd.ImageUnavailable):
@@ -176,7 +179,8 @@ class AeronLink:
             return
         correlation_id = message.correlation_id
         if isinstance(message, cmd.CounterReady) and correlation_id == self.client_id:
-            self._heartbeat_id = message.counter_id  # the driver met this client: its heartbeat counter
+            if 0 <= message.counter_id < self._counters.capacity:
+                self._heartbeat_id = message.counter_id  # the driver met this client: its heartbeat counter
             return
         request = self._mine.pop(correlation_id, None)
         if request is None:
