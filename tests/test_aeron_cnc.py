@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,7 +46,7 @@ from slipstream.files.counters import (
 from slipstream.files.directory import CNC_FILE
 from slipstream.files.loss_report import LossReport
 from slipstream.logbuffer.fastpath import ATOMICS
-from tests.test_aeron_interop import ENV_VAR, aeron_binaries, running_aeronmd
+from tests.test_aeron_interop import ENV_VAR, aeron_binaries, running_aeronmd, wait_until
 
 TOOLS = ("aeronmd", "AeronStat", "ErrorStat", "LossStat")
 SYSTEM_LABELS = ("Bytes sent", "Bytes received", "NAKs sent", "Status Messages sent", "Invalid packets", "Errors")
@@ -63,13 +63,6 @@ def directory() -> Iterator[Path]:
     path = Path("/dev/shm") / f"slipstream-cnc-{uuid.uuid4().hex[:12]}"
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
-        time.sleep(0.01)
 
 
 # -- recognition, without Aeron -----------------------------------------------------------------------
@@ -250,11 +243,11 @@ def test_aeron_stat_reads_a_slipstream_driver(slipstream_driver: MediaDriver, di
     with Context(directory, driver="external") as ctx:
         sub = ctx.add_subscription("aeron:ipc", 3301)
         pub = ctx.add_exclusive_publication("aeron:ipc", 3301)
-        wait_for(lambda: pub.is_connected, "IPC publication connected")
+        wait_until(lambda: pub.is_connected, 10.0, "IPC publication connected")
         got: list[bytes] = []
         for i in range(10):
             offer(pub, b"m%d" % i)
-        wait_for(lambda: sub.poll(lambda b, h: got.append(bytes(b)), 10) >= 0 and len(got) == 10, "10 messages")
+        wait_until(lambda: sub.poll(lambda b, h: got.append(bytes(b)), 10) >= 0 and len(got) == 10, 10.0, "10 messages")
         time.sleep(0.3)  # a timer tick or two: the driver refreshes pub-pos
         out = run_tool("AeronStat", directory, "-w", "false")
     head = out.splitlines()[0]
@@ -277,7 +270,7 @@ def test_error_stat_reads_a_slipstream_drivers_errors(slipstream_driver: MediaDr
         ctx.add_subscription(channel, 3302)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as junk:
             junk.sendto(b"junk!", ("127.0.0.1", int(channel.rsplit(":", 1)[1])))
-        wait_for(lambda: "invalid datagrams" in run_tool("ErrorStat", directory), "the error logged")
+        wait_until(lambda: "invalid datagrams" in run_tool("ErrorStat", directory), 10.0, "the error logged")
         out = run_tool("ErrorStat", directory)
     assert re.search(
         rf"1 observations from .+ to .+ for:\n invalid datagrams dropped on {re.escape(channel)}\n", out
@@ -326,7 +319,9 @@ def check_aeronmd_directory(directory: Path, pid: int) -> None:
         assert cnc.flavour == "aeron" and cnc.header.version_text == "0.2.0" and cnc.header.pid == pid
         capacity = len(cnc.to_driver_buffer) - ringbuffer.TRAILER_LENGTH
         assert capacity > 0 and capacity & (capacity - 1) == 0
-        wait_for(lambda: abs(time.time_ns() // 1_000_000 - cnc.heartbeat_ms) < 5_000, "a fresh aeronmd heartbeat")
+        wait_until(
+            lambda: abs(time.time_ns() // 1_000_000 - cnc.heartbeat_ms) < 5_000, 10.0, "a fresh aeronmd heartbeat"
+        )
         # aeronmd suffixes some labels ("Errors: version=1.53.0 commit=..."): match the name before the colon.
         system = {c.label.split(":")[0]: c.value for c in cnc.counters_reader() if c.type_id == SYSTEM_COUNTER_TYPE_ID}
     finally:
@@ -368,7 +363,9 @@ def test_an_aeron_client_is_told_at_once_that_a_slipstream_driver_does_not_serve
     assert done.returncode != 0, output
     assert "serves slipstream's clients only" in output, output
     assert elapsed < 5.0, f"refused after {elapsed:.1f} s"
-    wait_for(lambda: "an Aeron client wrote a command" in run_tool("ErrorStat", directory), "the refusal logged")
+    wait_until(
+        lambda: "an Aeron client wrote a command" in run_tool("ErrorStat", directory), 10.0, "the refusal logged"
+    )
 
 
 @pytest.mark.skipif(ATOMICS is None, reason="the driver reads its ring buffer only with the C fast path's atomics")
@@ -383,7 +380,9 @@ def test_a_corrupt_ring_buffer_is_reported_once_and_the_driver_goes_on(
         struct.pack_into("<ii", cnc.to_driver_buffer, 0, 0x7FFF0000, 1)  # a "record" longer than the buffer
     finally:
         cnc.close()
-    wait_for(lambda: any("ring buffer is corrupt" in e.text for e in observe.errors(directory)), "corruption logged")
+    wait_until(
+        lambda: any("ring buffer is corrupt" in e.text for e in observe.errors(directory)), 10.0, "corruption logged"
+    )
     time.sleep(0.2)  # more timer ticks: still one observation
     (record,) = [e for e in observe.errors(directory) if "ring buffer is corrupt" in e.text]
     assert record.observation_count == 1

@@ -17,7 +17,11 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..files import aeron_commands as aeron
 from ..files import commands as cmd
+from ..files.broadcast import BroadcastTransmitter
+from ..files.ringbuffer import ManyToOneRingBuffer, RingBufferCorruptError
+from ..logbuffer.fastpath import ATOMICS
 from .poller import SocketPoller
 
 __all__ = ["AERON_CLIENTS_REFUSED", "AeronClientRefusal", "ClientCommandAdapter", "ClientSession"]
@@ -229,10 +233,6 @@ class AeronClientRefusal:
     memory) nothing is read: those clients time out."""
 
     def __init__(self, to_driver: memoryview, to_clients: memoryview, record_error: Callable[[str, int], None]) -> None:
-        from ..files.broadcast import BroadcastTransmitter
-        from ..files.ringbuffer import ManyToOneRingBuffer
-        from ..logbuffer.fastpath import ATOMICS
-
         self._ring = ManyToOneRingBuffer(to_driver) if ATOMICS is not None else None
         self._answers = BroadcastTransmitter(to_clients) if ATOMICS is not None else None
         self._record_error = record_error
@@ -244,8 +244,6 @@ class AeronClientRefusal:
         process can write into it, and that must not stop the driver."""
         if self._ring is None:
             return 0
-        from ..files.ringbuffer import RingBufferCorruptError
-
         self._refused = 0
         try:
             self._ring.read(self._refuse, 16)
@@ -257,8 +255,6 @@ class AeronClientRefusal:
         return self._refused
 
     def _refuse(self, type_id: int, payload: memoryview) -> None:
-        from ..files import aeron_commands as aeron
-
         self._refused += 1
         correlation_id = aeron.command_correlation_id(type_id, payload)
         if correlation_id is not None and self._answers is not None:
