@@ -301,7 +301,10 @@ class PollThread(PollCore):
             finally:
                 self._driving -= 1
                 self._driven_ns = time.monotonic_ns()
-                self._resumed.set()
+                if not self._busy:
+                    # (Busy, the poll thread keeps out for DRIVEN_GRACE_NS anyway: waking it now only has it
+                    # take the GIL from the caller, at its next system call, to go back to waiting.)
+                    self._resumed.set()
         self.kick()  # the poll thread takes over the cycles
         while not done():
             remaining = None if deadline_ns is None else (deadline_ns - time.monotonic_ns()) / 1e9
