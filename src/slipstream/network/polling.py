@@ -14,6 +14,7 @@ import select
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from ..client import Context, Image
 from ..client.aio import Parking
@@ -22,7 +23,7 @@ from .endpoint import Polled
 from .pacing import Pacer, Run, Sleep, Step, Wake
 from .transport import earliest, input_pending
 
-__all__ = ["ParkOn", "PollCore", "Watch"]
+__all__ = ["ParkOn", "PollCore", "Seen", "Watch"]
 
 log = logging.getLogger("slipstream.network")
 
@@ -42,7 +43,7 @@ class ParkOn:
 
 
 class Watch:
-    """What a spinning poller looks at between duty cycles instead of running them: a frame waiting in an
+    """What a caller spinning for an answer looks at between duty cycles instead of running them: a frame in an
     image of the endpoints' subscriptions, a datagram for an invoker-mode driver, or a timer due. Made
     after a cycle (the images it knows then), so a cycle with nothing to do is not repeated while nothing
     arrives: a check costs a few loads, a cycle of an idle endpoint several microseconds."""
@@ -58,13 +59,27 @@ class Watch:
             for fd in inputs:
                 self._inputs.register(fd, select.POLLIN)
 
-    def ready(self, now_ns: int) -> bool:
-        """Whether a duty cycle would find work (or a timer is due)."""
+    def sees(self, now_ns: int) -> Seen:
+        """What a duty cycle would find: a timer due or input for a driver (then the whole cycle), a frame
+        (then the connections' part of it), or nothing."""
         if self._due_ns is not None and now_ns >= self._due_ns:
-            return True
-        if any(image.has_frame() for image in self._images):
-            return True
-        return self._inputs is not None and bool(self._inputs.poll(0))
+            return Seen.CYCLE
+        for image in self._images:
+            if image.has_frame():
+                return Seen.FRAME
+        if self._inputs is not None and self._inputs.poll(0):
+            return Seen.CYCLE
+        return Seen.NOTHING
+
+
+class Seen(Enum):
+    """What a :class:`Watch` saw."""
+
+    NOTHING = 0
+    FRAME = 1
+    """A frame in an image: the connections' part of the duty cycle takes it in."""
+    CYCLE = 2
+    """A timer due, or input an invoker-mode driver must take in first: a whole duty cycle."""
 
 
 class PollCore:
@@ -171,6 +186,17 @@ class PollCore:
             try:
                 work += endpoint.duty_cycle(now_ns)
             except Exception as exc:  # a bug must not silently stop every connection
+                log.exception("network poller failed")
+                endpoint.report_error(None, exc)
+        return work
+
+    def _poll_connections(self, now_ns: int) -> int:
+        """The connections' part of every endpoint's duty cycle (a watch saw a frame); the work done."""
+        work = 0
+        for endpoint in list(self.endpoints):
+            try:
+                work += endpoint.poll_connections(now_ns)
+            except Exception as exc:  # as in a duty cycle: a bug must not silently stop every connection
                 log.exception("network poller failed")
                 endpoint.report_error(None, exc)
         return work
