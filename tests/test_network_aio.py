@@ -415,9 +415,9 @@ def test_modes(driver_dir: Path, ipv4: bool, ipv6: bool, ipc: bool, host: str, i
 def test_ipc_only_server_with_bind_ipc(driver_dir: Path) -> None:
     async def main() -> None:
         async with (
-            Server(server_config(driver_dir, enable_ipc=True)) as server,
-            Client(client_config(driver_dir, enable_ipc=True)) as client,
-        ):
+            Server(server_config(driver_dir, enable_ipc=True, driver="invoker")) as server,
+            Client(client_config(driver_dir, enable_ipc=True, driver="invoker")) as client,
+        ):  # (an invoker-mode driver: no driver thread, so the pollers spin by yielding, as the benchmark's)
             await server.bind_ipc()
             connection = await client.connect_ipc(timeout=10)
             assert connection.is_ipc and connection.remote_address is None
@@ -1081,3 +1081,31 @@ def test_a_connection_port_another_program_holds_is_skipped(driver_dir: Path, ca
         for sock in held:
             sock.close()
         shutil.rmtree(driver_dir.with_name(driver_dir.name + "-c"), ignore_errors=True)
+
+
+def test_a_spinning_poller_still_gives_the_loops_other_tasks_their_turns(driver_dir: Path) -> None:
+    """After work the poller spins for a while (the next message usually follows closely); idle cycles run
+    back to back, but only for ``IDLE_TURN_NS`` between turns of the event loop: the application's tasks
+    must not wait out the whole spin."""
+
+    async def main() -> None:
+        async with (
+            Server(server_config(driver_dir, enable_ipc=True, driver="invoker")) as server,
+            Client(client_config(driver_dir, enable_ipc=True, driver="invoker")) as client,
+        ):  # (an invoker-mode driver: no driver thread, so the pollers spin by yielding, as the benchmark's)
+            await server.bind_ipc()
+            connection = await client.connect_ipc(timeout=10)
+            gaps: list[int] = []
+            for i in range(20):
+                await connection.send_sync(Quote(i, 1.0, "SPIN"), timeout=5)  # both pollers spin after this
+                last = time.perf_counter_ns()
+                end = last + 500_000  # inside the spin (about a millisecond after work)
+                while last < end:
+                    await asyncio.sleep(0)
+                    now = time.perf_counter_ns()
+                    gaps.append(now - last)
+                    last = now
+            gaps.sort()
+            assert gaps[len(gaps) // 2] < 200_000, f"median turn gap {gaps[len(gaps) // 2] / 1e3:.0f} us"
+
+    run(main())

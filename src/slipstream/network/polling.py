@@ -91,6 +91,8 @@ class PollCore:
         self.pacer = pacer
         self.backoff = pacer.backoff
         self._threaded_now = False
+        self.idle = False
+        """The last duty cycle did no work (set by :meth:`waits`)."""
 
     def waits(self) -> Generator[Step | ParkOn, Wake | None, None]:
         """Cycle while there are endpoints, yielding each wait the pacer decides on; a :class:`ParkOn` is
@@ -102,6 +104,7 @@ class PollCore:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
                 work = self._cycle(now_ns)
+                self.idle = not work
                 unread = pacer.woken_by_input and not work and input_pending(inputs)
                 step = pacer.cycled(now_ns, work, threaded=self._threaded(), unread_input=unread)
                 if work and parked is not None:
