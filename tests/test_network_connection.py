@@ -74,6 +74,26 @@ def test_message_too_large_for_one_record() -> None:
         pair.a.send(b"x" * 70_000)
 
 
+def test_a_lone_message_is_sealed_at_once_only_when_nothing_waits_before_it(tmp_path: Path) -> None:
+    pair = ConnectionPair(types=[Quote], streams=True, temp_dir=str(tmp_path))
+    now = pair.clock.now_ns()
+    record = pair.a.seal_lone(Quote(1, 0.5, "LONE"), now)
+    assert record is not None and pair.a.stats.records_sent == 1 and not pair.a.has_pending
+    pair.inject("b", bytes(record))
+    pair.a.send(Quote(2, 0.5, "BATCH"))  # a frame waits in the batch now: the next one may not overtake it
+    assert pair.a.seal_lone(Quote(3, 0.5, "LATE"), now) is None
+    pair.a.send(Quote(3, 0.5, "LATE"))
+    pair.pump()
+    assert [q.id for q in received(pair.events_b)] == [1, 2, 3]  # type: ignore[attr-defined]
+    for refused in (tmp_path / "a-file", b"x" * 70_000, Unregistered(1), object()):  # a file, a stream, unknown
+        assert pair.a.seal_lone(refused, now) is None
+    assert not pair.a.has_pending  # nothing was done for them
+    with pytest.raises(UnregisteredTypeError):
+        pair.a.send(Unregistered(1))  # (send says why)
+    pair.a.close("done")
+    assert pair.a.seal_lone(Quote(4, 0.5, "CLOSED"), now) is None
+
+
 def test_send_sync_completes_after_the_peer_acknowledges() -> None:
     pair = ConnectionPair(types=[Quote])
     sync_id = pair.a.send_sync(Quote(1, 1.0, "S"), pair.clock.now_ns(), 1_000_000_000)

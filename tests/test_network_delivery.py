@@ -53,7 +53,20 @@ def lose(pair: ConnectionPair) -> None:
     pair.b.lost("the driver died")
 
 
-def test_messages_survive_random_connection_losses_exactly_once_in_order_both_ways() -> None:
+def send_note(pair: ConnectionPair, side: int, note: Note, lone: bool) -> bool:
+    """``send``, or with ``lone`` the adapters' path for a lone message: sealed alone and put on the wire at once
+    when nothing waits before it (``seal_lone``), else ``send``. Whether it went alone."""
+    machine = pair.a if side == 0 else pair.b
+    record = machine.seal_lone(note, pair.clock.now_ns()) if lone else None
+    if record is None:
+        machine.send(note)
+        return False
+    pair.inject("b" if side == 0 else "a", bytes(record))
+    return True
+
+
+@pytest.mark.parametrize("lone", [False, True], ids=["batched", "lone"])
+def test_messages_survive_random_connection_losses_exactly_once_in_order_both_ways(lone: bool) -> None:
     total = 10_000
     rng = random.Random(2801)
     sessions = (Delivery(), Delivery())
@@ -61,13 +74,14 @@ def test_messages_survive_random_connection_losses_exactly_once_in_order_both_wa
     got_b: list[int] = []
     sent = [0, 0]
     pairs = 1
+    alone = 0
     pair = pair_with(sessions)
     while sent[0] < total or sent[1] < total:
         for _ in range(rng.randint(1, 400)):
             side = rng.randrange(2)
             machine = pair.a if side == 0 else pair.b
             if sent[side] < total and not machine.retained_full:
-                machine.send(Note(sent[side]))
+                alone += send_note(pair, side, Note(sent[side]), lone and rng.random() < 0.7)
                 sent[side] += 1
         pair.pump(duration_ns=rng.randint(0, 3_000_000), drain=False)
         if rng.random() < 0.4:
@@ -81,6 +95,7 @@ def test_messages_survive_random_connection_losses_exactly_once_in_order_both_wa
     got_b += notes(pair.events_b)
     print(f"{pairs} connections; duplicates dropped: {[s.duplicates_dropped for s in sessions]}")
     assert pairs > 20
+    assert (alone > 100) == lone  # (the first message after each pump goes alone, if lone is on)
     assert got_b == list(range(total))
     assert got_a == list(range(total))
     assert sessions[0].duplicates_dropped + sessions[1].duplicates_dropped > 0, "replays met messages already had"

@@ -393,6 +393,21 @@ class ConnectionBase(ConnectionHooks, Generic[T]):
         self._machine.send(self.outgoing(message))
         self._after_append()
 
+    def _offer_alone(self, message: object) -> bool:
+        """Seal ``message`` in a record of its own and offer it at once, when nothing waits before it (the
+        outbox is empty; see ``ConnectionMachine.seal_lone``): True. False when that does not apply (nothing
+        done: append it as usual). A lone request or reply skips the flush's general path."""
+        link = self._link
+        if link.outbox:
+            return False
+        record = self._machine.seal_lone(message, time.monotonic_ns())
+        if record is None:
+            return False
+        link.send((record,))
+        if link.back_pressured:
+            self.back_pressure_events += 1
+        return True
+
     def _start_sync(self, message: object, timeout: float | None, waiter: Waiter[None]) -> None:
         """Append ``message`` as a send-and-wait; ``waiter`` gets its outcome."""
         timeout_s = self.send_timeout if timeout is None else timeout

@@ -1,32 +1,30 @@
 """The connection machine, sans-I/O: typed messages in and out of sealed records.
 
-Sending: a message is serialized and appended as a frame to the current batch; the batch becomes
-one sealed record (one transport message) when the adapter asks for :meth:`messages_to_send`
-(when its loop yields) or when the next frame would not fit ``batch_limit`` (an MTU's payload), so
-small messages share one AEAD operation and one transport message. Receiving: a record is opened
-(tampered, replayed and malformed records are counted by the record layer and dropped), its frames
-decoded, and each becomes an event.
+Sending: a message is serialized and appended as a frame to the current batch; the batch becomes one sealed record
+(one transport message) when the adapter asks for :meth:`messages_to_send` (when its loop yields) or when the next
+frame would not fit ``batch_limit`` (an MTU's payload), so small messages share one AEAD operation and one transport
+message. Receiving: a record is opened (tampered, replayed and malformed records are counted by the record layer and
+dropped), its frames decoded, and each becomes an event.
 
-Large messages and files: with a :class:`~.streaming.Streams` (every connection the adapters make
-has one), a frame too large for one record, and a ``pathlib.Path`` sent as a message, travel as a
-stream of chunk frames (bounded memory on both sides, SHA-256 checked) and arrive as the frame they
-carry; without one, a frame too large raises MessageTooLarge. A streamed message is delivered when
-its last chunk arrives, so smaller messages sent after it may overtake it.
+Large messages and files: with a :class:`~.streaming.Streams` (every connection the adapters make has one), a frame
+too large for one record, and a ``pathlib.Path`` sent as a message, travel as a stream of chunk frames (bounded memory
+on both sides, SHA-256 checked) and arrive as the frame they carry; without one, a frame too large raises
+MessageTooLarge. A streamed message is delivered when its last chunk arrives, so smaller messages sent after it may
+overtake it.
 
-Remote objects: with an :class:`~.rmi.RmiEndpoint` (``rmi=``), RMI frames go to it and its frames join the
-batch in the order of the calls that made them; its deadline is this machine's; ``Path`` arguments and
-results are matched with their file streams here (:class:`~.rmi.files.RmiFiles`), never dispatched as
-messages. A host call comes out as :class:`RmiRequestReceived`: the adapter takes it with
-:meth:`ConnectionMachine.invocation`, runs it, and answers with :meth:`~ConnectionMachine.complete_invocation`
-or :meth:`~ConnectionMachine.fail_invocation`. Objects the peer hosts arrive as ``RemoteRef`` values; the
-adapter makes proxies of them.
+Remote objects: with an :class:`~.rmi.RmiEndpoint` (``rmi=``), RMI frames go to it and its frames join the batch in
+the order of the calls that made them; its deadline is this machine's; ``Path`` arguments and results are matched with
+their file streams here (:class:`~.rmi.files.RmiFiles`), never dispatched as messages. A host call comes out as
+:class:`RmiRequestReceived`: the adapter takes it with :meth:`ConnectionMachine.invocation`, runs it, and answers with
+:meth:`~ConnectionMachine.complete_invocation` or :meth:`~ConnectionMachine.fail_invocation`. Objects the peer hosts
+arrive as ``RemoteRef`` values; the adapter makes proxies of them.
 
-Liveness: anything received proves the peer alive; a quiet side sends a KEEPALIVE every quarter of
-the expiry; a peer silent longer than ``expiry_ns`` is closed (``Closed(expired=True)``), so a blip
-shorter than that never disconnects; an adapter whose transport reports the peer's stream gone calls
-:meth:`lost` (the same close, at once). ``Closed`` is emitted exactly once. ``liveness_records`` counts
-the records that carried nothing but a KEEPALIVE, sent or received: an adapter does not count them as
-work, so an idle connection's poller keeps its long pauses instead of spinning up twice a keepalive.
+Liveness: anything received proves the peer alive; a quiet side sends a KEEPALIVE every quarter of the expiry; a peer
+silent longer than ``expiry_ns`` is closed (``Closed(expired=True)``), so a blip shorter than that never disconnects;
+an adapter whose transport reports the peer's stream gone calls :meth:`lost` (the same close, at once). ``Closed`` is
+emitted exactly once. ``liveness_records`` counts the records that carried nothing but a KEEPALIVE, sent or received:
+an adapter does not count them as work, so an idle connection's poller keeps its long pauses instead of spinning up
+twice a keepalive.
 
 Delivery: with a :class:`~.delivery.Delivery` (``delivery=``: a session kept per peer across connections), plain
 messages are numbered, retained until acknowledged and replayed on the next connection (rules in :mod:`.delivery`);
@@ -38,7 +36,6 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from .delivery import ACK_ROOM, Delivery
@@ -46,6 +43,7 @@ from .errors import ConnectionClosedError, FrameError, MessageTooLarge, RecordRe
 from .events import Closed, Event, KeepaliveSent, MessageDecodeFailed, MessageReceived, PingAcknowledged
 from .frames import FRAME_OVERHEAD, FrameKind, encode_frame_into
 from .requests import Requests
+from .results import ConnectionStats
 from .rmi import DEFAULT_TIMEOUT_NS, FILE_STREAM_MARK, Invocation, MethodSpec, RemoteCalls, RemoteRef
 from .serialization import Serialization
 from .session import RECORD_OVERHEAD, PlainRecords, Records
@@ -58,23 +56,6 @@ _MESSAGE, _SYNC_REQUEST, _DELIVERED, _KEEPALIVE = (
 )  # fmt: skip
 _PING = struct.Struct(">q")
 _PONG = struct.Struct(">qq")
-
-
-@dataclass(slots=True)
-class ConnectionStats:
-    """Counters of one connection (records rejected are in the record layer's counters)."""
-
-    messages_sent: int = 0
-    messages_received: int = 0
-    records_sent: int = 0
-    records_received: int = 0
-    bytes_sent: int = 0
-    """Bytes of the records handed out to send (sealed: what the transport carries)."""
-    bytes_received: int = 0
-    """Bytes of the records received and accepted."""
-    records_dropped: int = 0
-    decode_errors: int = 0
-    frame_errors: int = 0
 
 
 _RMI_KINDS = frozenset((FrameKind.RMI_REQUEST, FrameKind.RMI_RESPONSE))
@@ -247,6 +228,26 @@ class ConnectionMachine:
         elif not self._append_message(_MESSAGE, delivery.next_wire, message):  # not when it went as a stream
             delivery.commit()
         self.stats.messages_sent += 1
+
+    def seal_lone(self, message: object, now_ns: int) -> bytes | bytearray | None:
+        """:meth:`send` then :meth:`messages_to_send` for a lone message: its sealed record. None (nothing done: use
+        :meth:`send`) if anything else waits, the connection is closed, or it is a file, a remote object or a stream."""
+        rmi, streams, delivery = self.rmi, self.streams, self.delivery
+        if self._batch or self._sealed or self.closed or type(message) not in self.serialization.plain_types:
+            return None
+        if (streams is not None and streams.sending) or (
+            rmi is not None and rmi.objects_travel and rmi.endpoint.is_remote_object(message)
+        ):
+            return None
+        number = delivery.next_wire if delivery is not None and delivery.sequencing else 0  # (never 0 if sequenced)
+        if self.serialization.encode_frame_into(self._batch, _MESSAGE, number, message) > self.max_payload:
+            del self._batch[:]
+            return None  # it goes as a stream: send does that
+        if number and delivery is not None:
+            delivery.commit()
+        self.stats.messages_sent += 1
+        (record,) = self.messages_to_send(now_ns, 0)
+        return record
 
     def send_file(self, path: os.PathLike[str] | str, *, kind: int = FrameKind.MESSAGE, request_id: int = 0) -> int:
         """Stream a file's contents; returns the stream id (StreamingError when it cannot be read)."""

@@ -4,13 +4,16 @@ progress, and its counters. Pure data."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .connection import ConnectionMachine
 from .errors import StreamingError
 from .events import StreamFailed, StreamProgressed, StreamSent, StreamStarted
 from .requests import stream_error
 
-__all__ = ["Ping", "Transfer", "Transfers", "connection_stats"]
+if TYPE_CHECKING:
+    from .connection import ConnectionMachine
+
+__all__ = ["ConnectionStats", "Ping", "Transfer", "Transfers", "connection_stats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,23 @@ class Transfers(dict[tuple[bool, int], Transfer]):
             text = f"{where}: {side} stream {event.stream_id} failed ({event.failure.name.lower()}): {event.detail}"
             return stream_error(event.failure, text)
         return None
+
+
+@dataclass(slots=True)
+class ConnectionStats:
+    """Counters of one connection (records rejected are in the record layer's counters)."""
+
+    messages_sent: int = 0
+    messages_received: int = 0
+    records_sent: int = 0
+    records_received: int = 0
+    bytes_sent: int = 0
+    """Bytes of the records handed out to send (sealed: what the transport carries)."""
+    bytes_received: int = 0
+    """Bytes of the records received and accepted."""
+    records_dropped: int = 0
+    decode_errors: int = 0
+    frame_errors: int = 0
 
 
 def connection_stats(machine: ConnectionMachine, back_pressure_events: int) -> dict[str, int]:

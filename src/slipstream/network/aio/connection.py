@@ -152,6 +152,19 @@ class Connection(ConnectionBase[RmiSession]):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(room.wait(), remaining)
 
+    def _send(self, message: object) -> None:
+        """The first message of a loop turn is sealed alone and offered at once (see :meth:`_after_append`)."""
+        message = self.outgoing(message)
+        if self._flush_scheduled or not self._offer_alone(message):
+            self._machine.send(message)
+            self._after_append()
+            return
+        self._owner.wake()
+        self._flush_scheduled = True  # (what follows in this turn shares records)
+        if self._udp:
+            self._owner.send_now(self._link.publication)
+        self._loop.call_soon(self._scheduled_flush)
+
     def _after_append(self) -> None:
         self._owner.wake()
         if not self._flush_scheduled:

@@ -217,15 +217,31 @@ class Connection(ConnectionBase[RmiSession]):
         if self._machine.closed:
             raise ConnectionClosedError("the connection is closed")
 
+    def _send(self, message: object) -> None:
+        """A message outside a burst (see :meth:`_after_append`) is sealed alone and offered at once."""
+        message = self.outgoing(message)
+        self._note_application()
+        now_ns = time.monotonic_ns()
+        if self._in_burst(now_ns) or not self._offer_alone(message):
+            self._machine.send(message)
+            self._after_append()
+            return
+        self._flushed_ns = now_ns
+        if self._udp:
+            self._owner.send_now(self._link.publication)
+        self._appended_ns = time.monotonic_ns()  # (after the offer: the gap is the application's own)
+
+    def _in_burst(self, now_ns: int) -> bool:
+        """Whether an append at ``now_ns`` comes right after the last one (a loop of sends)."""
+        return now_ns - self._appended_ns < _BURST_GAP_NS and now_ns - self._flushed_ns < _BURST_FLUSH_NS
+
     def _after_append(self) -> None:
         """What the application appended leaves now, from its own thread (over UDP an invoker-mode driver
         sends it at once), unless it comes right after the last append: a burst shares records, offered
         every :data:`_BURST_FLUSH_NS`, and its tail goes with the poll thread's next cycle (within a
         millisecond; it is woken if it is in a longer pause)."""
         self._note_application()
-        now_ns = time.monotonic_ns()
-        burst = now_ns - self._appended_ns < _BURST_GAP_NS and now_ns - self._flushed_ns < _BURST_FLUSH_NS
-        if burst and self._machine.sealed_count < _BATCH:
+        if self._in_burst(time.monotonic_ns()) and self._machine.sealed_count < _BATCH:
             self._kick(long_only=True)
         elif self.flush() and self._udp:
             self._owner.send_now(self._link.publication)
