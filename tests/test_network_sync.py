@@ -419,3 +419,29 @@ def test_a_blocking_client_reconnects_to_a_server_that_was_killed_and_restarted(
     finally:
         for path in (f"{driver_dir}-client", f"{driver_dir}-0", f"{driver_dir}-1"):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_signal_set_by_one_thread_wakes_a_thread_blocked_on_it_every_time() -> None:
+    """``Signal`` makes its event only for a waiter: a set racing with a first wait must never be missed."""
+    from slipstream.network.sync.poller import Signal
+
+    missed = 0
+    for round_ in range(500):
+        signal = Signal()
+        woke: list[float] = []
+        waiter = threading.Thread(target=lambda s=signal, w=woke: w.append(time.monotonic() if s.wait(5.0) else -1.0))
+        set_at = time.monotonic()
+        if round_ % 3 == 0:
+            signal.set()  # before anyone waits: the event made later must not miss it
+        waiter.start()
+        if round_ % 3 == 1:
+            time.sleep(0.0001)  # the waiter is likely blocked already
+        if round_ % 3:
+            signal.set()
+        waiter.join(10)
+        assert woke and woke[0] >= 0, "the wait timed out: a set was missed"
+        missed += woke[0] - set_at > 1.0
+        assert signal.is_set()
+        signal.clear()
+        assert not signal.is_set() and not signal.wait(0.001)
+    assert missed == 0

@@ -19,7 +19,7 @@ from ..buffered import Hold
 from ..connected import BACKLOG_LIMIT, DRIVER_LOST, ConnectionBase, Flag
 from ..errors import ConnectionClosedError, InboxFull, ReceiveTimeout, SendTimeout
 from ..results import Ping
-from .poller import Outcome
+from .poller import Outcome, Signal
 from .rmi import RmiSession
 
 __all__ = ["BACKLOG_LIMIT", "DRIVER_LOST", "INBOX_LIMIT", "Connection"]
@@ -54,7 +54,7 @@ class Connection(ConnectionBase[RmiSession]):
         self._drive = owner.drive
         self._note_application = owner.poller.note_application
         self._inbox: deque[object] = deque()
-        self._arrived = threading.Event()
+        self._arrived = Signal()
         self._appended_ns = 0
         self._flushed_ns = 0
         self._kick = owner.poller.kick

@@ -28,7 +28,7 @@ from ..errors import BlockingListenerError
 from ..pacing import Backoff, Nap, Pacer, Sleep, Step, Wake
 from ..polling import Parked, ParkOn, PollCore, Seen, Watch
 
-__all__ = ["CALLER_SPIN_S", "Outcome", "PollThread", "ThreadBackoff"]
+__all__ = ["CALLER_SPIN_S", "Outcome", "PollThread", "Signal", "ThreadBackoff"]
 
 T = TypeVar("T")
 
@@ -329,30 +329,68 @@ class PollThread(PollCore):
         return True
 
 
+class Signal:
+    """A flag that the cycling thread sets and other threads may block on, cheap when none blocks (the usual
+    case: a waiting caller runs the cycles itself and only reads the flag). The ``threading.Event`` behind
+    it (a lock and a condition to make, set and clear) exists only once a thread waits."""
+
+    __slots__ = ("_event", "_on")
+
+    _making: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self._on = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._on
+
+    def set(self) -> None:
+        self._on = True  # (before reading _event: a waiter making it reads _on after)
+        if (event := self._event) is not None:
+            event.set()
+
+    def clear(self) -> None:
+        self._on = False
+        if (event := self._event) is not None:
+            event.clear()
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until set; whether it is."""
+        event = self._event
+        if event is None:
+            with Signal._making:
+                if (event := self._event) is None:
+                    event = self._event = threading.Event()
+        if self._on:  # (set before the event existed)
+            return True
+        return event.wait(timeout)
+
+
 class Outcome(Generic[T]):
     """What one blocking caller waits for: a result or an exception, set by whichever thread cycles."""
 
-    __slots__ = ("_error", "_event", "_result")
+    __slots__ = ("_error", "_result", "_signal")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._signal = Signal()
         self._result: T | None = None
         self._error: BaseException | None = None
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._signal.is_set()
 
     def set_result(self, result: T) -> None:
         self._result = result
-        self._event.set()
+        self._signal.set()
 
     def set_exception(self, exception: BaseException) -> None:
         self._error = exception
-        self._event.set()
+        self._signal.set()
 
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds for the outcome; whether it is there."""
-        return self._event.wait(timeout)
+        return self._signal.wait(timeout)
 
     def result(self) -> T:
         """The result (raising the exception instead); only once :meth:`done`."""
