@@ -359,7 +359,7 @@ class Signal:
         """Block up to ``timeout`` seconds until set; whether it is."""
         event = self._event
         if event is None:
-            with Signal._making:
+            with self._making:
                 if (event := self._event) is None:
                     event = self._event = threading.Event()
         if self._on:  # (set before the event existed)
