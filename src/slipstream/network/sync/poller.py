@@ -206,18 +206,17 @@ class PollThread(PollCore):
         return bool(getattr(self._local, "cycling", False))
 
     def _cycle(self, now_ns: int) -> int:
-        with self.lock:
-            self._local.cycling = True
-            try:
-                return super()._cycle(now_ns)
-            finally:
-                self._local.cycling = False
+        return self._as_cycling(super()._cycle, now_ns)
 
     def _poll_connections(self, now_ns: int) -> int:
+        return self._as_cycling(super()._poll_connections, now_ns)
+
+    def _as_cycling(self, run: Callable[[int], int], now_ns: int) -> int:
+        """``run(now_ns)`` with the lock held, the calling thread marked as cycling (listeners run)."""
         with self.lock:
             self._local.cycling = True
             try:
-                return super()._poll_connections(now_ns)
+                return run(now_ns)
             finally:
                 self._local.cycling = False
 
