@@ -211,7 +211,7 @@ class ConnectionBase(ConnectionHooks, Generic[T]):
     @property
     def stats(self) -> dict[str, int]:
         """Counters: messages and records both ways, and records dropped (tampered, replayed...)."""
-        return connection_stats(self._machine, self.back_pressure_events)
+        return connection_stats(self._machine.stats, self._machine.records, self.back_pressure_events)
 
     def on_message(self, kind: type) -> Callable[[F], F]:
         """Decorator: ``listener(connection, message)`` for messages of ``kind`` on this connection."""

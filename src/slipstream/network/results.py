@@ -4,14 +4,10 @@ progress, and its counters. Pure data."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .errors import StreamingError
 from .events import StreamFailed, StreamProgressed, StreamSent, StreamStarted
 from .requests import stream_error
-
-if TYPE_CHECKING:
-    from .connection import ConnectionMachine
 
 __all__ = ["ConnectionStats", "Ping", "Transfer", "Transfers", "connection_stats"]
 
@@ -83,10 +79,9 @@ class ConnectionStats:
     frame_errors: int = 0
 
 
-def connection_stats(machine: ConnectionMachine, back_pressure_events: int) -> dict[str, int]:
-    """A connection's counters: messages and records both ways, and records dropped (tampered, replayed...)."""
-    records = machine.records
-    stats = machine.stats
+def connection_stats(stats: ConnectionStats, records: object, back_pressure_events: int) -> dict[str, int]:
+    """A connection's counters (its machine's ``stats`` and record layer): messages and records both ways, and
+    records dropped (tampered, replayed...)."""
     return {
         "messages_sent": stats.messages_sent,
         "messages_received": stats.messages_received,
