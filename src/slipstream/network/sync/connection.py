@@ -222,18 +222,15 @@ class Connection(ConnectionBase[RmiSession]):
         message = self.outgoing(message)
         self._note_application()
         now_ns = time.monotonic_ns()
-        if self._in_burst(now_ns) or not self._offer_alone(message):
+        burst = self._in_burst(now_ns)
+        if not burst and self._offer_alone(message):
+            self._flushed_ns = now_ns
+            if self._udp:
+                self._owner.send_now(self._link.publication)
+        else:
             self._machine.send(message)
-            self._after_append()
-            return
-        self._flushed_ns = now_ns
-        if self._udp:
-            self._owner.send_now(self._link.publication)
+            self._flush_or_kick(burst)
         self._appended_ns = time.monotonic_ns()  # (after the offer: the gap is the application's own)
-
-    def _in_burst(self, now_ns: int) -> bool:
-        """Whether an append at ``now_ns`` comes right after the last one (a loop of sends)."""
-        return now_ns - self._appended_ns < _BURST_GAP_NS and now_ns - self._flushed_ns < _BURST_FLUSH_NS
 
     def _after_append(self) -> None:
         """What the application appended leaves now, from its own thread (over UDP an invoker-mode driver
@@ -241,8 +238,16 @@ class Connection(ConnectionBase[RmiSession]):
         every :data:`_BURST_FLUSH_NS`, and its tail goes with the poll thread's next cycle (within a
         millisecond; it is woken if it is in a longer pause)."""
         self._note_application()
-        if self._in_burst(time.monotonic_ns()) and self._machine.sealed_count < _BATCH:
+        self._flush_or_kick(self._in_burst(time.monotonic_ns()))
+        self._appended_ns = time.monotonic_ns()
+
+    def _in_burst(self, now_ns: int) -> bool:
+        """Whether an append at ``now_ns`` comes right after the last one (a loop of sends)."""
+        return now_ns - self._appended_ns < _BURST_GAP_NS and now_ns - self._flushed_ns < _BURST_FLUSH_NS
+
+    def _flush_or_kick(self, burst: bool) -> None:
+        """In a burst, leave what was appended for the next offer (or the poll thread); else offer it now."""
+        if burst and self._machine.sealed_count < _BATCH:
             self._kick(long_only=True)
         elif self.flush() and self._udp:
             self._owner.send_now(self._link.publication)
-        self._appended_ns = time.monotonic_ns()  # (after the offer: the gap is the application's own)
