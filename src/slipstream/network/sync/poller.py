@@ -299,10 +299,10 @@ class PollThread(PollCore):
                         if spins & 63 == 0:
                             os.sched_yield()  # (give a process waiting for this CPU its turn now and then)
                         continue
-                    if seen is Seen.FRAME:
-                        self._poll_connections(now_ns)
+                    if seen is Seen.FRAME and self._poll_connections(now_ns):
                         watch = None  # (a whole cycle next, if the answer was not in it)
                         continue
+                    # A timer, input for a driver, or a frame no connection took (a handshake's): the whole cycle.
                     if self._cycle(now_ns):
                         watch = None
                         continue
