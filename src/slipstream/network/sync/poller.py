@@ -342,14 +342,17 @@ class Signal:
         self._event: threading.Event | None = None
 
     def is_set(self) -> bool:
+        """Whether it is set (a plain read: what a caller running the cycles checks)."""
         return self._on
 
     def set(self) -> None:
+        """Set it, waking any thread blocked in :meth:`wait`."""
         self._on = True  # (before reading _event: a waiter making it reads _on after)
         if (event := self._event) is not None:
             event.set()
 
     def clear(self) -> None:
+        """Clear it (only the thread that consumes what it signals does)."""
         self._on = False
         if (event := self._event) is not None:
             event.clear()
