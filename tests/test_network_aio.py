@@ -415,9 +415,9 @@ def test_modes(driver_dir: Path, ipv4: bool, ipv6: bool, ipc: bool, host: str, i
 def test_ipc_only_server_with_bind_ipc(driver_dir: Path) -> None:
     async def main() -> None:
         async with (
-            Server(server_config(driver_dir, enable_ipc=True, driver="invoker")) as server,
-            Client(client_config(driver_dir, enable_ipc=True, driver="invoker")) as client,
-        ):  # (an invoker-mode driver: no driver thread, so the pollers spin by yielding, as the benchmark's)
+            Server(server_config(driver_dir, enable_ipc=True)) as server,
+            Client(client_config(driver_dir, enable_ipc=True)) as client,
+        ):
             await server.bind_ipc()
             connection = await client.connect_ipc(timeout=10)
             assert connection.is_ipc and connection.remote_address is None
