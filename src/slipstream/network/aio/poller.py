@@ -19,7 +19,8 @@ __all__ = ["IDLE_TURN_NS", "PollGroup"]
 IDLE_TURN_NS = 20_000
 """A poller spinning idle runs its duty cycles back to back for up to this long before it gives the event
 loop a turn (a turn costs about as much as an idle cycle): what arrives meanwhile is taken in sooner. After
-a cycle that did work it yields at once (a listener may have woken a task)."""
+a cycle that did work it yields at once (a listener may have woken a task); with an embedded driver thread
+on the process's GIL it never cycles back to back (that thread gets the GIL at the loop's turns)."""
 
 
 class PollGroup(PollCore):
@@ -69,6 +70,7 @@ class PollGroup(PollCore):
                     self.idle
                     and type(wait) is Yield
                     and not wait.give_cpu
+                    and not self._threaded()  # (a driver thread on our GIL gets it at the loop's turns)
                     and time.monotonic_ns() < turn_ns + IDLE_TURN_NS
                 ):
                     pass  # spinning idle: the cycle woke none of the loop's other tasks, so cycle again at once
