@@ -167,24 +167,38 @@ class PollCore:
                 contexts.append(context)
         return contexts
 
-    def _invoke_drivers(self) -> None:
-        """One duty cycle of each invoker-mode driver the endpoints use (a no-op for the others). Its
-        own chores (heartbeats, status messages) do not count as work, or an idle endpoint would never
-        park. Notes on the way whether an embedded driver thread shares our GIL (one pass per cycle)."""
+    def _invoke_drivers(self) -> int:
+        """One duty cycle of each invoker-mode driver the endpoints use (a no-op for the others); the work
+        they did (datagrams taken in, but also their own chores). Notes on the way whether an embedded
+        driver thread shares our GIL (one pass per cycle)."""
         threaded = False
+        work = 0
         for context in self._contexts():
-            context.invoke()
+            work += context.invoke()
             threaded = threaded or (context.is_embedded and not context.is_invoker)
         self._threaded_now = threaded
+        return work
 
     def _cycle(self, now_ns: int) -> int:
-        """One duty cycle of every endpoint (and of invoker-mode drivers); returns the work done.
+        """One duty cycle of every endpoint, then of invoker-mode drivers; returns the endpoints' work (a
+        driver's own chores, heartbeats and status messages, do not count, or an idle endpoint would
+        never park).
 
-        The drivers run first (what arrived reaches the images the endpoints poll) and not again after
-        the endpoints: what the application sends leaves at once (``Connection._flush_out``), and the
-        rest (handshake packets, status messages) with the next cycle."""
+        The endpoints come first: a frame already in an IPC image is taken in (and answered) without
+        waiting for the drivers' cycle, which costs a few microseconds even with nothing to do. When a
+        driver did work (it may have taken datagrams in), the connections are polled again at once, so a
+        datagram is not left behind the endpoints' chores and a turn of the loop; if none took anything,
+        the whole cycle runs again (the datagram may be a handshake's). What the application sends leaves
+        without a driver cycle (``Connection._flush_out``); the rest (handshake packets, status messages)
+        goes with the next one."""
+        work = self._endpoints_cycle(now_ns)
+        if self._invoke_drivers():
+            work += self._connections_cycle(now_ns) or self._endpoints_cycle(now_ns)
+        return work
+
+    def _endpoints_cycle(self, now_ns: int) -> int:
+        """Every endpoint's duty cycle; the work done."""
         work = 0
-        self._invoke_drivers()
         for endpoint in list(self.endpoints):
             try:
                 work += endpoint.duty_cycle(now_ns)
@@ -195,6 +209,10 @@ class PollCore:
 
     def _poll_connections(self, now_ns: int) -> int:
         """The connections' part of every endpoint's duty cycle (a watch saw a frame); the work done."""
+        return self._connections_cycle(now_ns)
+
+    def _connections_cycle(self, now_ns: int) -> int:
+        """:meth:`_poll_connections` itself (which an adapter wraps; a cycle calls this from inside its own)."""
         work = 0
         for endpoint in list(self.endpoints):
             try:

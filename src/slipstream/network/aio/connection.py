@@ -153,34 +153,34 @@ class Connection(ConnectionBase[RmiSession]):
                 await asyncio.wait_for(room.wait(), remaining)
 
     def _send(self, message: object) -> None:
-        """The first message of a loop turn is sealed alone and offered at once (see :meth:`_after_append`)."""
+        """The first message since our last poll is sealed alone and offered at once (see :meth:`_after_append`)."""
         message = self.outgoing(message)
         if self._flush_scheduled or not self._offer_alone(message):
             self._machine.send(message)
             self._after_append()
             return
         self._owner.wake()
-        self._flush_scheduled = True  # (what follows in this turn shares records)
+        self._flush_scheduled = True  # (what follows before our next poll shares records)
         if self._udp:
             self._owner.send_now(self._link.publication)
-        self._loop.call_soon(self._scheduled_flush)
 
     def _after_append(self) -> None:
         self._owner.wake()
         if not self._flush_scheduled:
-            # The first message of a loop turn leaves at once (a lone request or reply does not wait a
-            # turn of the loop); the ones that follow in the same turn share records and go with the
-            # scheduled flush.
+            # The first message since our last poll leaves at once (a lone request or reply does not wait
+            # a turn of the loop); the ones that follow share records and go with the next poll, which the
+            # wake above brings within a turn of the loop (no callback of our own: one per send cost more).
             self._flush_scheduled = True
             self._flush_out()
-            self._loop.call_soon(self._scheduled_flush)
         elif self._machine.sealed_count >= _SEAL_FLUSH:
             self.flush()  # the driver sends these with the next flush_out or cycle, in larger batches
 
-    def _scheduled_flush(self) -> None:
+    def poll(self, now_ns: int) -> int:
+        """One duty cycle (see :meth:`~..connected.ConnectionBase.poll`); what was sent since the last one
+        goes out with it (over UDP the invoker-mode driver's cycle, which follows, sends it), and the next
+        send leaves alone again."""
         self._flush_scheduled = False
-        if self._machine.has_pending or self._link.outbox or not self._room.is_set():  # (a lone message left)
-            self._flush_out()
+        return super().poll(now_ns)
 
     def _flush_out(self) -> None:
         """Flush what the application sent, and over UDP have an invoker-mode driver send it at once:
