@@ -353,18 +353,19 @@ class ServerCore(RunningEndpoint[C]):
         self.wake()  # the release delay runs from now: the poller must see the new deadline
 
     def _cycle(self, now_ns: int) -> int:
+        # The connections first: what they received is answered before the handshakes' chores (a client
+        # that came up in this cycle is polled from the next one).
         work = 0
+        for connection in list(self._connections.values()):
+            work += connection.poll(now_ns)
         if not self._closing:  # a client accepted while closing would miss the CLOSE
             for link in self._links:
                 work += self._handshake_cycle(link, now_ns)
         if self._pending:
-            work += self._pending.poll(now_ns)  # first: a client up at its starting deadline is up
+            work += self._pending.poll(now_ns)  # before the table: a client up at its starting deadline is up
         if (deadline := self._table.deadline_ns) is not None and now_ns >= deadline:
             self._table.handle_timer(now_ns)
-        work += self._run_table()
-        for connection in list(self._connections.values()):
-            work += connection.poll(now_ns)
-        return work
+        return work + self._run_table()
 
     # -- closing ------------------------------------------------------------------------------------
 
