@@ -1109,3 +1109,36 @@ def test_a_spinning_poller_still_gives_the_loops_other_tasks_their_turns(driver_
             assert gaps[len(gaps) // 2] < 200_000, f"median turn gap {gaps[len(gaps) // 2] / 1e3:.0f} us"
 
     run(main())
+
+
+def test_messages_sent_together_after_a_lone_one_share_records_and_arrive_in_order(driver_dir: Path) -> None:
+    """The first message since a connection's last poll leaves alone, at once; the ones sent right after it
+    wait in the batch and go out together with the connection's next poll (no callback of their own)."""
+
+    async def main() -> None:
+        async with (
+            Server(server_config(driver_dir, enable_ipc=True, driver="invoker")) as server,
+            Client(client_config(driver_dir, enable_ipc=True, driver="invoker")) as client,
+        ):
+            got: list[int] = []
+
+            @server.on_message(Quote)
+            def on_quote(connection: Connection, quote: Quote) -> None:
+                got.append(quote.id)
+
+            await server.bind_ipc()
+            connection = await client.connect_ipc(timeout=10)
+            await connection.send_sync(Quote(-1, 1.0, "FIRST"), timeout=5)
+            before = connection.stats["records_sent"]
+            for i in range(40):  # one step of this task: the poller cannot run in between
+                assert connection.send_nowait(Quote(i, 1.0, "BURST"))
+            assert connection.stats["records_sent"] == before + 1  # the first alone; the rest wait
+            await wait_for(lambda: len(got) == 41, timeout=5)
+            assert got == [-1, *range(40)]
+            assert connection.stats["records_sent"] - before <= 3  # the 39 went in one record (two at most)
+            after = connection.stats["records_sent"]
+            assert connection.send_nowait(Quote(99, 1.0, "NEXT"))  # a poll ran since: alone, at once, again
+            assert connection.stats["records_sent"] == after + 1
+            await wait_for(lambda: got[-1] == 99, timeout=5)
+
+    run(main())
