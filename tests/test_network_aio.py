@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -741,7 +742,6 @@ def test_unreliable_streams_and_a_fixed_client_port(driver_dir: Path) -> None:
 def test_packet_capture_shows_no_plaintext(driver_dir: Path) -> None:
     """Sniff loopback (a raw packet socket; root) during a session: the messages' text never
     appears on the wire, though the capture saw the session's datagrams."""
-    import threading
     import time
 
     marker = b"PLAINTEXT-MARKER-7f3a"
@@ -1045,6 +1045,57 @@ def test_a_datagram_arriving_just_after_the_driver_read_still_wakes_the_poller(d
                 assert waits[0], "the wait after a late datagram left the driver's input out"
             finally:
                 junk.close()
+
+    run(main())
+
+
+def test_a_handshake_datagram_an_invoker_mode_driver_took_in_is_handled_in_the_same_cycle(
+    driver_dir: Path, client_dir: Path
+) -> None:
+    """A cycle runs the endpoints, then the invoker-mode drivers; when a driver took input that no connection
+    took (a handshake's datagram), the endpoints cycle again at once: it does not wait in the handshake image
+    for the next cycle, which for a parked poller may be a pause away. The test runs the server's cycles itself,
+    one at a time; only the server's driver (in this loop) writes its images, so after each cycle they are read."""
+    from slipstream.network import sync
+    from slipstream.network.pacing import Pacer
+    from slipstream.network.polling import PollCore
+    from slipstream.network.transport import HANDSHAKE_STREAM
+
+    async def main() -> None:
+        port = free_ports(2)
+        async with Server(server_config(driver_dir, driver="invoker")) as server:
+            await server.bind(port)
+            group, context = server._group, server.context
+            assert group is not None and context is not None
+            group.remove(server)  # (its poller task ends: this test cycles the server)
+            core = PollCore(Pacer())
+            core.endpoints.append(server)
+            connected: list[bool] = []
+
+            def connect() -> None:
+                with sync.Client(client_config(client_dir)) as client:
+                    connection = client.connect("127.0.0.1", port, timeout=10)
+                    connection.send_sync(Quote(1, 1.0, "HELLO"), timeout=10)
+                    connected.append(True)
+
+            thread = threading.Thread(target=connect, daemon=True)
+            thread.start()
+            deadline = time.monotonic() + 20
+            cycles = 0
+            try:
+                while thread.is_alive():
+                    assert time.monotonic() < deadline, "the client did not connect"
+                    core._cycle(time.monotonic_ns())
+                    cycles += 1
+                    handshakes = [s for s in context.subscriptions if s.stream_id == HANDSHAKE_STREAM]
+                    assert handshakes
+                    left = [image for s in handshakes for image in s.images if image.has_frame()]
+                    assert not left, f"cycle {cycles} left a handshake datagram for the next one"
+                    await asyncio.sleep(0)  # (the server's stream registrations are awaited in the loop)
+            finally:
+                group.add(server)  # back to its poller, to close
+                thread.join(15)
+            assert connected == [True] and cycles > 0
 
     run(main())
 
