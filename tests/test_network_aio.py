@@ -1162,6 +1162,66 @@ def test_a_spinning_poller_still_gives_the_loops_other_tasks_their_turns(driver_
     run(main())
 
 
+def _count_cycles(endpoint: Any) -> dict[str, int]:
+    """Count the poller's calls of ``endpoint``'s whole duty cycle and of its connections' part alone."""
+    counts = {"whole": 0, "connections": 0}
+    whole, connections = endpoint.duty_cycle, endpoint.poll_connections
+
+    def duty_cycle(now_ns: int) -> int:
+        counts["whole"] += 1
+        return int(whole(now_ns))
+
+    def poll_connections(now_ns: int) -> int:
+        counts["connections"] += 1
+        return int(connections(now_ns))
+
+    endpoint.duty_cycle, endpoint.poll_connections = duty_cycle, poll_connections
+    return counts
+
+
+@pytest.mark.parametrize("transport", ["ipc", "udp"])
+def test_a_spinning_poller_runs_the_chores_now_and_then_and_polls_the_connections_in_between(
+    driver_dir: Path, client_dir: Path, transport: str
+) -> None:
+    """While a poller spins idle after work, a whole duty cycle (the endpoint's chores, the invoker-mode
+    driver's own cycle) runs at most every ``SPIN_CHORES_NS``; in between only the connections are polled,
+    so a frame is not left waiting behind the chores. Not when the invoker-mode driver carries UDP: its
+    datagrams need its cycle, so the poller spins on whole cycles then."""
+    from slipstream.network.polling import SPIN_CHORES_NS
+
+    async def main() -> None:
+        ipc = transport == "ipc"
+        async with (
+            Server(server_config(driver_dir, enable_ipc=ipc, driver="invoker")) as server,
+            Client(client_config(driver_dir if ipc else client_dir, enable_ipc=ipc, driver="invoker")) as client,
+        ):
+            port = free_ports(2)
+            if ipc:
+                await server.bind_ipc()
+                connection = await client.connect_ipc(timeout=10)
+            else:
+                await server.bind(port)
+                connection = await client.connect("127.0.0.1", port, timeout=10)
+            counts = _count_cycles(server)
+            spun_ns = 0
+            for i in range(20):
+                await connection.send_sync(Quote(i, 1.0, "SPIN"), timeout=5)  # the pollers spin after this
+                before = dict(counts)
+                start = time.monotonic_ns()
+                await asyncio.sleep(0.0004)  # (inside the spin: about a millisecond after work)
+                spun_ns += time.monotonic_ns() - start
+                assert counts["whole"] > before["whole"]  # the chores still run
+            if ipc:
+                # At most one whole cycle per SPIN_CHORES_NS, one more after each round's work, and a few
+                # for the send_syncs themselves; many more polls of the connections alone.
+                assert counts["whole"] <= spun_ns // SPIN_CHORES_NS + 20 * 4, counts
+                assert counts["connections"] > counts["whole"], counts
+            else:
+                assert counts["whole"] > counts["connections"], counts
+
+    run(main())
+
+
 def test_messages_sent_together_after_a_lone_one_share_records_and_arrive_in_order(driver_dir: Path) -> None:
     """The first message since a connection's last poll leaves alone, at once; the ones sent right after it
     wait in the batch and go out together with the connection's next poll (no callback of their own)."""

@@ -603,6 +603,13 @@ class Context:
         embedded = self._embedded
         return embedded is not None and embedded.data_in_flight()
 
+    def invoker_carries_network(self) -> bool:
+        """For an invoker-mode embedded driver: whether some stream goes over UDP, so datagrams may wait
+        for :meth:`invoke` at any moment (over IPC alone, what it does can wait a little: publication
+        limits, commands). False otherwise."""
+        embedded = self._embedded
+        return embedded is not None and embedded.carries_network()
+
     def invoker_deadline_ns(self) -> int | None:
         """For an invoker-mode embedded driver: the monotonic time (ns) its streams' timers (heartbeats,
         status messages, NAKs) next want :meth:`invoke`, even if no input arrives; None otherwise."""

@@ -209,6 +209,11 @@ class DriverConductor:
                     return True
         return False
 
+    def carries_network(self) -> bool:
+        """Whether some stream goes over UDP (a network publication, or a channel subscribed to): then
+        datagrams may arrive for the duty cycle to take in at any moment."""
+        return bool(self.sender.publications or self.receiver.channels)
+
     def streams_deadline_ns(self) -> int:
         """When some UDP stream's machine is next due without input: a heartbeat, a SETUP, a status
         message, a NAK or retransmission, a liveness check (``1 << 63``: none); 0 while decoded

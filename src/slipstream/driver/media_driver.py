@@ -182,6 +182,13 @@ class MediaDriver:
         conductor = self._conductor
         return self.is_invoker and conductor is not None and not self._closed and conductor.data_in_flight()
 
+    def carries_network(self) -> bool:
+        """In invoker mode, whether some stream goes over UDP (``DriverConductor.carries_network``): an
+        application that polls its images between duty cycles must still run them for datagrams. False
+        for a driver with its own thread."""
+        conductor = self._conductor
+        return self.is_invoker and conductor is not None and not self._closed and conductor.carries_network()
+
     def streams_deadline_ns(self) -> int | None:
         """In invoker mode, when a stream's timers next want a duty cycle (see
         ``DriverConductor.streams_deadline_ns``); None for a driver with its own thread, or none due."""
