@@ -31,10 +31,11 @@ SPIN_CHORES_NS = 50_000
 """While a poller spins idle, how often it runs whole duty cycles; in between it polls the connections
 alone. A whole cycle also runs the endpoints' chores (handshakes, tables, error summaries) and the
 invoker-mode drivers' cycles, several microseconds even with nothing to do, and a frame that arrives
-meanwhile waits for them: polled alone, the connections take it in sooner (an IPC round trip through a
-server measured 41 -> 36 us, p50, asyncio, two processes; 30 and 100 us measured alike). Not while an
-invoker-mode driver carries UDP: its datagrams need its cycle to come in. Each connection runs its own
-timers when polled; the chores run up to this late."""
+meanwhile waits for them: polled alone, the connections take it in sooner (an asyncio IPC round trip
+through a server, two processes, 8 interleaved runs: 42.0 -> 40.0 us median p50, 39.0 -> 34.5 us the best
+run; 30 and 100 us measured alike). Not while an invoker-mode driver carries UDP: its datagrams need its
+cycle to come in (invoking it on every spin measured slower). Each connection runs its own timers when
+polled; the chores run up to this late."""
 
 
 Parked = tuple[Parking, list[Doorbell], list[int]]

@@ -47,8 +47,9 @@ _WATCH_NS = 1_000_000
 """A waiting caller runs a full duty cycle at least this often even when its watch sees nothing (new
 images, chores of a driver with a thread of its own). When its watch sees a frame it runs only the
 connections' part of the cycle, so the answer is not taken in behind the endpoints' chores. (The poll
-thread's own busy spin runs full cycles: a watch there measured slower, twice: 40 -> 51-54 us per
-blocking IPC round trip, and 34 -> 45-57 us with asyncio, in A/B runs of the same two-process probe.)"""
+thread's own spin polls the connections between whole cycles instead, see ``..polling.SPIN_CHORES_NS``: a
+watch there measured slower, twice, and again in 2026-11-29's interleaved runs of an asyncio IPC round trip
+probe: 41 -> 45.5 us p50, where polling the connections measured 41 -> 36 us.)"""
 
 
 class ThreadBackoff(Backoff):
