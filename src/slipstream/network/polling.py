@@ -29,13 +29,13 @@ log = logging.getLogger("slipstream.network")
 
 SPIN_CHORES_NS = 50_000
 """While a poller spins idle, how often it runs whole duty cycles; in between it polls the connections
-alone. A whole cycle also runs the endpoints' chores (handshakes, tables, error summaries) and the
-invoker-mode drivers' cycles, several microseconds even with nothing to do, and a frame that arrives
-meanwhile waits for them: polled alone, the connections take it in sooner (an asyncio IPC round trip
-through a server, two processes, 8 interleaved runs: 42.0 -> 40.0 us median p50, 39.0 -> 34.5 us the best
-run; 30 and 100 us measured alike). Not while an invoker-mode driver carries UDP: its datagrams need its
-cycle to come in (invoking it on every spin measured slower). Each connection runs its own timers when
-polled; the chores run up to this late."""
+alone, with the invoker-mode drivers only when one carries UDP (:meth:`PollCore._spin_cycle`). A whole
+cycle also runs the endpoints' chores (handshakes, tables, error summaries) and an IPC-only driver's cycle
+(publication limits, commands), several microseconds even with nothing to do, and a frame that arrives
+meanwhile waits for them. Measured in two-process round-trip probes, interleaved runs, p50 medians: asyncio
+IPC 42.0 -> 40.0 us (the best runs 39.0 -> 34.5), asyncio UDP 110.0 -> 107.2 us, blocking UDP 109.4 ->
+102.6 us; 30 and 100 us measured alike. Each connection runs its own timers when polled; the chores run
+up to this late."""
 
 
 Parked = tuple[Parking, list[Doorbell], list[int]]
@@ -111,15 +111,15 @@ class PollCore:
         pacer = self.pacer
         parked: Parked | None = None
         inputs: list[int] = []  # what the last park listened to
-        connections_only_until_ns = 0  # (spinning idle: see SPIN_CHORES_NS)
+        spin_until_ns = 0  # (spinning idle, cycles without the chores until then: see SPIN_CHORES_NS)
         try:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
-                if self.idle and now_ns < connections_only_until_ns:
-                    work = self._poll_connections(now_ns)
+                if self.idle and now_ns < spin_until_ns:
+                    work = self._spin_cycle(now_ns)
                 else:
                     work = self._cycle(now_ns)
-                    connections_only_until_ns = 0 if self._network_now else now_ns + SPIN_CHORES_NS
+                    spin_until_ns = now_ns + SPIN_CHORES_NS
                 self.idle = not work
                 unread = pacer.woken_by_input and not work and input_pending(inputs)
                 step = pacer.cycled(now_ns, work, threaded=self._threaded(), unread_input=unread)
@@ -131,7 +131,7 @@ class PollCore:
                 if not isinstance(step, Sleep):
                     yield step
                     continue
-                connections_only_until_ns = 0  # (after a pause, a whole cycle first)
+                spin_until_ns = 0  # (after a pause, a whole cycle first)
                 if parked is None:
                     parked = self._park()
                     if parked is not None and parked[0].ready():
@@ -213,6 +213,15 @@ class PollCore:
         work = self._endpoints_cycle(now_ns)
         if self._invoke_drivers():
             work += self._connections_cycle(now_ns) or self._endpoints_cycle(now_ns)
+        return work
+
+    def _spin_cycle(self, now_ns: int) -> int:
+        """What a poller spinning idle runs between whole cycles (see :data:`SPIN_CHORES_NS`): the connections'
+        part of the endpoints' cycles, and the invoker-mode drivers when one carries UDP (its datagrams come
+        in only with its cycle), the connections again if they did work; the work done."""
+        work = self._connections_cycle(now_ns)
+        if self._network_now and self._invoke_drivers():
+            work += self._connections_cycle(now_ns)
         return work
 
     def _endpoints_cycle(self, now_ns: int) -> int:

@@ -212,6 +212,9 @@ class PollThread(PollCore):
     def _poll_connections(self, now_ns: int) -> int:
         return self._as_cycling(super()._poll_connections, now_ns)
 
+    def _spin_cycle(self, now_ns: int) -> int:
+        return self._as_cycling(super()._spin_cycle, now_ns)
+
     def _as_cycling(self, run: Callable[[int], int], now_ns: int) -> int:
         """``run(now_ns)`` with the lock held, the calling thread marked as cycling (listeners run)."""
         with self.lock:
