@@ -32,10 +32,10 @@ SPIN_CHORES_NS = 50_000
 alone, with the invoker-mode drivers only when one carries UDP (:meth:`PollCore._spin_cycle`). A whole
 cycle also runs the endpoints' chores (handshakes, tables, error summaries) and an IPC-only driver's cycle
 (publication limits, commands), several microseconds even with nothing to do, and a frame that arrives
-meanwhile waits for them. Measured in two-process round-trip probes, interleaved runs, p50 medians: asyncio
-IPC 42.0 -> 40.0 us (the best runs 39.0 -> 34.5), asyncio UDP 110.0 -> 107.2 us, blocking UDP 109.4 ->
-102.6 us; 30 and 100 us measured alike. Each connection runs its own timers when polled; the chores run
-up to this late."""
+meanwhile waits for them. Measured with two-process round-trip probes (medians of 5-6 interleaved runs'
+p50, a quiet hour): asyncio IPC 40.0 -> 35.5 us, asyncio UDP 109.2 -> 105.0 us, blocking UDP 106.2 -> 103.3
+us, blocking IPC unchanged (34.1 -> 33.7 us); 30 and 100 us measured alike. Each connection runs its own
+timers when polled; the chores run up to this late."""
 
 
 Parked = tuple[Parking, list[Doorbell], list[int]]
