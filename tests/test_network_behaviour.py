@@ -39,6 +39,7 @@ class Relay:
         self.upstreams: dict[int, Client] = {}
         self.ready: dict[int, asyncio.Future[Connection]] = {}
         self.inits = 0
+        self.closing: list[asyncio.Future[None]] = []
 
         @self.server.on_init
         def opened(downstream: Connection) -> None:  # plain: the upstream exists before any message
@@ -54,15 +55,18 @@ class Relay:
             await upstream.send(message)
 
         @self.server.on_disconnect
-        async def closed(downstream: Connection) -> None:
+        def closed(downstream: Connection) -> None:
             upstream = self.upstreams.pop(downstream.id, None)
             if upstream is not None:
-                await upstream.close()
+                self.closing.append(asyncio.ensure_future(upstream.close()))
 
     async def close(self) -> None:
+        """Close the relay and every upstream client (those its disconnects began closing too: a client
+        left closing when the loop ends keeps its embedded driver's thread)."""
         await self.server.close()
         for upstream in list(self.upstreams.values()):
             await upstream.close()
+        await asyncio.gather(*self.closing)
 
 
 def test_a_relay_with_its_own_key_relays_but_a_pinned_client_refuses_it(driver_dir: Path, tmp_path: Path) -> None:
