@@ -236,8 +236,7 @@ class PollCore:
         return work
 
     def _poll_connections(self, now_ns: int) -> int:
-        """The connections' part of every endpoint's duty cycle (a caller's watch saw a frame, or a poller
-        spins between whole cycles); the work done."""
+        """The connections' part of every endpoint's duty cycle (a watch saw a frame); the work done."""
         return self._connections_cycle(now_ns)
 
     def _connections_cycle(self, now_ns: int) -> int:
