@@ -106,3 +106,25 @@ def test_registration_is_retried_until_it_gets_through() -> None:
     pair.run_until(lambda: pair.received() == [b"after the third registration"], 6 * S)
     assert len(dropped) == 3
     assert 3 * S <= pair.now - start < 3 * S + 300 * MS  # one registration a second, the fourth gets through
+
+
+def test_fresh_sends_go_to_every_destination_at_once_and_deliver_every_byte_under_loss() -> None:
+    """An invoker-mode driver's ``send_now`` on dynamic MDC (a server's stream to a client):
+    ``poll_fresh_batches`` gives what was just appended for every destination, and with fresh sends
+    after each append every byte still arrives once, in order, at both (``poll_due`` checked honest
+    at every poll)."""
+    pair = TransportPair(seed=67, sender_config=MDC, term_length=TERM, data_link=lossy(0.1), control_link=lossy(0.1))
+    second = pair.add_subscription(SECOND_SUBSCRIPTION, control=PUBLICATION_ADDRESS, seed=68)
+    assert pair.sender.poll_fresh_batches(pair.now) is None  # nobody registered yet: SETUPs first
+    both_joined(pair)
+    pair.offer([b"z" * 100])
+    pair.publication.publish()
+    batches = pair.sender.poll_fresh_batches(pair.now)
+    assert batches is not None
+    assert sorted(destination for _, destination in batches) == sorted([SUBSCRIPTION_ADDRESS, SECOND_SUBSCRIPTION])
+    assert all(len(datagrams) == 1 and b"z" * 100 in bytes(datagrams[0]) for datagrams, _ in batches)
+    pair.publication.send_fresh = True
+    sent = messages(100, seed=67)
+    pair.offer(sent)
+    pair.run_until(lambda: pair.received()[1:] == sent and second.received()[1:] == sent, 30 * S)
+    assert pair.publication.fresh_sent > 0 and pair.sender.retransmits_sent > 0

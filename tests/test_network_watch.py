@@ -35,13 +35,13 @@ def test_a_watch_tells_a_frame_from_a_timer_and_from_nothing(driver_dir: Path) -
         assert Watch([], (), None).sees(now_ns) is Seen.NOTHING
 
 
-def test_input_for_an_invoker_mode_driver_asks_for_the_whole_cycle() -> None:
+def test_input_for_an_invoker_mode_driver_asks_for_its_cycle_then_the_connections() -> None:
     read, write = os.pipe()
     try:
         watch = Watch([], (read,), None)
         assert watch.sees(time.monotonic_ns()) is Seen.NOTHING
         os.write(write, b"x")  # a datagram or a command waits: only the driver's duty cycle takes it in
-        assert watch.sees(time.monotonic_ns()) is Seen.CYCLE
+        assert watch.sees(time.monotonic_ns()) is Seen.INPUT  # the driver's cycle, then the connections'
     finally:
         os.close(read)
         os.close(write)

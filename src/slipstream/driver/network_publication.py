@@ -61,13 +61,15 @@ class NetworkPublication(DriverPublication):
     def send_fresh(self, now_ns: int, counters: CountersManager) -> int:
         """Send what the application just appended (the sender's ``poll_fresh``) and move its limit on,
         or run ``do_work`` without input when the sender owes something else first; the datagrams sent."""
-        datagrams = self.sender.poll_fresh(now_ns)
-        if datagrams is None:
+        sender = self.sender
+        sent = sender.datagrams_sent
+        batches = sender.poll_fresh_batches(now_ns)
+        if batches is None:
             return self.do_work(now_ns, False, counters)
         self.update_limit(counters)
-        if datagrams:
-            self.sock.send(datagrams, None)
-        return len(datagrams)
+        for datagrams, destination in batches:
+            self.sock.send(datagrams, cast(SocketAddress | None, destination))
+        return sender.datagrams_sent - sent
 
     @property
     def destinations(self) -> dict[Hashable, int]:

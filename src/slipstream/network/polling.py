@@ -70,15 +70,15 @@ class Watch:
                 self._inputs.register(fd, select.POLLIN)
 
     def sees(self, now_ns: int) -> Seen:
-        """What a duty cycle would find: a timer due or input for a driver (then the whole cycle), a frame
-        (then the connections' part of it), or nothing."""
+        """What a duty cycle would find: a timer due (then the whole cycle), a frame (then the connections'
+        part of it), input for a driver (its cycle, then the connections'), or nothing."""
         if self._due_ns is not None and now_ns >= self._due_ns:
             return Seen.CYCLE
         for image in self._images:
             if image.has_frame():
                 return Seen.FRAME
         if self._inputs is not None and self._inputs.poll(0):
-            return Seen.CYCLE
+            return Seen.INPUT
         return Seen.NOTHING
 
 
@@ -89,7 +89,10 @@ class Seen(Enum):
     FRAME = 1
     """A frame in an image: the connections' part of the duty cycle takes it in."""
     CYCLE = 2
-    """A timer due, or input an invoker-mode driver must take in first: a whole duty cycle."""
+    """A timer due: a whole duty cycle."""
+    INPUT = 3
+    """Datagrams for an invoker-mode driver: its cycle takes them in, then the connections' part of the duty
+    cycle (the answer, most likely; a datagram no connection takes, a handshake's, waits for a whole cycle)."""
 
 
 class PollCore:
@@ -223,6 +226,12 @@ class PollCore:
         if self._network_now and self._invoke_drivers():
             work += self._connections_cycle(now_ns)
         return work
+
+    def _input_cycle(self, now_ns: int) -> int:
+        """A watch saw datagrams for an invoker-mode driver (:attr:`Seen.INPUT`): the drivers' cycles, then,
+        if they did work, the connections' part of the endpoints' cycles, without the endpoints' chores in
+        front of them; the connections' work (0: a whole cycle should follow)."""
+        return self._connections_cycle(now_ns) if self._invoke_drivers() else 0
 
     def _endpoints_cycle(self, now_ns: int) -> int:
         """Every endpoint's duty cycle; the work done."""

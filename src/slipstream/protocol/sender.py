@@ -445,7 +445,8 @@ class NetworkPublicationSender:
         """New data only, for an application that just appended and wants it on the wire now (an
         invoker-mode driver's ``send_now``): ``poll``'s data datagrams, without its other checks. None
         when anything else may be owed first or instead (replies, resends, a SETUP, retransmissions, a
-        stream that is not simply active, MDC destinations): then call ``poll``.
+        stream that is not simply active): then call ``poll``. On multi-destination-cast the datagrams go
+        to every destination (:meth:`poll_fresh_batches` says where).
 
         When data went, the wake-up time is set as ``poll`` sets it; otherwise the next ``poll`` is due
         at once and decides (a blocked heartbeat)."""
@@ -456,7 +457,7 @@ class NetworkPublicationSender:
             or self._setup_elicited
             or not self._has_initial_connection
             or self._retransmit.active
-            or self.config.control_mode is not None
+            or self._setup_for
         ):
             return None
         out: list[BytesLike] = []
@@ -470,14 +471,25 @@ class NetworkPublicationSender:
         """``poll``'s datagrams with where they go: one batch for the connected peer (destination None)
         on unicast, the same batch for every destination on MDC (expired dynamic ones dropped first)."""
         early = self._early_setups() if self._setup_for else []
-        datagrams = self.poll(now_ns)
+        return early + self._batches(self.poll(now_ns), now_ns)
+
+    def poll_fresh_batches(self, now_ns: int) -> list[tuple[list[BytesLike], Address | None]] | None:
+        """:meth:`poll_fresh`'s datagrams with where they go, as :meth:`poll_batches` gives them (a server's
+        stream to a client is dynamic MDC, for NAT traversal: its replies leave at once too); None as
+        ``poll_fresh`` declines."""
+        datagrams = self.poll_fresh(now_ns)
+        return None if datagrams is None else self._batches(datagrams, now_ns)
+
+    def _batches(self, datagrams: list[BytesLike], now_ns: int) -> list[tuple[list[BytesLike], Address | None]]:
+        """``datagrams`` for the connected peer (destination None) on unicast, for every destination on MDC
+        (expired dynamic ones dropped first)."""
         if not datagrams:
-            return early
+            return []
         if self.config.control_mode is None:
             return [(datagrams, None)]
         if self._dynamic:
             self._expire_destinations(now_ns)
-        return early + [(datagrams, destination) for destination in self._destinations]
+        return [(datagrams, destination) for destination in self._destinations]
 
     def _setup_at_once(self, destination: Address) -> None:
         """Queue a SETUP to ``destination`` alone for the next ``poll_batches`` (bounded per poll)."""

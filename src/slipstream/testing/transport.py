@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from ..client.assembler import FragmentAssembler
@@ -50,6 +50,7 @@ from ..protocol import (
 )
 from ..wire.address import Address
 from ..wire.constants import BEGIN_FLAG, END_FLAG, TERM_MIN_LENGTH, UNFRAGMENTED
+from ..wire.frames import BytesLike
 from .clock import ManualClock
 from .network import InMemoryNetwork, LinkConditions
 
@@ -208,10 +209,11 @@ class SimulatedPublication:
         self.running = True
         """False: the publishing driver died (nothing is polled or sent)."""
         self.send_fresh = False
-        """True: what ``publish`` appends goes out at once through ``poll_fresh`` (an invoker-mode
+        """True: what ``publish`` appends goes out at once through ``poll_fresh_batches`` (an invoker-mode
         driver's ``send_now``) before the duty cycle's ``poll``."""
         self.fresh_sent = 0
-        """Datagrams ``poll_fresh`` gave (with ``send_fresh``)."""
+        """Datagrams ``poll_fresh_batches`` put on the network (with ``send_fresh``; on MDC, once per
+        destination)."""
         network.bind(address, lambda data, source, now: self.sender.on_datagram(data, now, source))
 
     def offer(self, messages: Sequence[bytes]) -> None:
@@ -236,19 +238,25 @@ class SimulatedPublication:
         if not self.running:
             return 0
         sent = 0
-        if self.send_fresh and self.peer is not None:
-            fresh = self.sender.poll_fresh(now_ns)
-            for datagram in fresh or ():
-                self.network.send(self.address, self.peer, datagram)
-                sent += 1
-                self.fresh_sent += 1
-        for datagrams, destination in checked_poll(self.sender, now_ns):
+        if self.send_fresh:
+            fresh = self._send(self.sender.poll_fresh_batches(now_ns) or ())
+            self.fresh_sent += fresh
+            sent += fresh
+        sent += self._send(checked_poll(self.sender, now_ns))
+        if self.sender.has_events:
+            self.events.extend(self.sender.take_events())
+        return sent
+
+    def _send(self, batches: Iterable[tuple[list[BytesLike], Address | None]]) -> int:
+        """Put ``batches`` on the network (destination None: the unicast peer); the datagrams sent."""
+        sent = 0
+        for datagrams, destination in batches:
             target = self.peer if destination is None else destination
+            if target is None:
+                continue
             for datagram in datagrams:
                 self.network.send(self.address, target, datagram)
                 sent += 1
-        if self.sender.has_events:
-            self.events.extend(self.sender.take_events())
         return sent
 
 

@@ -46,7 +46,8 @@ _SPIN_FOREVER_S = 1e9
 _WATCH_NS = 1_000_000
 """A waiting caller runs a full duty cycle at least this often even when its watch sees nothing (new
 images, chores of a driver with a thread of its own). When its watch sees a frame it runs only the
-connections' part of the cycle, so the answer is not taken in behind the endpoints' chores. (The poll
+connections' part of the cycle, and when it sees datagrams for an invoker-mode driver that driver's cycle
+and then the connections' part, so the answer is not taken in behind the endpoints' chores. (The poll
 thread's own spin polls the connections between whole cycles instead, see ``..polling.SPIN_CHORES_NS``: a
 watch there measured slower, twice, and again in 2026-11-29's interleaved runs of an asyncio IPC round trip
 probe: 41 -> 45.5 us p50, where polling the connections measured 41 -> 36 us.)"""
@@ -215,6 +216,9 @@ class PollThread(PollCore):
     def _spin_cycle(self, now_ns: int) -> int:
         return self._as_cycling(super()._spin_cycle, now_ns)
 
+    def _input_cycle(self, now_ns: int) -> int:
+        return self._as_cycling(super()._input_cycle, now_ns)
+
     def _as_cycling(self, run: Callable[[int], int], now_ns: int) -> int:
         """``run(now_ns)`` with the lock held, the calling thread marked as cycling (listeners run)."""
         with self.lock:
@@ -306,7 +310,10 @@ class PollThread(PollCore):
                     if seen is Seen.FRAME and self._poll_connections(now_ns):
                         watch = None  # (a whole cycle next, if the answer was not in it)
                         continue
-                    # A timer, input for a driver, or a frame no connection took (a handshake's): the whole cycle.
+                    if seen is Seen.INPUT and self._input_cycle(now_ns):
+                        watch = None
+                        continue
+                    # A timer, or a frame or datagram no connection took (a handshake's): the whole cycle.
                     if self._cycle(now_ns):
                         watch = None
                         continue
