@@ -8,6 +8,7 @@ import asyncio
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -378,5 +379,101 @@ def test_a_sleeping_coroutine_listener_does_not_block_the_receive_path(driver_di
             assert log == ["slow started", "quick 2"]  # the second message came while the first slept
             release.set()
             await wait_for(lambda: "slow done" in log, 5)
+
+    run(main())
+
+
+# -- closing with listeners still running ----------------------------------------------------------------
+
+
+def _driver_threads() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith("slipstream-driver")]
+
+
+def test_close_lets_an_async_on_disconnect_finish_and_cancels_a_listener_that_never_ends(driver_dir: Path) -> None:
+    """``close`` runs each connection's ``on_disconnect``; an async one (a user's cleanup) runs to its end
+    before the endpoint goes, on the server and on the client. A listener still running after
+    ``close_timeout`` is cancelled: the close is bounded."""
+
+    async def main() -> None:
+        port = free_ports(50)
+        log: list[str] = []
+        server = Server(server_config(driver_dir, close_timeout=0.5, buffered_sessions=False))
+        client = Client(client_config(driver_dir, close_timeout=0.5))
+
+        async def cleanup(side: str) -> None:
+            await asyncio.sleep(0.05)  # a few turns of the loop, as a real cleanup's I/O takes
+            log.append(f"{side} cleaned up")
+
+        @server.on_disconnect
+        async def server_gone(connection: Connection) -> None:
+            await cleanup("server")
+
+        @client.on_disconnect
+        async def client_gone(connection: Connection) -> None:
+            await cleanup("client")
+
+        @server.on_message(Quote)
+        async def forever(connection: Connection, quote: Quote) -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                log.append("forever ended")
+
+        await server.bind(port)
+        connection = await client.connect("127.0.0.1", port, timeout=10)
+        await connection.send(Quote(1, 1.0, "HANG"))
+        await wait_for(lambda: server.connections)
+        await asyncio.sleep(0.1)  # (the listener started)
+        started = time.monotonic()
+        await server.close()
+        assert 0.45 <= time.monotonic() - started < 2.0  # the never-ending listener held it close_timeout
+        assert log.count("server cleaned up") == 1 and log.count("forever ended") == 1
+        await wait_for(lambda: connection.is_closed, 5)
+        await client.close()
+        assert log.count("client cleaned up") == 1
+
+    run(main())
+
+
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_a_close_cancelled_midway_still_releases_the_driver(driver_dir: Path, side: str) -> None:
+    """A close cancelled while it waits (here for a slow ``on_disconnect``), as when the task around an
+    ``async with`` is cancelled: the cancellation goes on, and the endpoint's embedded driver and its
+    thread go all the same (they used to outlive the close)."""
+
+    async def main() -> None:
+        port = free_ports(50)
+        before = _driver_threads()
+        server = Server(server_config(driver_dir, close_timeout=5.0, driver="embedded"))
+        client = Client(client_config(Path(f"{driver_dir}-client"), close_timeout=5.0, driver="embedded"))
+        closing, other = (server, client) if side == "server" else (client, server)
+        started = asyncio.Event()
+        finished: list[str] = []
+
+        @closing.on_disconnect
+        async def slow(connection: Connection) -> None:
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            finally:
+                finished.append("cancelled")
+
+        try:
+            await server.bind(port)
+            await client.connect("127.0.0.1", port, timeout=10)
+            assert len(_driver_threads()) == len(before) + 2
+            task = asyncio.ensure_future(closing.close())
+            await asyncio.wait_for(started.wait(), 10)
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert finished == ["cancelled"]
+            assert len(_driver_threads()) == len(before) + 1  # the other endpoint's driver alone
+        finally:
+            await other.close()
+            shutil.rmtree(f"{driver_dir}-client", ignore_errors=True)
+        assert _driver_threads() == before
 
     run(main())

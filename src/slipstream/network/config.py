@@ -136,7 +136,8 @@ class _EndpointConfig:
     handshake_timeout: float = 10.0
     """How long a half-open handshake may last (server) / one connect attempt waits (client)."""
     close_timeout: float = 2.0
-    """How long ``close`` waits for the CLOSE frame to leave before tearing the streams down."""
+    """How long ``close`` waits for the CLOSE frame to leave before tearing the streams down, and (asyncio)
+    for coroutine listeners still running, ``on_disconnect`` among them, before cancelling them."""
     connection_expiry: float = 4.0
     """A peer silent this long is gone (shorter blips do not disconnect)."""
     send_timeout: float = 5.0
@@ -295,7 +296,8 @@ class ServerConfig(_EndpointConfig):
             ``True``.
         handshake_timeout (float): How long a half-open handshake may last (server) / one connect attempt waits
             (client). Default ``10.0``.
-        close_timeout (float): How long ``close`` waits for the CLOSE frame to leave before tearing the streams down.
+        close_timeout (float): How long ``close`` waits for the CLOSE frame to leave before tearing the streams down,
+            and (asyncio) for coroutine listeners still running, ``on_disconnect`` among them, before cancelling them.
             Default ``2.0``.
         connection_expiry (float): A peer silent this long is gone (shorter blips do not disconnect). Default ``4.0``.
         send_timeout (float): How long ``send`` waits out back-pressure before raising SendTimeout. Default ``5.0``.
@@ -520,7 +522,8 @@ class ClientConfig(_EndpointConfig):
             ``True``.
         handshake_timeout (float): How long a half-open handshake may last (server) / one connect attempt waits
             (client). Default ``10.0``.
-        close_timeout (float): How long ``close`` waits for the CLOSE frame to leave before tearing the streams down.
+        close_timeout (float): How long ``close`` waits for the CLOSE frame to leave before tearing the streams down,
+            and (asyncio) for coroutine listeners still running, ``on_disconnect`` among them, before cancelling them.
             Default ``2.0``.
         connection_expiry (float): A peer silent this long is gone (shorter blips do not disconnect). Default ``4.0``.
         send_timeout (float): How long ``send`` waits out back-pressure before raising SendTimeout. Default ``5.0``.

@@ -95,13 +95,20 @@ class Client(Endpoint, ClientCore[Connection]):
             self._reconnect_ended()
 
     async def close(self) -> None:
-        """Close the connection (the server hears CLOSE at once) and release the driver."""
+        """Close the connection (the server hears CLOSE at once), let the listeners still running finish
+        (up to ``close_timeout``, then they are cancelled) and release the driver. Cancelled midway, it
+        still stops and releases everything before the cancellation goes on."""
         self._close_started()
         if self._reconnect_task is not None:
             self._reconnect_task.cancel()
-        await self._wait_closings()
-        await self._stop_poller()
-        self._stop_recording()
-        await self._release_context_drained()
-        self.store.close()
-        self._closed = True
+        try:
+            await self._wait_closings()
+            await self._stop_poller()
+        finally:
+            self._stop_poller_now()
+            self._stop_recording()
+            try:
+                await self._release_context_drained()
+            finally:
+                self.store.close()
+                self._closed = True

@@ -17,9 +17,12 @@ from .connection import Connection
 from .poller import PollGroup
 from .transport import release_context_drained
 
-__all__ = ["CLOSE_GRACE_S", "Endpoint"]
+__all__ = ["CANCEL_GRACE_S", "CLOSE_GRACE_S", "Endpoint"]
 
 log = logging.getLogger("slipstream.network")
+
+CANCEL_GRACE_S = 1.0
+"""How long ``close`` waits for the listeners it cancelled to unwind (their ``finally`` blocks)."""
 
 
 class Endpoint(RunningEndpoint[Connection]):
@@ -30,15 +33,21 @@ class Endpoint(RunningEndpoint[Connection]):
         self._closings: set[asyncio.Task[None]] = set()
         self._group: PollGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        """Listener tasks: ``close`` lets them finish, for a while."""
+        self._helpers: set[asyncio.Task[None]] = set()
+        """Our own tasks (round-trip probes, acknowledgements that wait for listeners): ``close`` cancels
+        them at once."""
         self._files: ThreadedStreamFiles | None = None
         """The loop's stream-file worker, from the first connection until ``close``."""
 
     # -- running listeners ------------------------------------------------------------------------
 
-    def _spawn(self, awaitable: Awaitable[Any]) -> asyncio.Task[Any]:
+    def _spawn(self, awaitable: Awaitable[Any], *, helper: bool = False) -> asyncio.Task[Any]:
+        """A task for a listener (``helper``: for our own work around them; see ``close``)."""
         task = asyncio.ensure_future(awaitable)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        tasks = self._helpers if helper else self._tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
         return task
 
     def _awaited(self, connection: Any, awaitable: Any) -> asyncio.Task[Any]:
@@ -70,7 +79,7 @@ class Endpoint(RunningEndpoint[Connection]):
             await asyncio.gather(*handles, return_exceptions=True)
             then()
 
-        self._spawn(wait())
+        self._spawn(wait(), helper=True)
 
     def _probe_rtt(self, connection: Connection, interval_s: float) -> None:
         """Ping ``connection`` every ``interval_s`` while it is up (``RecordingConfig.rtt_interval_s``): each
@@ -82,7 +91,7 @@ class Endpoint(RunningEndpoint[Connection]):
                 with contextlib.suppress(NetworkError):
                     await connection.ping(timeout=max(1.0, 4 * interval_s))
 
-        self._spawn(probe())
+        self._spawn(probe(), helper=True)
 
     def _connection_class(self) -> type[Connection]:
         return self.config.connection_class or Connection  # (a subclass: checked by the config)
@@ -165,13 +174,34 @@ class Endpoint(RunningEndpoint[Connection]):
             self._group.add(self)
 
     async def _stop_poller(self) -> None:
-        """Stop polling and cancel listener tasks (after the connections were released): the file
-        worker of streamed messages goes too when no other endpoint of the loop uses it."""
+        """After the connections were released: let the listeners still running finish (an async
+        ``on_disconnect`` the close itself started is a user's cleanup), for up to ``close_timeout``
+        while polling goes on; then :meth:`_stop_poller_now`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.close_timeout
+        me = asyncio.current_task()  # (a listener that closes its own endpoint is not waited for)
+        while (running := [task for task in self._tasks if task is not me and not task.done()]) and (
+            left := deadline - loop.time()
+        ) > 0:
+            await asyncio.wait(running, timeout=left)
+        if cancelled := self._stop_poller_now():
+            await asyncio.wait(cancelled, timeout=CANCEL_GRACE_S)  # (their ``finally`` runs before we return)
+
+    def _stop_poller_now(self) -> list[asyncio.Task[Any]]:
+        """Stop polling and cancel what still runs: listeners, our helpers, connections still closing (a
+        close cancelled midway ends here too); the file worker of streamed messages goes when no other
+        endpoint of the loop uses it. Idempotent; the tasks it cancelled."""
         self._closing = True
         if self._files is not None:
             self._files = None
             shared_stream_files.release(asyncio.get_running_loop())
         self._stop_polling()
-        for pending in list(self._tasks):
-            pending.cancel()
+        me = asyncio.current_task()  # (a listener that closes its endpoint: not cancelled by that close)
+        cancelled: list[asyncio.Task[Any]] = []
+        for pending in (*self._tasks, *self._helpers, *self._closings):
+            if pending is not me and pending.cancel():
+                cancelled.append(pending)
         self._tasks.clear()
+        self._helpers.clear()
+        self._closings.clear()
+        return cancelled

@@ -62,16 +62,23 @@ class Server(Endpoint, ServerCore[Connection]):
             await asyncio.sleep(SETTLE_STEP_S)
 
     async def close(self) -> None:
-        """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
+        """Close every connection (each peer hears CLOSE), let the listeners still running finish (up to
+        ``close_timeout``, then they are cancelled), stop listening, release the driver. Cancelled midway,
+        it still stops and releases everything before the cancellation goes on."""
         self._close_started()
         if self._rebinding is not None:
             self._rebinding.cancel()
-        await self._settle_starting()
-        self._close_connections()
-        await self._wait_closings()
-        self._close_table()
-        await self._stop_poller()
-        self._links.close()
-        self._stop_recording()
-        await self._release_context_drained()
-        self.store.close()
+        try:
+            await self._settle_starting()
+            self._close_connections()
+            await self._wait_closings()
+            self._close_table()
+            await self._stop_poller()
+        finally:
+            self._stop_poller_now()
+            self._links.close()
+            self._stop_recording()
+            try:
+                await self._release_context_drained()
+            finally:
+                self.store.close()

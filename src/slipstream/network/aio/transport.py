@@ -27,11 +27,13 @@ async def release_context_drained(context: Context) -> None:
     publications finish first while the event loop goes on (an await between steps): the synchronous
     drain in ``Context.close`` would stop every other endpoint of the loop for up to a second, a server
     in this process among them, which then could not even acknowledge our end of stream."""
-    if shared_contexts.is_last(context):
-        for _ in context.drain_steps():
-            context.invoke()
-            await asyncio.sleep(DRAIN_STEP_S)
-    shared_contexts.release(context)
+    try:
+        if shared_contexts.is_last(context):
+            for _ in context.drain_steps():
+                context.invoke()
+                await asyncio.sleep(DRAIN_STEP_S)
+    finally:  # (cancelled while draining: released all the same, or the driver would outlive us)
+        shared_contexts.release(context)
 
 
 A = TypeVar("A")
