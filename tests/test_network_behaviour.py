@@ -420,18 +420,23 @@ def test_close_lets_an_async_on_disconnect_finish_and_cancels_a_listener_that_ne
             finally:
                 log.append("forever ended")
 
-        await server.bind(port)
-        connection = await client.connect("127.0.0.1", port, timeout=10)
-        await connection.send(Quote(1, 1.0, "HANG"))
-        await wait_for(lambda: server.connections)
-        await asyncio.sleep(0.1)  # (the listener started)
-        started = time.monotonic()
-        await server.close()
-        assert 0.45 <= time.monotonic() - started < 2.0  # the never-ending listener held it close_timeout
-        assert log.count("server cleaned up") == 1 and log.count("forever ended") == 1
-        await wait_for(lambda: connection.is_closed, 5)
-        await client.close()
-        assert log.count("client cleaned up") == 1
+        open_ = [client, server]  # (closed in the end whatever happens: no driver thread outlives the test)
+        try:
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            await connection.send(Quote(1, 1.0, "HANG"))
+            await wait_for(lambda: server.connections)
+            await asyncio.sleep(0.1)  # (the listener started)
+            started = time.monotonic()
+            await open_.pop().close()
+            assert 0.45 <= time.monotonic() - started < 2.0  # the never-ending listener held it close_timeout
+            assert log.count("server cleaned up") == 1 and log.count("forever ended") == 1
+            await wait_for(lambda: connection.is_closed, 5)
+            await open_.pop().close()
+            assert log.count("client cleaned up") == 1
+        finally:
+            for endpoint in open_:
+                await endpoint.close()
 
     run(main())
 

@@ -338,6 +338,35 @@ def test_a_blocking_client_and_server_in_two_processes(driver_dir: Path, busy: b
                 assert connection.receive(timeout=5) == Quote(i, 1.0, "RT")
 
 
+@contextmanager
+def traced_cycles(client: Client) -> Iterator[list[str]]:
+    """Trace ``client``'s cycles meanwhile: W its whole duty cycle, D / d its invoker-mode driver's (with work or
+    without), C the connections' part when it took something in."""
+    trace: list[str] = []
+    whole, connections, invoke = client.duty_cycle, client.poll_connections, client.context.invoke
+
+    def duty_cycle(now_ns: int) -> int:
+        trace.append("W")
+        return int(whole(now_ns))
+
+    def poll_connections(now_ns: int) -> int:
+        work = int(connections(now_ns))
+        if work:
+            trace.append("C")
+        return work
+
+    def invoked() -> int:
+        work = int(invoke())
+        trace.append("D" if work else "d")
+        return work
+
+    client.duty_cycle, client.poll_connections, client.context.invoke = duty_cycle, poll_connections, invoked
+    try:
+        yield trace
+    finally:
+        client.duty_cycle, client.poll_connections, client.context.invoke = whole, connections, invoke
+
+
 def test_a_caller_takes_a_udp_answer_in_with_the_driver_s_cycle_not_behind_the_endpoint_s_chores(
     driver_dir: Path,
 ) -> None:
@@ -346,45 +375,26 @@ def test_a_caller_takes_a_udp_answer_in_with_the_driver_s_cycle_not_behind_the_e
     the endpoint's chores (a whole duty cycle, several microseconds) do not run in front of it."""
     port = free_ports(2)
     client_dir = Path(f"{driver_dir}-client")
-    with child(_udp_echo_server, driver_dir, port, ":memory:") as pipe:
-        assert pipe.recv() == "ready"
-        config = client_config(client_dir, messages=MESSAGES, driver="invoker")
-        with Client(config, busy_poll=True) as client:
-            connection = client.connect("127.0.0.1", port, timeout=10)
-            for i in range(50):
-                connection.send(Quote(i, 1.0, "WARM"))
-                assert connection.receive(timeout=5) == Quote(i, 1.0, "WARM")
-            trace: list[str] = []  # W: the endpoint's whole duty cycle; D/d: the driver's, with or without work;
-            # C: the connections' part that took something in
-            whole, connections, invoke = client.duty_cycle, client.poll_connections, client.context.invoke
-
-            def duty_cycle(now_ns: int) -> int:
-                trace.append("W")
-                return int(whole(now_ns))
-
-            def poll_connections(now_ns: int) -> int:
-                work = int(connections(now_ns))
-                if work:
-                    trace.append("C")
-                return work
-
-            def invoked() -> int:
-                work = int(invoke())
-                trace.append("D" if work else "d")
-                return work
-
-            client.duty_cycle, client.poll_connections, client.context.invoke = duty_cycle, poll_connections, invoked
-            rounds = 300
-            for i in range(rounds):
-                connection.send(Quote(i, 2.0, "RT"))
-                assert connection.receive(timeout=5) == Quote(i, 2.0, "RT")
-            client.duty_cycle, client.poll_connections, client.context.invoke = whole, connections, invoke
-        taken = "".join(trace)
-        answers = taken.count("DC")  # a datagram taken in by the driver, then by a connection
-        behind_chores = taken.count("WDC")  # ... with the endpoint's whole cycle in front (a wait's first look)
-        assert answers >= rounds // 2, taken[:300]
-        assert behind_chores <= answers // 4, (answers, behind_chores)
-    shutil.rmtree(client_dir, ignore_errors=True)
+    rounds = 300
+    try:
+        with child(_udp_echo_server, driver_dir, port, ":memory:") as pipe:
+            assert pipe.recv() == "ready"
+            with Client(client_config(client_dir, messages=MESSAGES, driver="invoker"), busy_poll=True) as client:
+                connection = client.connect("127.0.0.1", port, timeout=10)
+                for i in range(50):
+                    connection.send(Quote(i, 1.0, "WARM"))
+                    assert connection.receive(timeout=5) == Quote(i, 1.0, "WARM")
+                with traced_cycles(client) as trace:
+                    for i in range(rounds):
+                        connection.send(Quote(i, 2.0, "RT"))
+                        assert connection.receive(timeout=5) == Quote(i, 2.0, "RT")
+    finally:
+        shutil.rmtree(client_dir, ignore_errors=True)
+    taken = "".join(trace)
+    answers = taken.count("DC")  # a datagram taken in by the driver, then by a connection
+    behind_chores = taken.count("WDC")  # ... with the endpoint's whole cycle in front of it
+    assert answers >= rounds // 2, taken[:300]
+    assert behind_chores <= answers // 4, (answers, behind_chores)
 
 
 def _forked_child(directory: str, done: Any) -> None:
