@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -1162,26 +1163,47 @@ def test_a_spinning_poller_still_gives_the_loops_other_tasks_their_turns(driver_
     run(main())
 
 
-def _count_cycles(endpoint: Any) -> dict[str, int]:
-    """Count the poller's calls of ``endpoint``'s whole duty cycle, of its connections' part alone, and of
-    its invoker-mode driver's cycle."""
-    counts = {"whole": 0, "connections": 0, "driver": 0}
+class CycleTrace:
+    """The poller's calls of an endpoint's cycles (see :func:`traced_cycles`), counted and in order."""
+
+    def __init__(self) -> None:
+        self.counts = {"whole": 0, "connections": 0, "driver": 0}
+        self.order: list[str] = []
+        """W: a whole duty cycle; C: the connections' part alone, when it took something in; D / d: the
+        invoker-mode driver's cycle, with work or without."""
+
+
+@contextmanager
+def traced_cycles(endpoint: Any) -> Iterator[CycleTrace]:
+    """Meanwhile, trace the poller's calls of ``endpoint``'s whole duty cycle, of its connections' part alone
+    and of its invoker-mode driver's cycle."""
+    trace = CycleTrace()
+    counts, order = trace.counts, trace.order
     whole, connections, invoke = endpoint.duty_cycle, endpoint.poll_connections, endpoint.context.invoke
 
     def duty_cycle(now_ns: int) -> int:
         counts["whole"] += 1
+        order.append("W")
         return int(whole(now_ns))
 
     def poll_connections(now_ns: int) -> int:
         counts["connections"] += 1
-        return int(connections(now_ns))
+        work = int(connections(now_ns))
+        if work:
+            order.append("C")
+        return work
 
     def invoked() -> int:
         counts["driver"] += 1
-        return int(invoke())
+        work = int(invoke())
+        order.append("D" if work else "d")
+        return work
 
     endpoint.duty_cycle, endpoint.poll_connections, endpoint.context.invoke = duty_cycle, poll_connections, invoked
-    return counts
+    try:
+        yield trace
+    finally:
+        endpoint.duty_cycle, endpoint.poll_connections, endpoint.context.invoke = whole, connections, invoke
 
 
 @pytest.mark.parametrize("transport", ["ipc", "udp"])
@@ -1207,17 +1229,18 @@ def test_a_spinning_poller_runs_the_chores_now_and_then_and_polls_the_connection
             else:
                 await server.bind(port)
                 connection = await client.connect("127.0.0.1", port, timeout=10)
-            counts = _count_cycles(server)
             spun_ns = 0
-            for i in range(20):
-                await connection.send_sync(Quote(i, 1.0, "SPIN"), timeout=5)  # the pollers spin after this
-                before = dict(counts)
-                start = time.monotonic_ns()
-                await asyncio.sleep(0.0004)  # (inside the spin: about a millisecond after work)
-                while counts["whole"] == before["whole"]:  # the chores still run (a stalled process: later)
-                    assert time.monotonic_ns() - start < 5e9, "no whole cycle in 5 s"
-                    await asyncio.sleep(0.0001)
-                spun_ns += time.monotonic_ns() - start
+            with traced_cycles(server) as trace:
+                counts = trace.counts
+                for i in range(20):
+                    await connection.send_sync(Quote(i, 1.0, "SPIN"), timeout=5)  # the pollers spin after this
+                    before = dict(counts)
+                    start = time.monotonic_ns()
+                    await asyncio.sleep(0.0004)  # (inside the spin: about a millisecond after work)
+                    while counts["whole"] == before["whole"]:  # the chores still run (a stalled process: later)
+                        assert time.monotonic_ns() - start < 5e9, "no whole cycle in 5 s"
+                        await asyncio.sleep(0.0001)
+                    spun_ns += time.monotonic_ns() - start
             # At most one whole cycle per SPIN_CHORES_NS, one more after each round's work, and a few for the
             # send_syncs themselves.
             assert counts["whole"] <= spun_ns // SPIN_CHORES_NS + 20 * 4, counts

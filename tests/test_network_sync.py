@@ -21,7 +21,7 @@ from slipstream.network import ConnectionClosedError, RmiCallTimeout, ServerConf
 from slipstream.network.errors import BlockingListenerError, InboxFull, MessageDispatchError, ReceiveTimeout
 from slipstream.network.sync import INBOX_LIMIT, Client, Connection, Server
 
-from .test_network_aio import client_config, free_ports, server_config
+from .test_network_aio import client_config, free_ports, server_config, traced_cycles
 from .test_network_rmi import Calc, CalcError, Counter, Factory, ICalc, ICounter, IFactory, Point
 
 
@@ -338,35 +338,6 @@ def test_a_blocking_client_and_server_in_two_processes(driver_dir: Path, busy: b
                 assert connection.receive(timeout=5) == Quote(i, 1.0, "RT")
 
 
-@contextmanager
-def traced_cycles(client: Client) -> Iterator[list[str]]:
-    """Trace ``client``'s cycles meanwhile: W its whole duty cycle, D / d its invoker-mode driver's (with work or
-    without), C the connections' part when it took something in."""
-    trace: list[str] = []
-    whole, connections, invoke = client.duty_cycle, client.poll_connections, client.context.invoke
-
-    def duty_cycle(now_ns: int) -> int:
-        trace.append("W")
-        return int(whole(now_ns))
-
-    def poll_connections(now_ns: int) -> int:
-        work = int(connections(now_ns))
-        if work:
-            trace.append("C")
-        return work
-
-    def invoked() -> int:
-        work = int(invoke())
-        trace.append("D" if work else "d")
-        return work
-
-    client.duty_cycle, client.poll_connections, client.context.invoke = duty_cycle, poll_connections, invoked
-    try:
-        yield trace
-    finally:
-        client.duty_cycle, client.poll_connections, client.context.invoke = whole, connections, invoke
-
-
 def test_a_caller_takes_a_udp_answer_in_with_the_driver_s_cycle_not_behind_the_endpoint_s_chores(
     driver_dir: Path,
 ) -> None:
@@ -390,7 +361,7 @@ def test_a_caller_takes_a_udp_answer_in_with_the_driver_s_cycle_not_behind_the_e
                         assert connection.receive(timeout=5) == Quote(i, 2.0, "RT")
     finally:
         shutil.rmtree(client_dir, ignore_errors=True)
-    taken = "".join(trace)
+    taken = "".join(trace.order)
     answers = taken.count("DC")  # a datagram taken in by the driver, then by a connection
     behind_chores = taken.count("WDC")  # ... with the endpoint's whole cycle in front of it
     assert answers >= rounds // 2, taken[:300]

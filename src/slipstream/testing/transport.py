@@ -252,8 +252,6 @@ class SimulatedPublication:
         sent = 0
         for datagrams, destination in batches:
             target = self.peer if destination is None else destination
-            if target is None:
-                continue
             for datagram in datagrams:
                 self.network.send(self.address, target, datagram)
                 sent += 1
