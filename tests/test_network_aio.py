@@ -1208,13 +1208,19 @@ def traced_cycles(endpoint: Any) -> Iterator[CycleTrace]:
 
 @pytest.mark.parametrize("transport", ["ipc", "udp"])
 def test_a_spinning_poller_runs_the_chores_now_and_then_and_polls_the_connections_in_between(
-    driver_dir: Path, client_dir: Path, transport: str
+    driver_dir: Path, client_dir: Path, transport: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a poller spins idle after work, a whole duty cycle (the endpoint's chores, the invoker-mode
     driver's own cycle) runs at most every ``SPIN_CHORES_NS``; in between only the connections are polled,
     so a frame is not left waiting behind the chores. A driver that carries UDP still runs on every spin
-    (its datagrams come in only with its cycle); one that carries IPC alone waits for the whole cycles."""
-    from slipstream.network.polling import SPIN_CHORES_NS
+    (its datagrams come in only with its cycle); one that carries IPC alone waits for the whole cycles.
+
+    The window is widened here: in a slow phase of a loaded machine one spin takes more than the default's
+    50 us, and every spin is then a whole cycle (as it should be), which says nothing of the mechanism."""
+    from slipstream.network import polling
+
+    chores_ns = 400_000
+    monkeypatch.setattr(polling, "SPIN_CHORES_NS", chores_ns)
 
     async def main() -> None:
         ipc = transport == "ipc"
@@ -1243,7 +1249,7 @@ def test_a_spinning_poller_runs_the_chores_now_and_then_and_polls_the_connection
                     spun_ns += time.monotonic_ns() - start
             # At most one whole cycle per SPIN_CHORES_NS, one more after each round's work, and a few for the
             # send_syncs themselves.
-            assert counts["whole"] <= spun_ns // SPIN_CHORES_NS + 20 * 4, counts
+            assert counts["whole"] <= spun_ns // chores_ns + 20 * 4, counts
             if ipc:  # many more polls of the connections alone; the driver (shared with the client) waits
                 assert counts["connections"] > counts["whole"], counts
                 assert counts["driver"] <= counts["whole"], counts
