@@ -7,7 +7,10 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
+
+import msgspec
 
 import slipstream
 
@@ -48,6 +51,13 @@ def _drop_attribute_summaries(
             lines.pop()
 
 
+def _struct_fields(app: object, what: str, name: str, obj: object, options: object, lines: list[str]) -> None:
+    """A ``msgspec.Struct`` (the network layer's events) has no ``__init__`` of its own for autodoc to show
+    beside the class, as a dataclass has: its fields, with their types and defaults, are written out instead."""
+    if what == "class" and isinstance(obj, type) and issubclass(obj, msgspec.Struct):
+        lines += ["", f"Fields: ``{obj.__name__}{inspect.signature(obj)}``"]
+
+
 PUBLIC_PACKAGES = ("slipstream", "slipstream.network", "slipstream.network.rmi", "slipstream.telemetry",
                    "slipstream.files.observe", "slipstream.testing")  # fmt: skip
 """Packages whose ``__all__`` is their public API: each name in it is documented, docstring or not
@@ -63,4 +73,5 @@ def _keep_public_names(app: object, what: str, name: str, obj: object, skip: boo
 
 def setup(app: Any) -> None:
     app.connect("autodoc-process-docstring", _drop_attribute_summaries)
+    app.connect("autodoc-process-docstring", _struct_fields)
     app.connect("autodoc-skip-member", _keep_public_names)

@@ -3,7 +3,7 @@ server machine is the table's allocator), a manual clock, and the table's events
 
 from __future__ import annotations
 
-import dataclasses
+import msgspec
 
 from slipstream.client.allocation import IdAllocator
 from slipstream.network.buffered import BufferedSessions, Hold
@@ -39,7 +39,7 @@ def accept(pair: HandshakePair, *sources: int, address: str | None = None) -> li
 def same_client(pair: HandshakePair, times: int) -> list[ClientAccepted]:
     """``times`` accepted handshakes of one client (its key), as if it came back each time."""
     first, *rest = accept(pair, *range(1, times + 1))
-    return [first, *(dataclasses.replace(again, remote_public_key=first.remote_public_key) for again in rest)]
+    return [first, *(msgspec.structs.replace(again, remote_public_key=first.remote_public_key) for again in rest)]
 
 
 def table_for(pair: HandshakePair, sessions: BufferedSessions[object] | None = None) -> ConnectionTable:
@@ -148,7 +148,7 @@ def test_a_refused_subscription_an_ipc_publication_or_no_port_left_gives_up_at_o
     pair = HandshakePair()
     subscription, ipc, starved = accept(pair, 1, 2, 3)
     table, now = table_for(pair), pair.clock.now_ns()
-    ipc = dataclasses.replace(ipc, control_port=0)  # IPC: no port to change
+    ipc = msgspec.structs.replace(ipc, control_port=0)  # IPC: no port to change
     for accepted, publication in ((subscription, False), (ipc, True), (starved, True)):
         table.open(accepted, now)
         if accepted is starved:

@@ -3,13 +3,18 @@
 Pure data (ids and values, never live objects), past-tense names, as aioquic's and h11's events: a
 machine says what happened; the adapter decides what to run. One module for every machine, so the
 vocabulary stays in one place.
+
+Each is a frozen ``msgspec.Struct`` (immutable, compared and printed by value, as a frozen dataclass) because
+a machine makes one for every message it receives: a Struct is built in about 0.1 us, a frozen dataclass
+(which sets each field through ``object.__setattr__``) in about 0.6 us.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import Generic, TypeVar
+
+import msgspec
 
 from .frames import FrameKind
 
@@ -51,8 +56,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class HandshakeCompleted:
+class HandshakeCompleted(msgspec.Struct, frozen=True):
     """Client side: the server proved its identity and allocated a connection.
 
     Ids and ports are the server's allocation; keys are the record layer's (this side's send and
@@ -73,8 +77,7 @@ class HandshakeCompleted:
     """The server's key differed from the pinned one and ``allow_key_change`` accepted it."""
 
 
-@dataclass(frozen=True, slots=True)
-class ClientAccepted:
+class ClientAccepted(msgspec.Struct, frozen=True):
     """Server side: a client finished the handshake and was given ids (and a port for UDP)."""
 
     connection_id: int
@@ -95,8 +98,7 @@ class ClientAccepted:
     """The client's delivery session (0: the client keeps none): a server resumes its own for it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Rejected:
+class Rejected(msgspec.Struct, frozen=True):
     """A handshake refused. On the client: the server's reason (or a local one, such as a changed
     key); on the server: what it answered (the client gets the same code)."""
 
@@ -107,15 +109,13 @@ class Rejected:
     """The tag the client gave (server side; empty when refused before it was read, or on a client)."""
 
 
-@dataclass(frozen=True, slots=True)
-class HandshakeTimedOut:
+class HandshakeTimedOut(msgspec.Struct, frozen=True):
     """Client side: nothing useful came back within the timeout."""
 
     waited_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class MessageReceived:
+class MessageReceived(msgspec.Struct, frozen=True):
     """A decoded application message (``sync_id`` > 0 when the sender waits for it to be handled).
 
     ``stream_id`` > 0 when it arrived as a stream: a file (``message`` is the temporary copy's
@@ -127,15 +127,13 @@ class MessageReceived:
     stream_id: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class MessageDecodeFailed:
+class MessageDecodeFailed(msgspec.Struct, frozen=True):
     """A frame whose message did not decode: counted and reported; the connection goes on."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class SyncCompleted:
+class SyncCompleted(msgspec.Struct, frozen=True):
     """The remote's listeners handled the message sent with ``send_sync``; or (``acknowledged`` False) a
     streamed one left whole and no acknowledgement came within the timeout after its last byte: it can
     no longer be taken back, so it is not a failure."""
@@ -144,8 +142,7 @@ class SyncCompleted:
     acknowledged: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class SyncTimedOut:
+class SyncTimedOut(msgspec.Struct, frozen=True):
     """No acknowledgement for a ``send_sync`` within its timeout; a streamed message or file (``stream_id``)
     made no progress for that long and was cancelled, so the receiver never delivers it."""
 
@@ -153,8 +150,7 @@ class SyncTimedOut:
     stream_id: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class SyncFailed:
+class SyncFailed(msgspec.Struct, frozen=True):
     """The stream carrying a ``send_sync`` message or file failed: the receiver refused it (``detail`` names
     its limit), the file could not be read, or the connection was lost (``failure``)."""
 
@@ -164,8 +160,7 @@ class SyncFailed:
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
-class PingAcknowledged:
+class PingAcknowledged(msgspec.Struct, frozen=True):
     """A ping's round trip, as the seed's ``Ping``: times in nanoseconds.
 
     ``outbound_ns`` = pong time - ping time, ``inbound_ns`` = finish - pong time (each includes the
@@ -177,20 +172,17 @@ class PingAcknowledged:
     inbound_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class PingTimedOut:
+class PingTimedOut(msgspec.Struct, frozen=True):
     """No pong within the ping's timeout."""
 
     ping_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class KeepaliveSent:
+class KeepaliveSent(msgspec.Struct, frozen=True):
     """The connection was quiet, so it told the peer it is alive (for tests and stats)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Closed:
+class Closed(msgspec.Struct, frozen=True):
     """The connection ended: ``by_peer`` for a CLOSE frame, ``expired`` when the peer went silent
     longer than the connection expiry or its stream ended without a CLOSE (the peer is lost), else
     closed locally. Emitted exactly once."""
@@ -223,8 +215,7 @@ class RmiFailure(IntEnum):
     """The remote runs ``max_pending_calls`` calls and listener tasks for this connection already."""
 
 
-@dataclass(frozen=True, slots=True)
-class RmiCallCompleted:
+class RmiCallCompleted(msgspec.Struct, frozen=True):
     """A call's response arrived. ``value`` is the result: a :class:`~.rmi.RemoteRef` for an object
     the peer hosts (the adapter makes it a proxy), this side's own object when the peer handed one
     back, a ``pathlib.Path`` for a file result once its file arrived whole, or for a create the new
@@ -234,8 +225,7 @@ class RmiCallCompleted:
     value: object
 
 
-@dataclass(frozen=True, slots=True)
-class RmiCallFailed:
+class RmiCallFailed(msgspec.Struct, frozen=True):
     """A call failed; :func:`~.rmi.exception_from` turns this into the exception the caller should see."""
 
     call_id: int
@@ -249,8 +239,7 @@ class RmiCallFailed:
     is_global: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class RmiOnewayFailed:
+class RmiOnewayFailed(msgspec.Struct, frozen=True):
     """A fire-and-forget call this side hosted raised (nobody waits for it: report it to on_error)."""
 
     object_id: int
@@ -260,8 +249,7 @@ class RmiOnewayFailed:
     traceback_text: str
 
 
-@dataclass(frozen=True, slots=True)
-class RmiObjectReceived:
+class RmiObjectReceived(msgspec.Struct, frozen=True):
     """The peer sent a remote object as a message: ``value`` is our own object when it names one we
     host, else a :class:`~.rmi.RemoteRef` of the peer's (the adapter makes it a proxy). Dispatched
     as a message."""
@@ -269,8 +257,7 @@ class RmiObjectReceived:
     value: object
 
 
-@dataclass(frozen=True, slots=True)
-class RmiRequestReceived:
+class RmiRequestReceived(msgspec.Struct, frozen=True):
     """A vetted call for an object this side hosts is ready to run (its file arguments, if any, have
     arrived): the adapter takes it with ``ConnectionMachine.invocation(invocation_id)``, runs it, and
     answers with ``complete_invocation`` or ``fail_invocation``."""
@@ -311,8 +298,7 @@ class StreamFailure(IntEnum):
     """The receiving server's ``spill_quota`` (disk for incoming streams) had no room; refused to both sides."""
 
 
-@dataclass(frozen=True, slots=True)
-class StreamStarted:
+class StreamStarted(msgspec.Struct, frozen=True):
     """A stream began: an incoming one was announced and accepted, or an outgoing one's first frame left
     (``kind``/``request_id``: the frame it carries; ``name``: a file's name)."""
 
@@ -325,8 +311,7 @@ class StreamStarted:
     incoming: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class StreamProgressed:
+class StreamProgressed(msgspec.Struct, frozen=True):
     """Bytes so far of a stream (incoming or outgoing), every ``progress_step`` bytes and at the end."""
 
     stream_id: int
@@ -335,8 +320,7 @@ class StreamProgressed:
     incoming: bool
 
 
-@dataclass(frozen=True, slots=True)
-class StreamCompleted:
+class StreamCompleted(msgspec.Struct, frozen=True):
     """An incoming stream arrived whole and checked (size and SHA-256).
 
     ``payload`` holds it when it stayed in memory; otherwise ``path`` names the temporary file, which
@@ -355,8 +339,7 @@ class StreamCompleted:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
-class StreamSent:
+class StreamSent(msgspec.Struct, frozen=True):
     """An outgoing stream's last frame was handed out."""
 
     stream_id: int
@@ -364,8 +347,7 @@ class StreamSent:
     sha256: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class StreamFailed:
+class StreamFailed(msgspec.Struct, frozen=True):
     """A stream failed; its resources (buffers, temporary file, open file) are already freed (or, with a
     threaded provider, their removal queued behind the file's pending writes)."""
 
@@ -380,8 +362,7 @@ StreamEvent = StreamStarted | StreamProgressed | StreamCompleted | StreamSent | 
 # -- buffered sessions (network.buffered) ------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class BufferOverflowed(Generic[T]):
+class BufferOverflowed(msgspec.Struct, Generic[T], frozen=True):
     """``message`` for the disconnected peer ``key`` did not fit its queue and was not queued."""
 
     key: bytes
@@ -390,16 +371,14 @@ class BufferOverflowed(Generic[T]):
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class SessionExpired(Generic[T]):
+class SessionExpired(msgspec.Struct, Generic[T], frozen=True):
     """The peer did not come back in time (or the sessions were closed): these messages were never delivered."""
 
     key: bytes
     undelivered: tuple[T, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class SessionResumed:
+class SessionResumed(msgspec.Struct, frozen=True):
     """The peer reconnected within the timeout; ``delivered`` queued messages were handed back."""
 
     key: bytes
@@ -423,8 +402,7 @@ __all__ += [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class PortReassigned:
+class PortReassigned(msgspec.Struct, frozen=True):
     """The driver refused the connection's publication on ``refused_port`` (most likely another
     program holds that port): ask for it again on ``port``."""
 
@@ -434,23 +412,20 @@ class PortReassigned:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class OpeningFailed:
+class OpeningFailed(msgspec.Struct, frozen=True):
     """The connection's streams could not be opened and the table gave up (its ids are released)."""
 
     connection_id: int
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class StartTimedOut:
+class StartTimedOut(msgspec.Struct, frozen=True):
     """The client's streams did not come up in time: close them (its ids go back after the release delay)."""
 
     connection_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class ConnectionStarted:
+class ConnectionStarted(msgspec.Struct, frozen=True):
     """The connection is up (``on_init``, ``on_connect`` are due). ``resumes``: the lost connection
     whose buffered session continues here (its sends go to this one; its ``on_disconnect`` is due
     now); ``queued``: what waited for the peer, to send first, in order."""
@@ -460,8 +435,7 @@ class ConnectionStarted:
     queued: tuple[object, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class SessionEnded:
+class SessionEnded(msgspec.Struct, frozen=True):
     """A lost connection's buffered session ended without its peer (expired, the server closed, or
     its id went to a new connection): its ``on_disconnect`` is due; ``undelivered`` never left."""
 
@@ -469,8 +443,7 @@ class SessionEnded:
     undelivered: tuple[object, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class ConnectionReleased:
+class ConnectionReleased(msgspec.Struct, frozen=True):
     """The connection's ids and port went back to the allocators: whatever is still held for it goes."""
 
     connection_id: int
