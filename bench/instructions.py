@@ -1,0 +1,155 @@
+"""Instructions, not seconds: the network layer's work per message round trip, counted by callgrind.
+
+    python -m bench.instructions [--rounds N] [--json PATH]
+
+On this shared VM one run's round trip moves 1.5-5x with the host's phase (``bench/README.md``), more than most
+changes to the code do. ``valgrind --tool=callgrind`` counts the instructions a workload executes instead, the
+same figure to about 0.1 % whatever else the machine is doing, so a change to the per-message path can be
+measured on any day. What it cannot see: waits, wake-ups and cache misses (what a cold path costs), nor
+anything in another process.
+
+The workload is two connection machines (``slipstream.testing.ConnectionPair``: real record layer, real
+serialization, no I/O), each round trip a typed message sealed alone, opened, and its events taken, there and
+back, as a blocking or asyncio round trip does it. ``message`` has no delivery sessions; ``sequenced`` gives both
+sides one (a server's default: sequence numbers, acknowledgements, retained records). Each runs twice under
+callgrind, after ``WARMUP`` round trips, with 0 and with ``--rounds`` round trips more: the difference, divided by
+the rounds, is the round trip's alone (the interpreter's start and the imports cancel out).
+
+Needs valgrind (Debian's ``valgrind``); without it, says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+WORKLOADS = ("message", "sequenced")
+WARMUP = 200
+"""Round trips before the counted ones (both runs make them)."""
+ROUND_TRIP_NS = 30_000
+"""The machines' clock moves this much per round trip (timers such as acknowledgements fire as they would)."""
+RUN_TIMEOUT_S = 900
+"""One run under callgrind (about 50x slower than native; the imports dominate)."""
+_COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+class Quote(msgspec.Struct):
+    id: int
+    price: float
+    symbol: str
+
+
+def round_trips(workload: str, count: int) -> int:
+    """``count`` round trips of ``workload`` after ``WARMUP`` (see the module's docstring); the messages back."""
+    from slipstream.network.connection import ConnectionMachine
+    from slipstream.network.delivery import Delivery
+    from slipstream.network.events import MessageReceived
+    from slipstream.testing import ConnectionPair
+
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {WORKLOADS}, not {workload!r}")
+    pair = ConnectionPair(types=[Quote], delivery=(Delivery(), Delivery()) if workload == "sequenced" else None)
+    a, b = pair.a, pair.b
+    quote = Quote(1, 0.5, "ACME")
+    now = pair.clock.now_ns()
+
+    def carry(sender: ConnectionMachine, receiver: ConnectionMachine, message: object) -> None:
+        """``message`` from ``sender`` to ``receiver`` as an adapter sends it: sealed alone when nothing waits
+        before it (an acknowledgement may), else appended and flushed with what waits."""
+        for machine in (sender, receiver):  # (timers: acknowledgements due, as a poller runs them)
+            deadline = machine.deadline_ns
+            if deadline is not None and now >= deadline:
+                machine.handle_timer(now)
+        record = sender.seal_lone(message, now)
+        if record is not None:
+            receiver.receive(record, now)
+            return
+        sender.send(message)
+        for sealed in sender.messages_to_send(now):
+            receiver.receive(sealed, now)
+
+    back = 0
+    for _ in range(WARMUP + count):
+        now += ROUND_TRIP_NS
+        carry(a, b, quote)
+        for event in b.take_events():
+            if isinstance(event, MessageReceived):
+                carry(b, a, event.message)
+        back += sum(isinstance(event, MessageReceived) for event in a.take_events())
+    if back != WARMUP + count:
+        raise RuntimeError(f"{back} of {WARMUP + count} replies came back")
+    return back
+
+
+def collected(workload: str, count: int, valgrind: str) -> int:
+    """Instructions callgrind counted for one run of ``round_trips(workload, count)`` in a fresh interpreter."""
+    command = [
+        valgrind,
+        "--tool=callgrind",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        "-m",
+        "bench.instructions",
+    ]
+    command += ["--run", workload, "--rounds", str(count)]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=Path(__file__).parent.parent
+    )
+    found = _COLLECTED.search(done.stderr)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def measure(rounds: int, valgrind: str) -> dict[str, Any]:
+    """Instructions per round trip of each workload (see the module's docstring)."""
+    results: dict[str, Any] = {}
+    for workload in WORKLOADS:
+        base = collected(workload, 0, valgrind)
+        total = collected(workload, rounds, valgrind)
+        results[workload] = {
+            "rounds": rounds,
+            "instructions_base": base,
+            "instructions_total": total,
+            "instructions_per_round_trip": (total - base) / rounds,
+        }
+        print(f"{workload:10s} {results[workload]['instructions_per_round_trip']:12,.0f} instructions per round trip")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2000, help="round trips counted per workload (default 2000)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--run", choices=WORKLOADS, help=argparse.SUPPRESS)  # (one run, inside callgrind)
+    args = parser.parse_args(argv)
+    if args.run is not None:  # (0 rounds: the run whose count is subtracted)
+        round_trips(args.run, args.rounds)
+        return 0
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        print("bench.instructions: valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "python": sys.version.split()[0],
+        **measure(args.rounds, valgrind),
+    }
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
