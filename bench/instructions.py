@@ -4,16 +4,17 @@
 
 On this shared VM one run's round trip moves 1.5-5x with the host's phase (``bench/README.md``), more than most
 changes to the code do. ``valgrind --tool=callgrind`` counts the instructions a workload executes instead, the
-same figure to about 0.1 % whatever else the machine is doing, so a change to the per-message path can be
+same figure within about 0.4 % whatever else the machine is doing, so a change to the per-message path can be
 measured on any day. What it cannot see: waits, wake-ups and cache misses (what a cold path costs), nor
 anything in another process.
 
 The workload is two connection machines (``slipstream.testing.ConnectionPair``: real record layer, real
 serialization, no I/O), each round trip a typed message sealed alone, opened, and its events taken, there and
 back, as a blocking or asyncio round trip does it. ``message`` has no delivery sessions; ``sequenced`` gives both
-sides one (a server's default: sequence numbers, acknowledgements, retained records). Each runs twice under
-callgrind, after ``WARMUP`` round trips, with 0 and with ``--rounds`` round trips more: the difference, divided by
-the rounds, is the round trip's alone (the interpreter's start and the imports cancel out).
+sides one (a server's default: sequence numbers, acknowledgements, retained records). ``call`` is a remote call one
+at a time instead: ``add(2, 3)`` on an object the other machine hosts, run as an adapter runs it, and its result.
+Each runs twice under callgrind, after ``WARMUP`` round trips, with 0 and with ``--rounds`` round trips more: the
+difference, divided by the rounds, is the round trip's alone (the interpreter's start and the imports cancel out).
 
 Needs valgrind (Debian's ``valgrind``); without it, says so and exits 2.
 """
@@ -28,11 +29,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
-WORKLOADS = ("message", "sequenced")
+WORKLOADS = ("message", "sequenced", "call")
 WARMUP = 200
 """Round trips before the counted ones (both runs make them)."""
 ROUND_TRIP_NS = 30_000
@@ -48,6 +49,15 @@ class Quote(msgspec.Struct):
     symbol: str
 
 
+class ICalc(Protocol):
+    def add(self, a: int, b: int) -> int: ...
+
+
+class Calc:
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+
 def round_trips(workload: str, count: int) -> int:
     """``count`` round trips of ``workload`` after ``WARMUP`` (see the module's docstring); the messages back."""
     from slipstream.network.connection import ConnectionMachine
@@ -57,6 +67,8 @@ def round_trips(workload: str, count: int) -> int:
 
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, not {workload!r}")
+    if workload == "call":
+        return _calls(count)
     pair = ConnectionPair(types=[Quote], delivery=(Delivery(), Delivery()) if workload == "sequenced" else None)
     a, b = pair.a, pair.b
     quote = Quote(1, 0.5, "ACME")
@@ -88,6 +100,35 @@ def round_trips(workload: str, count: int) -> int:
     if back != WARMUP + count:
         raise RuntimeError(f"{back} of {WARMUP + count} replies came back")
     return back
+
+
+def _calls(count: int) -> int:
+    """``count`` remote calls one at a time after ``WARMUP``: the call sealed and offered, the request opened and
+    its invocation run (as an adapter runs it), the result sealed back and opened; the results."""
+    from slipstream.network.events import RmiCallCompleted, RmiRequestReceived
+    from slipstream.network.rmi import RemoteRef, RmiRegistry
+    from slipstream.testing import ConnectionPair
+
+    pair = ConnectionPair(rmi=(RmiRegistry([ICalc]), RmiRegistry([(ICalc, Calc)])))
+    a, b = pair.a, pair.b
+    assert b.rmi is not None
+    ref = RemoteRef(0, b.rmi.endpoint.objects.save(Calc()))
+    now = pair.clock.now_ns()
+    done = 0
+    for _ in range(WARMUP + count):
+        now += ROUND_TRIP_NS
+        a.call(ref, "add", [2, 3], now, timeout_ns=1_000_000_000)
+        for record in a.messages_to_send(now):
+            b.receive(record, now)
+        for event in b.take_events():
+            if isinstance(event, RmiRequestReceived):
+                b.complete_invocation(event.invocation_id, b.invocation(event.invocation_id).call())
+        for record in b.messages_to_send(now):
+            a.receive(record, now)
+        done += sum(isinstance(event, RmiCallCompleted) and event.value == 5 for event in a.take_events())
+    if done != WARMUP + count:
+        raise RuntimeError(f"{done} of {WARMUP + count} calls completed")
+    return done
 
 
 def collected(workload: str, count: int, valgrind: str) -> int:
