@@ -9,12 +9,13 @@ measured on any day. What it cannot see: waits, wake-ups and cache misses (what 
 anything in another process.
 
 The workload is two connection machines (``slipstream.testing.ConnectionPair``: real record layer, real
-serialization, no I/O), each round trip a typed message sealed alone, opened, and its events taken, there and
-back, as a blocking or asyncio round trip does it. ``message`` has no delivery sessions; ``sequenced`` gives both
-sides one (a server's default: sequence numbers, acknowledgements, retained records). ``call`` is a remote call one
-at a time instead: ``add(2, 3)`` on an object the other machine hosts, run as an adapter runs it, and its result.
-Each runs twice under callgrind, after ``WARMUP`` round trips, with 0 and with ``--rounds`` round trips more: the
-difference, divided by the rounds, is the round trip's alone (the interpreter's start and the imports cancel out).
+serialization, no I/O), each round trip a typed message sealed alone, opened, and its events taken, there and back,
+as a blocking or asyncio round trip does it (the message ``bench.network`` times). ``message`` has no delivery
+sessions; ``sequenced`` gives both sides one (a server's default: sequence numbers, acknowledgements, retained
+records). ``call`` is a remote call one at a time instead: ``add(2, 3)`` on an object the other machine hosts, run
+as an adapter runs it, and its result. Each runs twice under callgrind, after ``WARMUP`` round trips, with 0 and
+with ``--rounds`` round trips more: the difference, divided by the rounds, is the round trip's alone (the
+interpreter's start and the imports cancel out).
 
 Needs valgrind (Debian's ``valgrind``); without it, says so and exits 2.
 """
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-import msgspec
+from .network import Quote
 
 WORKLOADS = ("message", "sequenced", "call")
 WARMUP = 200
@@ -41,12 +42,6 @@ ROUND_TRIP_NS = 30_000
 RUN_TIMEOUT_S = 900
 """One run under callgrind (about 50x slower than native; the imports dominate)."""
 _COLLECTED = re.compile(r"Collected : (\d+)")
-
-
-class Quote(msgspec.Struct):
-    id: int
-    price: float
-    symbol: str
 
 
 class ICalc(Protocol):
