@@ -20,6 +20,7 @@ import pytest
 from slipstream.network import ConnectionClosedError, RmiCallTimeout, ServerConfig
 from slipstream.network.errors import BlockingListenerError, InboxFull, MessageDispatchError, ReceiveTimeout
 from slipstream.network.sync import INBOX_LIMIT, Client, Connection, Server
+from slipstream.network.sync import poller as poller_module
 
 from .test_network_aio import client_config, free_ports, server_config, traced_cycles
 from .test_network_rmi import Calc, CalcError, Counter, Factory, ICalc, ICounter, IFactory, Point
@@ -366,6 +367,48 @@ def test_a_caller_takes_a_udp_answer_in_with_the_driver_s_cycle_not_behind_the_e
     behind_chores = taken.count("WDC")  # ... with the endpoint's whole cycle in front of it
     assert answers >= rounds // 2, taken[:300]
     assert behind_chores <= answers // 4, (answers, behind_chores)
+
+
+def test_a_caller_keeps_its_watch_across_round_trips_and_a_kick_drops_it(
+    driver_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that waited for one answer leaves its watch to the next: the next round trip's answer is taken
+    in by the connections' part of the duty cycle alone, with no whole cycle (and no new watch) in front of
+    it. A kick (new work, a new timer from another thread) drops the watch: a whole cycle comes first."""
+    monkeypatch.setattr(poller_module, "_WATCH_NS", 200_000_000)  # (whole cycles only when the watch is dropped)
+    rounds = 300
+    with child(_echo_server, driver_dir, True) as pipe:
+        assert pipe.recv() == "ready"
+        config = client_config(driver_dir, messages=MESSAGES, enable_ipc=True, driver="external")
+        with Client(config, busy_poll=True) as client:
+            connection = client.connect_ipc(timeout=10)
+            for i in range(50):
+                connection.send(Quote(i, 1.0, "WARM"))
+                assert connection.receive(timeout=5) == Quote(i, 1.0, "WARM")
+            with traced_cycles(client) as trace:
+                for i in range(rounds):
+                    connection.send(Quote(i, 2.0, "RT"))
+                    assert connection.receive(timeout=5) == Quote(i, 2.0, "RT")
+            answers = trace.order.count("C")
+            assert answers >= rounds * 3 // 4, "".join(trace.order)[:300]
+            assert trace.counts["whole"] <= rounds // 10, "".join(trace.order)[:300]
+            with traced_cycles(client) as trace:
+                client.poller.kick()
+                connection.send(Quote(-1, 3.0, "KICKED"))
+                assert connection.receive(timeout=5) == Quote(-1, 3.0, "KICKED")
+            assert trace.order[0] == "W", trace.order
+
+
+def test_the_connections_part_of_a_cycle_leaves_their_timers_to_the_whole_cycle(driver_dir: Path) -> None:
+    """What a spinning poller runs between whole cycles (and a caller whose watch saw a frame) takes frames
+    in and sends; the connections' timers (here the peer's expiry) wait for the endpoint's next whole cycle."""
+    with pair(driver_dir) as (_server, client, connection), client.poller.lock:
+        later_ns = time.monotonic_ns() + 3_600 * 10**9  # past every timer of the connection
+        connection.poll(later_ns, timers=False)
+        client.poll_connections(later_ns)
+        assert not connection.is_closed
+        client.duty_cycle(later_ns)
+        assert connection.is_closed  # expired: the peer was silent for an hour
 
 
 def _forked_child(directory: str, done: Any) -> None:

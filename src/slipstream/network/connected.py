@@ -252,9 +252,12 @@ class ConnectionBase(ConnectionHooks, Generic[T]):
 
     # -- for the owner ----------------------------------------------------------------------------
 
-    def poll(self, now_ns: int) -> int:
+    def poll(self, now_ns: int, *, timers: bool = True) -> int:
         """One duty cycle: receive, run timers, flush. Returns the work done; records that only kept the
-        connection alive do not count (an idle pair's poller would otherwise spin up for each)."""
+        connection alive do not count (an idle pair's poller would otherwise spin up for each). Without
+        ``timers`` (a poller spinning between whole cycles, or one that saw a frame arrive) the timers and
+        the check for the peer's stream gone wait for the next whole cycle, microseconds to a millisecond
+        later: what is left is what a reply waits for."""
         self._now_ns = now_ns
         machine = self._machine
         liveness = machine.liveness_records
@@ -267,7 +270,7 @@ class ConnectionBase(ConnectionHooks, Generic[T]):
             # Paused: the disk behind, or the application; the peer waits, held back by the transport's flow
             # control, and is not silent for that: only its stream going away ends the connection then.
             work = 0 if paused else self._link.poll()
-            if not work and not self._link.subscription.is_connected:
+            if timers and not work and not self._link.subscription.is_connected:
                 # The peer's publication is gone (closed, or silent past the image liveness): no CLOSE
                 # is coming (a server closed while our streams came up never sent one).
                 machine.lost("the peer's stream ended")
@@ -275,8 +278,7 @@ class ConnectionBase(ConnectionHooks, Generic[T]):
                 return 1
             if paused:
                 machine.last_received_ns = now_ns
-        deadline = machine.deadline_ns
-        if deadline is not None and now_ns >= deadline:
+        if timers and (deadline := machine.deadline_ns) is not None and now_ns >= deadline:
             machine.handle_timer(now_ns)
             self._process_events()
         if self._link.outbox or machine.has_pending or not self._room.is_set():

@@ -84,8 +84,9 @@ class Polled(Protocol):
         """One duty cycle; the work done."""
 
     def poll_connections(self, now_ns: int) -> int:
-        """Only the connections' part of the duty cycle (what arrived, their timers, their output); the
-        work done. A poller whose watch saw a frame arrive runs this: the reply leaves before the chores."""
+        """Only the connections' part of the duty cycle (what arrived, their output; their timers wait for
+        the next :meth:`duty_cycle`); the work done. A poller whose watch saw a frame arrive runs this: the
+        reply leaves before the chores."""
 
     def next_deadline_ns(self, now_ns: int) -> int | None:
         """When the next duty cycle is due if nothing arrives."""

@@ -34,8 +34,8 @@ cycle also runs the endpoints' chores (handshakes, tables, error summaries) and 
 (publication limits, commands), several microseconds even with nothing to do, and a frame that arrives
 meanwhile waits for them. Measured with two-process round-trip probes (medians of 5-6 interleaved runs'
 p50, a quiet hour): asyncio IPC 40.0 -> 35.5 us, asyncio UDP 109.2 -> 105.0 us, blocking UDP 106.2 -> 103.3
-us, blocking IPC unchanged (34.1 -> 33.7 us); 30 and 100 us measured alike. Each connection runs its own
-timers when polled; the chores run up to this late."""
+us, blocking IPC unchanged (34.1 -> 33.7 us); 30 and 100 us measured alike. The chores, and the
+connections' timers, run up to this late."""
 
 
 Parked = tuple[Parking, list[Doorbell], list[int]]

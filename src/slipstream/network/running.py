@@ -303,17 +303,17 @@ class RunningEndpoint(EndpointCore, Generic[C]):
             return 1
 
     def poll_connections(self, now_ns: int) -> int:
-        """The connections' own cycle only (receive, their timers, flush), for a poller that saw a frame
-        arrive: the answer goes out before the endpoint's chores (handshakes, tables, error summaries, a
-        driver's idle work), which the next full :meth:`duty_cycle` runs, a moment later. A lost driver is
-        left to that duty cycle."""
+        """The connections' own cycle only (receive, flush), for a poller that saw a frame arrive or spins
+        between whole cycles: the answer goes out before the endpoint's chores (handshakes, tables, error
+        summaries, a driver's idle work) and the connections' timers, which the next full
+        :meth:`duty_cycle` runs, a moment later. A lost driver is left to that duty cycle."""
         context = self._context
         if context is None or context.driver_error is not None:
             return self.duty_cycle(now_ns)
         work = 0
         try:
             for connection in self._live_connections():
-                work += connection.poll(now_ns)
+                work += connection.poll(now_ns, timers=False)
         except DriverLostError:
             return work + self.duty_cycle(now_ns)
         return work

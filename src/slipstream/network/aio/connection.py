@@ -175,12 +175,12 @@ class Connection(ConnectionBase[RmiSession]):
         elif self._machine.sealed_count >= _SEAL_FLUSH:
             self.flush()  # the driver sends these with the next flush_out or cycle, in larger batches
 
-    def poll(self, now_ns: int) -> int:
+    def poll(self, now_ns: int, *, timers: bool = True) -> int:
         """One duty cycle (see :meth:`~..connected.ConnectionBase.poll`); what was sent since the last one
         goes out with it (over UDP the invoker-mode driver's cycle, which follows, sends it), and the next
         send leaves alone again."""
         self._flush_scheduled = False
-        return super().poll(now_ns)
+        return super().poll(now_ns, timers=timers)
 
     def _flush_out(self) -> None:
         """Flush what the application sent, and over UDP have an invoker-mode driver send it at once:

@@ -149,6 +149,9 @@ class PollThread(PollCore):
         self._local = threading.local()
         self._driving = 0
         self._driven_ns = 0
+        self._kept: tuple[Watch, int] | None = None
+        """The last caller's watch and until when it holds (see :meth:`drive`); dropped when anything else
+        runs a cycle or kicks."""
         self._resumed = threading.Event()
         """Set when a caller that ran the cycles leaves them to the poll thread."""
 
@@ -193,6 +196,7 @@ class PollThread(PollCore):
     def kick(self, *, long_only: bool = False) -> None:
         """Have the poll thread run a cycle now (new work, or a new timer); ``long_only``: only if it is in
         a long pause (a short one ends within a millisecond anyway)."""
+        self._kept = None
         self.backoff.kick(long_only=long_only)
 
     def note_application(self) -> None:
@@ -222,6 +226,8 @@ class PollThread(PollCore):
     def _as_cycling(self, run: Callable[[int], int], now_ns: int) -> int:
         """``run(now_ns)`` with the lock held, the calling thread marked as cycling (listeners run)."""
         with self.lock:
+            if not self._driving:  # (the poll thread: images and timers may change behind a kept watch)
+                self._kept = None
             self._local.cycling = True
             try:
                 return run(now_ns)
@@ -294,6 +300,9 @@ class PollThread(PollCore):
         watch_until_ns = 0
         with self.lock:
             self._driving += 1
+            if self._kept is not None:  # the last caller's watch, if nothing else cycled since
+                watch, watch_until_ns = self._kept
+            kept_until_ns = watch_until_ns
             try:
                 while not done():
                     now_ns = time.monotonic_ns()
@@ -308,10 +317,10 @@ class PollThread(PollCore):
                             os.sched_yield()  # (give a process waiting for this CPU its turn now and then)
                         continue
                     if seen is Seen.FRAME and self._poll_connections(now_ns):
-                        watch = None  # (a whole cycle next, if the answer was not in it)
+                        watch_until_ns = 0  # (a whole cycle next, if the answer was not in it)
                         continue
                     if seen is Seen.INPUT and self._input_cycle(now_ns):
-                        watch = None
+                        watch_until_ns = 0
                         continue
                     # A timer, or a frame or datagram no connection took (a handshake's): the whole cycle.
                     if self._cycle(now_ns):
@@ -321,9 +330,14 @@ class PollThread(PollCore):
                         time.sleep(self.backoff.nap_s)
                         continue
                     watch, watch_until_ns = self._watch(now_ns), now_ns + _WATCH_NS
+                    kept_until_ns = watch_until_ns
                 else:
                     return True
             finally:
+                # Kept for the next caller (the next round trip's answer, most likely): it starts with the watch
+                # instead of a whole cycle and a new watch. What the answer's cycle changed (a timer, an image)
+                # waits for the watch's end at most.
+                self._kept = None if watch is None else (watch, watch_until_ns or kept_until_ns)
                 self._driving -= 1
                 self._driven_ns = time.monotonic_ns()
                 if not self._busy:
