@@ -28,8 +28,9 @@ __all__ = ["SPIN_CHORES_NS", "ParkOn", "PollCore", "Seen", "Watch"]
 log = logging.getLogger("slipstream.network")
 
 SPIN_CHORES_NS = 50_000
-"""While a poller spins idle, how often it runs whole duty cycles; in between it polls the connections
-alone, with the invoker-mode drivers only when one carries UDP (:meth:`PollCore._spin_cycle`). A whole
+"""While a poller spins (idle, or busy with a stream of messages), how often it runs whole duty cycles; in
+between it polls the connections alone, with the invoker-mode drivers only when one carries UDP
+(:meth:`PollCore._spin_cycle`). A whole
 cycle also runs the endpoints' chores (handshakes, tables, error summaries) and an IPC-only driver's cycle
 (publication limits, commands), several microseconds even with nothing to do, and a frame that arrives
 meanwhile waits for them. Measured with two-process round-trip probes (medians of 5-6 interleaved runs'
@@ -114,11 +115,11 @@ class PollCore:
         pacer = self.pacer
         parked: Parked | None = None
         inputs: list[int] = []  # what the last park listened to
-        spin_until_ns = 0  # (spinning idle, cycles without the chores until then: see SPIN_CHORES_NS)
+        spin_until_ns = 0  # (spinning, cycles without the chores until then: see SPIN_CHORES_NS)
         try:
             while self.endpoints:
                 now_ns = time.monotonic_ns()
-                if self.idle and now_ns < spin_until_ns:
+                if now_ns < spin_until_ns:
                     work = self._spin_cycle(now_ns)
                 else:
                     work = self._cycle(now_ns)
