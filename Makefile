@@ -49,7 +49,7 @@ ext: $(STAMP)
 # pure-Python run, then the differential and fuzz tests under ASan/UBSan (about 1.5 minutes; a scratch build).
 test: lint system-deps
 	SLIPSTREAM_REQUIRE_EXTENSIONS=1 $(MAKE) ext
-	SLIPSTREAM_REQUIRE_EXTENSIONS=1 $(PY) -m pytest -q
+	SLIPSTREAM_REQUIRE_EXTENSIONS=1 $(PY) -m pytest -q --durations=30
 	$(MAKE) test-pure
 	$(MAKE) asan
 

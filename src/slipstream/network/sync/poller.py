@@ -182,7 +182,7 @@ class PollThread(PollCore):
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="slipstream-network-poller", daemon=True)
                 self._thread.start()
-        self.backoff.kick()
+        self.kick()
 
     def remove(self, endpoint: Polled) -> None:
         """Stop polling ``endpoint`` (the thread ends with the last one)."""
@@ -191,11 +191,12 @@ class PollThread(PollCore):
                 self.endpoints.remove(endpoint)
             self._busy.discard(id(endpoint))
             self.backoff.busy(bool(self._busy))
-        self.backoff.kick()
+        self.kick()
 
     def kick(self, *, long_only: bool = False) -> None:
-        """Have the poll thread run a cycle now (new work, or a new timer); ``long_only``: only if it is in
-        a long pause (a short one ends within a millisecond anyway)."""
+        """Have the poll thread run a cycle now (new work, or a new timer; a caller's kept watch, which knows
+        neither, is dropped); ``long_only``: only if it is in a long pause (a short one ends within a
+        millisecond anyway)."""
         self._kept = None
         self.backoff.kick(long_only=long_only)
 
