@@ -30,13 +30,13 @@ log = logging.getLogger("slipstream.network")
 SPIN_CHORES_NS = 50_000
 """While a poller spins (idle, or busy with a stream of messages), how often it runs whole duty cycles; in
 between it polls the connections alone, with the invoker-mode drivers only when one carries UDP
-(:meth:`PollCore._spin_cycle`). A whole
-cycle also runs the endpoints' chores (handshakes, tables, error summaries) and an IPC-only driver's cycle
-(publication limits, commands), several microseconds even with nothing to do, and a frame that arrives
-meanwhile waits for them. Measured with two-process round-trip probes (medians of 5-6 interleaved runs'
-p50, a quiet hour): asyncio IPC 40.0 -> 35.5 us, asyncio UDP 109.2 -> 105.0 us, blocking UDP 106.2 -> 103.3
-us, blocking IPC unchanged (34.1 -> 33.7 us); 30 and 100 us measured alike. The chores, and the
-connections' timers, run up to this late."""
+(:meth:`PollCore._spin_cycle`). A whole cycle also runs the endpoints' chores (handshakes, tables, error
+summaries) and an IPC-only driver's cycle (publication limits, commands), several microseconds even with
+nothing to do, and a frame that arrives meanwhile waits for them. Measured with two-process round-trip
+probes (medians of 5-6 interleaved runs' p50, a quiet hour, when only an idle poller spun like this):
+asyncio IPC 40.0 -> 35.5 us, asyncio UDP 109.2 -> 105.0 us, blocking UDP 106.2 -> 103.3 us, blocking IPC
+unchanged (34.1 -> 33.7 us); 30 and 100 us measured alike. The chores, and the connections' timers, run
+up to this late."""
 
 
 Parked = tuple[Parking, list[Doorbell], list[int]]
@@ -220,7 +220,7 @@ class PollCore:
         return work
 
     def _spin_cycle(self, now_ns: int) -> int:
-        """What a poller spinning idle runs between whole cycles (see :data:`SPIN_CHORES_NS`): the connections'
+        """What a spinning poller runs between whole cycles (see :data:`SPIN_CHORES_NS`): the connections'
         part of the endpoints' cycles, and the invoker-mode drivers when one carries UDP (its datagrams come
         in only with its cycle), the connections again if they did work; the work done."""
         work = self._connections_cycle(now_ns)
