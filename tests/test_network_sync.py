@@ -47,6 +47,14 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def echoed(connection: Connection, count: int, symbol: str) -> None:
+    """``count`` round trips: a Quote sent, and the server's echo of it received, one at a time."""
+    for i in range(count):
+        quote = Quote(i, 1.0, symbol)
+        connection.send(quote)
+        assert connection.receive(timeout=5) == quote
+
+
 def bind_and_connect(server: Server, client: Client, ipc: bool) -> Connection:
     """Bind ``server`` (over IPC, or UDP on a free port) and connect ``client`` to it."""
     if ipc:
@@ -333,10 +341,7 @@ def test_a_blocking_client_and_server_in_two_processes(driver_dir: Path, busy: b
         assert pipe.recv() == "ready"
         config = client_config(driver_dir, messages=MESSAGES, enable_ipc=True, driver="external")
         with Client(config, busy_poll=busy) as client:
-            connection = client.connect_ipc(timeout=10)
-            for i in range(2000):
-                connection.send(Quote(i, 1.0, "RT"))
-                assert connection.receive(timeout=5) == Quote(i, 1.0, "RT")
+            echoed(client.connect_ipc(timeout=10), 2000, "RT")
 
 
 def test_a_caller_takes_a_udp_answer_in_with_the_driver_s_cycle_not_behind_the_endpoint_s_chores(
@@ -353,13 +358,9 @@ def test_a_caller_takes_a_udp_answer_in_with_the_driver_s_cycle_not_behind_the_e
             assert pipe.recv() == "ready"
             with Client(client_config(client_dir, messages=MESSAGES, driver="invoker"), busy_poll=True) as client:
                 connection = client.connect("127.0.0.1", port, timeout=10)
-                for i in range(50):
-                    connection.send(Quote(i, 1.0, "WARM"))
-                    assert connection.receive(timeout=5) == Quote(i, 1.0, "WARM")
+                echoed(connection, 50, "WARM")
                 with traced_cycles(client) as trace:
-                    for i in range(rounds):
-                        connection.send(Quote(i, 2.0, "RT"))
-                        assert connection.receive(timeout=5) == Quote(i, 2.0, "RT")
+                    echoed(connection, rounds, "RT")
     finally:
         shutil.rmtree(client_dir, ignore_errors=True)
     taken = "".join(trace.order)
@@ -382,20 +383,15 @@ def test_a_caller_keeps_its_watch_across_round_trips_and_a_kick_drops_it(
         config = client_config(driver_dir, messages=MESSAGES, enable_ipc=True, driver="external")
         with Client(config, busy_poll=True) as client:
             connection = client.connect_ipc(timeout=10)
-            for i in range(50):
-                connection.send(Quote(i, 1.0, "WARM"))
-                assert connection.receive(timeout=5) == Quote(i, 1.0, "WARM")
+            echoed(connection, 50, "WARM")
             with traced_cycles(client) as trace:
-                for i in range(rounds):
-                    connection.send(Quote(i, 2.0, "RT"))
-                    assert connection.receive(timeout=5) == Quote(i, 2.0, "RT")
+                echoed(connection, rounds, "RT")
             answers = trace.order.count("C")
             assert answers >= rounds * 3 // 4, "".join(trace.order)[:300]
             assert trace.counts["whole"] <= rounds // 10, "".join(trace.order)[:300]
             with traced_cycles(client) as trace:
                 client.poller.kick()
-                connection.send(Quote(-1, 3.0, "KICKED"))
-                assert connection.receive(timeout=5) == Quote(-1, 3.0, "KICKED")
+                echoed(connection, 1, "KICKED")
             assert trace.order[0] == "W", trace.order
 
 
