@@ -979,9 +979,9 @@ def test_keepalives_are_not_work_for_the_poller(driver_dir: Path) -> None:
             def recorded(side: str, conn: Any) -> None:
                 real_poll = conn.poll
 
-                def poll(now_ns: int) -> int:
+                def poll(now_ns: int, *, timers: bool = True) -> int:
                     before = conn.machine.liveness_records
-                    work = real_poll(now_ns)
+                    work = real_poll(now_ns, timers=timers)
                     polls[side].append((work, conn.machine.liveness_records - before))
                     return work
 
