@@ -27,7 +27,7 @@ __all__ = ["SPIN_CHORES_NS", "ParkOn", "PollCore", "Seen", "Watch"]
 
 log = logging.getLogger("slipstream.network")
 
-SPIN_CHORES_NS = 50_000
+SPIN_CHORES_NS = 200_000
 """While a poller spins (idle, or busy with a stream of messages), how often it runs whole duty cycles; in
 between it polls the connections alone, with the invoker-mode drivers only when one carries UDP
 (:meth:`PollCore._spin_cycle`). A whole cycle also runs the endpoints' chores (handshakes, tables, error
@@ -35,8 +35,11 @@ summaries) and an IPC-only driver's cycle (publication limits, commands), severa
 nothing to do, and a frame that arrives meanwhile waits for them. Measured with two-process round-trip
 probes (medians of 5-6 interleaved runs' p50, a quiet hour, when only an idle poller spun like this):
 asyncio IPC 40.0 -> 35.5 us, asyncio UDP 109.2 -> 105.0 us, blocking UDP 106.2 -> 103.3 us, blocking IPC
-unchanged (34.1 -> 33.7 us); 30 and 100 us measured alike. The chores, and the connections' timers, run
-up to this late."""
+unchanged (34.1 -> 33.7 us); 30 and 100 us measured alike. Since the poller spins busy too, 200 us: in a slow
+phase of the VM (round trips of 120 us and more) an asyncio client's cycles were more than 50 us apart, so each
+was a whole one (cProfile of the client of a two-process IPC round trip: 1.86 whole cycles and 298 Python calls a
+round trip at 50 us, 1.07 whole and 0.43 connections-only cycles and 260-266 calls at 200 us). The chores, and
+the connections' timers, run up to this late."""
 
 
 Parked = tuple[Parking, list[Doorbell], list[int]]
