@@ -1,4 +1,6 @@
-"""Builds the optional C fast path (``slipstream.logbuffer._fastpath``); everything else is in pyproject.toml.
+"""Builds the optional C fast path (``slipstream.logbuffer._fastpath``, the log buffer's hot loops, and
+``slipstream.network._records``, a connection's record layer and record decoder); everything else is in
+pyproject.toml.
 
 The extension is optional: without a working C compiler (or with ``SLIPSTREAM_NO_EXTENSIONS=1``) the
 install still succeeds and slipstream runs its pure-Python reference code, saying so in one line.
@@ -77,11 +79,15 @@ link_args = SANITIZE[:1] if _flag("SLIPSTREAM_SANITIZE") else []
 setup(
     ext_modules=[
         Extension(
-            "slipstream.logbuffer._fastpath",
-            sources=["src/slipstream/logbuffer/_fastpath.c"],
+            name,
+            sources=[source],
             extra_compile_args=compile_args,
             extra_link_args=link_args,
             optional=not _flag("SLIPSTREAM_REQUIRE_EXTENSIONS"),
+        )
+        for name, source in (
+            ("slipstream.logbuffer._fastpath", "src/slipstream/logbuffer/_fastpath.c"),
+            ("slipstream.network._records", "src/slipstream/network/_records.c"),
         )
     ],
     cmdclass={"build_ext": OptionalBuildExt},

@@ -16,17 +16,20 @@ cp -r "$here/src" "$here/tests" "$here/setup.py" "$here/pyproject.toml" "$here/R
 find "$scratch/src" -name '*.so' -delete
 find "$scratch" -name '__pycache__' -type d -prune -exec rm -rf {} +
 (cd "$scratch" && SLIPSTREAM_SANITIZE=1 SLIPSTREAM_REQUIRE_EXTENSIONS=1 "$py" setup.py -q build_ext --inplace)
-ls "$scratch"/src/slipstream/logbuffer/_fastpath*.so >/dev/null  # the sanitized build must exist
+ls "$scratch"/src/slipstream/logbuffer/_fastpath*.so "$scratch"/src/slipstream/network/_records*.so >/dev/null  # the sanitized builds must exist
 libasan="$(${CC:-gcc} -print-file-name=libasan.so)"
 libubsan="$(${CC:-gcc} -print-file-name=libubsan.so)"
 cd "$scratch"
 export LD_PRELOAD="$libasan $libubsan" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 PYTHONPATH=src SLIPSTREAM_REQUIRE_EXTENSIONS=1
 # The module imported must be the scratch build, not the in-place one an editable install points at.
-loaded="$("$py" -c 'import slipstream.logbuffer._fastpath as m; print(m.__file__)')"
-case "$loaded" in
-    "$scratch"/*) ;;
-    *) echo "asan.sh: imported $loaded, not the sanitized build in $scratch" >&2; exit 1 ;;
-esac
+for module in slipstream.logbuffer._fastpath slipstream.network._records; do
+    loaded="$("$py" -c "import $module as m; print(m.__file__)")"
+    case "$loaded" in
+        "$scratch"/*) ;;
+        *) echo "asan.sh: imported $loaded, not the sanitized build in $scratch" >&2; exit 1 ;;
+    esac
+done
 timeout "${ASAN_TIMEOUT:-600}" "$py" -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_fastpath_datagrams.py \
-    tests/test_fastpath_udp.py tests/test_logbuffer.py tests/test_ipc.py tests/test_sender.py tests/test_receiver.py
+    tests/test_fastpath_udp.py tests/test_logbuffer.py tests/test_ipc.py tests/test_sender.py tests/test_receiver.py \
+    tests/test_network_records_c.py tests/test_network_session.py tests/test_network_serialization.py

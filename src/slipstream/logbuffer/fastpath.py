@@ -23,18 +23,21 @@ from ..errors import AtomicsUnavailableError
 _log = logging.getLogger("slipstream")
 
 
-def _load() -> ModuleType | None:
+def load_extension(name: str) -> ModuleType | None:
+    """The C module ``name`` (one of the fast path's), or None when it is off or was not built: the
+    caller then runs its pure-Python reference. Every module of the fast path loads through here, so
+    ``SLIPSTREAM_NO_EXTENSIONS`` turns them all off at once."""
     if os.environ.get("SLIPSTREAM_NO_EXTENSIONS", "") not in ("", "0"):
-        _log.info("slipstream: SLIPSTREAM_NO_EXTENSIONS is set: running the pure-Python path")
+        _log.info("slipstream: SLIPSTREAM_NO_EXTENSIONS is set: running the pure-Python path (%s)", name)
         return None
     try:
-        return importlib.import_module("slipstream.logbuffer._fastpath")
+        return importlib.import_module(name)
     except ImportError as exc:
         _log.warning("slipstream: C fast path unavailable (%s): running the pure-Python path", exc)
         return None
 
 
-FAST: ModuleType | None = _load()
+FAST: ModuleType | None = load_extension("slipstream.logbuffer._fastpath")
 """The loaded extension module, or None when the pure-Python path runs."""
 
 

@@ -26,6 +26,7 @@ import msgspec
 
 from .errors import FrameError, MessageDecodeError, UnregisteredTypeError
 from .frames import _KIND_OF, _KINDS, FRAME_HEADER, FRAME_OVERHEAD, FrameKind, walk_frames
+from .session import RECORDS_C
 
 __all__ = ["BUILTIN_TYPES", "MAX_TYPES", "Serialization"]
 
@@ -108,6 +109,7 @@ class Serialization:
             raise TypeError(f"at most {MAX_TYPES} message types can be registered, not {len(registered)}")
         self.types: tuple[type, ...] = tuple(registered)
         self._encoder = msgspec.msgpack.Encoder()
+        self._encode_into = self._encoder.encode_into
         self._prefix: dict[type, bytes] = {tp: _id_prefix(i + 1) for i, tp in enumerate(registered)}
         for tp in BUILTIN_TYPES:
             self._prefix[tp] = _ONE_BYTE[0]
@@ -164,8 +166,17 @@ class Serialization:
         :func:`~.frames.encode_frame_into` make two calls and a bytes object.
 
         Returns the number of bytes appended (the caller may check it against its record limit and cut
-        ``buf`` back). On any error ``buf`` is left as it was.
+        ``buf`` back). On any error ``buf`` is left as it was. In C when the extension is built; what
+        would raise runs :meth:`py_encode_frame_into`, the reference, which raises it.
         """
+        if RECORDS_C is not None and type(buf) is bytearray:
+            size: int = RECORDS_C.encode_frame_into(buf, kind, request_id, obj, self._frame_start, self._encode_into)
+            if size >= 0:
+                return size
+        return self.py_encode_frame_into(buf, kind, request_id, obj)
+
+    def py_encode_frame_into(self, buf: bytearray, kind: int, request_id: int, obj: object) -> int:
+        """:meth:`encode_frame_into` in Python: the reference, and what runs without the C extension."""
         frame_start = self._frame_start.get(type(obj))
         if frame_start is None:
             raise UnregisteredTypeError(_unregistered(type(obj)))
@@ -216,10 +227,22 @@ class Serialization:
 
         For MESSAGE and SYNC_REQUEST frames ``value`` is the decoded message, or a
         :class:`MessageDecodeError` *instance* (returned, not raised: one bad message must not cost the
-        others in the record); for every other kind it is the payload bytes. Framing is checked by
-        :func:`~.frames.walk_frames`, as for :func:`~.frames.decode_frames`, and a malformed record raises
-        FrameError as a whole. The receive fast path: no Frame objects, one slice per message.
+        others in the record); for every other kind it is the payload bytes. Framing is checked as
+        :func:`~.frames.walk_frames` checks it, as for :func:`~.frames.decode_frames`, and a malformed
+        record raises FrameError as a whole. The receive fast path: no Frame objects, one slice per
+        message; in C when the extension is built (:meth:`py_decode_record` is the reference).
         """
+        if RECORDS_C is not None:
+            frames: list[tuple[FrameKind, int, object]] = RECORDS_C.decode_record(
+                data, max_frames, self._decode_fns, self._why
+            )
+            return frames
+        return self.py_decode_record(data, max_frames=max_frames)
+
+    def py_decode_record(
+        self, data: bytes | bytearray | memoryview, *, max_frames: int = 65536
+    ) -> list[tuple[FrameKind, int, object]]:
+        """:meth:`decode_record` in Python: the reference, and what runs without the C extension."""
         record = data if isinstance(data, bytes) else bytes(data)
         out: list[tuple[FrameKind, int, object]] = []
         kind_of = _KIND_OF
