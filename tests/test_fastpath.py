@@ -610,7 +610,7 @@ def poll_image(cls: Any, raw: bytes, start: int, limits: list[int], raise_at: in
             result: object = image.poll(recorder, limit)
         except KeyError as exc:
             result = ("KeyError", str(exc))
-        out.append((result, image.position, values[2], image.is_corrupt, image.is_closed))
+        out.append((result, image.position, values[2], image.is_corrupt, image.is_closed, image.has_frame()))
     out.append(recorder.seen)
     return out
 
@@ -697,6 +697,7 @@ def poll_across_terms(cls: Any, script: list[PollOp], start_offset: int, raise_a
             except KeyError as exc:
                 polled = ("KeyError", str(exc))
             out.append((polled, image.position, values[2], image.is_corrupt, image.is_closed))
+        out.append(image.has_frame())  # (what a spinning poller asks between cycles)
     while image.position < app.position and not image.is_closed:  # drain what is left
         before = image.position
         with contextlib.suppress(KeyError):

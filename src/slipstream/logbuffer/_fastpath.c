@@ -1202,9 +1202,33 @@ static PyObject *image_poll(ImageCore *self, PyObject *const *args, Py_ssize_t n
     return PyLong_FromLongLong(fragments);
 }
 
+/* has_frame() -> bool: PyImage.has_frame, what a spinning poller asks between cycles (one length word read,
+ * no Python call). False for a closed or uninitialised image, or a position outside its term. */
+static PyObject *image_has_frame(ImageCore *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->closed || self->terms == NULL || !PyTuple_Check(self->terms) || PyTuple_GET_SIZE(self->terms) != 3 ||
+        self->position < 0 || self->bits < 0 || self->bits > 40) {
+        Py_RETURN_FALSE;
+    }
+    long long position = self->position;
+    Py_ssize_t offset = (Py_ssize_t)(position & self->mask);
+    PyObject *term = Py_NewRef(PyTuple_GET_ITEM(self->terms, (Py_ssize_t)((position >> self->bits) % 3)));
+    Py_buffer tb;
+    if (PyObject_GetBuffer(term, &tb, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(term);
+        return NULL;
+    }
+    int ready = offset >= 0 && offset <= tb.len - 4 && (offset & 3) == 0 && load_i32((const char *)tb.buf + offset) > 0;
+    PyBuffer_Release(&tb);
+    Py_DECREF(term);
+    return PyBool_FromLong(ready);
+}
+
 static PyMethodDef image_methods[] = {
     {"poll", (PyCFunction)(void (*)(void))image_poll, METH_FASTCALL,
      "poll(handler, fragment_limit) -> fragments delivered (see Image.poll)."},
+    {"has_frame", (PyCFunction)image_has_frame, METH_NOARGS,
+     "True when a complete frame waits at this subscriber's position (see PyImage.has_frame)."},
+    {"_has_frame", (PyCFunction)image_has_frame, METH_NOARGS, "As has_frame (see PyImage._has_frame)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -274,15 +274,17 @@ class PollThread(PollCore):
     def _step_aside(self) -> None:
         """While an application thread drives the cycles (or did, or sent, a moment ago, with ``busy_poll``:
         two Python threads that both spin hand the GIL over only every few milliseconds), wait."""
-
-        def driven() -> bool:
-            recently = self._busy and time.monotonic_ns() - self._driven_ns < DRIVEN_GRACE_NS
-            return bool(self.endpoints) and bool(self._driving or recently)
-
-        while driven():
+        while self._driven():
             self._resumed.clear()
-            if driven():
+            if self._driven():
                 self._resumed.wait(DRIVEN_GRACE_NS / 2e9)
+
+    def _driven(self) -> bool:
+        """Whether an application thread drives the cycles, or did (or sent) within DRIVEN_GRACE_NS with
+        ``busy_poll``. Asked before every wait of a spinning poll thread: no closure, the cheap test first."""
+        if not self._driving and not (self._busy and time.monotonic_ns() - self._driven_ns < DRIVEN_GRACE_NS):
+            return False
+        return bool(self.endpoints)
 
     def drive(
         self, done: Callable[[], bool], block: Callable[[float], object], deadline_ns: int | None, *, busy: bool
