@@ -301,3 +301,35 @@ def test_frames_the_encoder_refuses_raise_the_references_errors_and_leave_the_bu
     with pytest.raises(Exception, match="cannot encode"):
         s.encode_frame_into(buf, FrameKind.MESSAGE, 0, Quote(2**70, 1.0, "x"))  # an int msgpack cannot hold
     assert buf == b"kept"
+
+
+class Mutating(msgspec.Struct):
+    """A message whose decoding empties its registry's decoder list (``__post_init__`` runs Python in the
+    middle of a record's decoding)."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        for registry in MUTATED:
+            registry._decode_fns.clear()
+
+
+MUTATED: list[Serialization] = []
+
+
+def test_a_decoder_that_changes_the_decoders_is_survived_as_the_reference_does() -> None:
+    outcomes = []
+    for decode in ("decode_record", "py_decode_record"):
+        s = Serialization([Mutating])
+        MUTATED.clear()
+        buf = bytearray()
+        for n in range(3):
+            s.encode_frame_into(buf, FrameKind.MESSAGE, n, Mutating(n))
+        MUTATED.append(s)
+        try:
+            outcomes.append(comparable(getattr(s, decode)(bytes(buf))))
+        finally:
+            MUTATED.clear()
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0][2:] == (Mutating, Mutating(0))
+    assert outcomes[0][1][2] == outcomes[0][2][2] == "error"

@@ -386,7 +386,8 @@ static PyType_Spec core_spec = {
 /* A MessageDecodeError for a message frame that did not decode: why(frame payload, exc) names the
  * failure, exc becomes its __cause__. Takes the raised exception (set on entry); NULL when it is not an
  * Exception (KeyboardInterrupt and the like propagate) or why itself failed. */
-static PyObject *decode_failure(PyObject *why, const unsigned char *payload, Py_ssize_t length) {
+static PyObject *decode_failure(PyObject *why, PyObject *decode_error, const unsigned char *payload,
+                                Py_ssize_t length) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) {
         return NULL;
     }
@@ -405,7 +406,7 @@ static PyObject *decode_failure(PyObject *why, const unsigned char *payload, Py_
         text = PyObject_Vectorcall(why, call, 2, NULL);
     }
     if (text != NULL) {
-        error = PyObject_CallOneArg(err_decode, text);
+        error = PyObject_CallOneArg(decode_error, text);
     }
     if (error != NULL && exc_value != NULL) {
         PyException_SetCause(error, exc_value); /* steals the reference */
@@ -442,6 +443,8 @@ static PyObject *rc_decode_record(PyObject *module, PyObject *const *args, Py_ss
         Py_DECREF(fns);
         return NULL;
     }
+    /* held for the call: a decoder runs Python, which could bind() other tables meanwhile */
+    PyObject *kinds = Py_NewRef(kind_of), *messages = Py_NewRef(is_message), *decode_error = Py_NewRef(err_decode);
     const unsigned char *buf = (const unsigned char *)rb.buf;
     Py_ssize_t end = rb.len, offset = 0, count = 0;
     uint32_t length = 0;
@@ -457,7 +460,7 @@ static PyObject *rc_decode_record(PyObject *module, PyObject *const *args, Py_ss
             goto done;
         }
         unsigned int kind = buf[offset];
-        if (PyTuple_GET_ITEM(kind_of, kind) == Py_None) {
+        if (PyTuple_GET_ITEM(kinds, kind) == Py_None) {
             PyErr_Format(err_frame, "unknown frame kind %u at offset %zd", kind, offset);
             goto done;
         }
@@ -475,8 +478,6 @@ static PyObject *rc_decode_record(PyObject *module, PyObject *const *args, Py_ss
     if (out == NULL) {
         goto done;
     }
-    Py_ssize_t nfns = PySequence_Fast_GET_SIZE(fns);
-    PyObject **fn_items = PySequence_Fast_ITEMS(fns);
     offset = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         unsigned int kind = buf[offset];
@@ -485,10 +486,10 @@ static PyObject *rc_decode_record(PyObject *module, PyObject *const *args, Py_ss
         Py_ssize_t stop = start + (Py_ssize_t)load_be32(buf + offset + 5);
         offset = stop;
         PyObject *value;
-        if (PyTuple_GET_ITEM(is_message, kind) == Py_True) {
+        if (PyTuple_GET_ITEM(messages, kind) == Py_True) {
             if (stop == start) {
                 PyObject *text = PyUnicode_FromString("empty message");
-                value = text == NULL ? NULL : PyObject_CallOneArg(err_decode, text);
+                value = text == NULL ? NULL : PyObject_CallOneArg(decode_error, text);
                 Py_XDECREF(text);
             } else {
                 unsigned int first = buf[start];
@@ -501,17 +502,21 @@ static PyObject *rc_decode_record(PyObject *module, PyObject *const *args, Py_ss
                     type_id = start + 1 < end ? (Py_ssize_t)(((first & 0x7F) << 8) | buf[start + 1]) : -1;
                     body = start + 2;
                 }
-                if (type_id < 0 || type_id >= nfns || body > stop) {
+                /* the size read at each use, the decoder held through its call: a decoder (a type's
+                 * __post_init__) runs Python, which could change the list */
+                if (type_id < 0 || type_id >= PySequence_Fast_GET_SIZE(fns) || body > stop) {
                     PyErr_SetString(PyExc_IndexError, type_id < 0 || body > stop ? "truncated type id"
-                                                                                 : "unknown message type id");
+                                                                                 : "list index out of range");
                     value = NULL;
                 } else {
+                    PyObject *fn = Py_NewRef(PySequence_Fast_GET_ITEM(fns, type_id));
                     PyObject *data = PyBytes_FromStringAndSize((const char *)buf + body, stop - body);
-                    value = data == NULL ? NULL : PyObject_CallOneArg(fn_items[type_id], data);
+                    value = data == NULL ? NULL : PyObject_CallOneArg(fn, data);
                     Py_XDECREF(data);
+                    Py_DECREF(fn);
                 }
                 if (value == NULL) {
-                    value = decode_failure(why, buf + start, stop - start);
+                    value = decode_failure(why, decode_error, buf + start, stop - start);
                 }
             }
         } else {
@@ -534,13 +539,16 @@ static PyObject *rc_decode_record(PyObject *module, PyObject *const *args, Py_ss
             Py_CLEAR(out);
             goto done;
         }
-        PyTuple_SET_ITEM(item, 0, Py_NewRef(PyTuple_GET_ITEM(kind_of, kind)));
+        PyTuple_SET_ITEM(item, 0, Py_NewRef(PyTuple_GET_ITEM(kinds, kind)));
         PyTuple_SET_ITEM(item, 1, rid);
         PyTuple_SET_ITEM(item, 2, value);
         PyList_SET_ITEM(out, i, item);
     }
 done:
     PyBuffer_Release(&rb);
+    Py_DECREF(kinds);
+    Py_DECREF(messages);
+    Py_DECREF(decode_error);
     Py_DECREF(fns);
     return out;
 }
