@@ -333,3 +333,13 @@ def test_a_decoder_that_changes_the_decoders_is_survived_as_the_reference_does()
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][0][2:] == (Mutating, Mutating(0))
     assert outcomes[0][1][2] == outcomes[0][2][2] == "error"
+
+
+def test_a_layer_is_initialised_once() -> None:
+    """Its replay window is allocated once: a second ``__init__`` (which would free it under an ``open`` in
+    progress in another thread) is refused, and the layer goes on as it was."""
+    c_seal, _, c_open, _ = layers()
+    record = c_seal.seal(b"first")
+    with pytest.raises(RuntimeError, match="initialised once"):
+        c_open.__init__(os.urandom(32), os.urandom(32))  # type: ignore[misc]
+    assert c_open.open(record) == b"first"

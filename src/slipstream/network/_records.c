@@ -147,6 +147,10 @@ static int core_init(RecordCore *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_TypeError, "encrypt, encrypt_into and decrypt must be callable");
         return -1;
     }
+    if (self->seen != NULL) { /* a second __init__ would free the window under an open() in progress */
+        PyErr_SetString(PyExc_RuntimeError, "a record layer is initialised once");
+        return -1;
+    }
     unsigned long long *seen = PyMem_Malloc((size_t)window * sizeof(unsigned long long));
     if (seen == NULL) {
         PyErr_NoMemory();
@@ -155,7 +159,6 @@ static int core_init(RecordCore *self, PyObject *args, PyObject *kwargs) {
     for (long long i = 0; i < window; i++) {
         seen[i] = NO_COUNTER;
     }
-    PyMem_Free(self->seen);
     self->seen = seen;
     self->window = window;
     self->max_record = max_record;
