@@ -38,13 +38,11 @@ from slipstream.logbuffer import (
 )
 from slipstream.logbuffer.fastpath import FAST
 from slipstream.wire.constants import HDR_TYPE_PAD, TERM_MIN_LENGTH
+from tests.extension import require_extension
 
-if FAST is None:
-    if os.environ.get("SLIPSTREAM_REQUIRE_EXTENSIONS") == "1":
-        raise RuntimeError("SLIPSTREAM_REQUIRE_EXTENSIONS=1 but the C fast path did not load")
-    pytest.skip("the C fast path is not built (or SLIPSTREAM_NO_EXTENSIONS is set)", allow_module_level=True)
+require_extension(FAST, "the C fast path")
 
-from slipstream.logbuffer.appender import FastExclusiveAppender
+from slipstream.logbuffer.appender import FastExclusiveAppender  # noqa: E402  (exists only with the extension)
 
 TERM = TERM_MIN_LENGTH
 BIG = 1 << 62

@@ -3,7 +3,6 @@ datagrams, same bytes copied into a term, for well-formed and hostile input alik
 
 from __future__ import annotations
 
-import os
 import struct
 
 import pytest
@@ -12,11 +11,9 @@ from hypothesis import strategies as st
 
 from slipstream.logbuffer.fastpath import FAST
 from slipstream.wire.frames import DataScan, scan_equal_frames
+from tests.extension import require_extension
 
-if FAST is None:
-    if os.environ.get("SLIPSTREAM_REQUIRE_EXTENSIONS") == "1":
-        raise RuntimeError("SLIPSTREAM_REQUIRE_EXTENSIONS=1 but the C fast path did not load")
-    pytest.skip("the C fast path is not built (or SLIPSTREAM_NO_EXTENSIONS is set)", allow_module_level=True)
+require_extension(FAST, "the C fast path")
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 HEADER = struct.Struct("<iBBHiiiiq")

@@ -12,7 +12,6 @@ with its segment size), along with positions and counters.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import socket
 import struct
@@ -34,11 +33,9 @@ from slipstream.protocol import sender as sender_module
 from slipstream.wire.constants import TERM_MIN_LENGTH
 from slipstream.wire.frames import StatusMessage
 from slipstream.wire.positions import compute_term_id
+from tests.extension import require_extension
 
-if FAST is None:
-    if os.environ.get("SLIPSTREAM_REQUIRE_EXTENSIONS") == "1":
-        raise RuntimeError("SLIPSTREAM_REQUIRE_EXTENSIONS=1 but the C fast path did not load")
-    pytest.skip("the C fast path is not built (or SLIPSTREAM_NO_EXTENSIONS is set)", allow_module_level=True)
+require_extension(FAST, "the C fast path")
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TERM = 4 * TERM_MIN_LENGTH

@@ -25,11 +25,9 @@ from slipstream.network.errors import (
 from slipstream.network.frames import FRAME_OVERHEAD, FrameKind, encode_frame_into
 from slipstream.network.serialization import Serialization
 from slipstream.network.session import RECORD_OVERHEAD, RECORDS_C, PyRecordLayer, RecordLayer
+from tests.extension import require_extension
 
-if RECORDS_C is None:
-    if os.environ.get("SLIPSTREAM_REQUIRE_EXTENSIONS") == "1":
-        raise RuntimeError("SLIPSTREAM_REQUIRE_EXTENSIONS=1 but slipstream.network._records did not load")
-    pytest.skip("the C record layer is not built (or SLIPSTREAM_NO_EXTENSIONS is set)", allow_module_level=True)
+require_extension(RECORDS_C, "the C record layer (slipstream.network._records)")
 
 
 class Quote(msgspec.Struct):
