@@ -341,3 +341,16 @@ def test_a_layer_is_initialised_once() -> None:
     with pytest.raises(RuntimeError, match="initialised once"):
         c_open.__init__(os.urandom(32), os.urandom(32))  # type: ignore[misc]
     assert c_open.open(record) == b"first"
+
+
+@pytest.mark.parametrize("size", [10, 5000])
+def test_a_plaintext_the_aead_refuses_raises_its_error_and_spends_the_counter(size: int) -> None:
+    """Small and large (encrypted in place) alike: the AEAD's TypeError, the counter spent (a nonce is never
+    reused), and the next record seals as the reference's does."""
+    c_seal, py_seal, c_open, _ = layers()
+    for layer in (c_seal, py_seal):
+        with pytest.raises(TypeError):
+            layer.seal([0] * size)  # type: ignore[arg-type]
+    assert counts(c_seal) == counts(py_seal) and c_seal.send_counter == 1
+    record = c_seal.seal(b"next")
+    assert record == py_seal.seal(b"next") and c_open.open(record) == b"next"

@@ -250,15 +250,24 @@ static PyObject *core_seal(RecordCore *self, PyObject *plaintext) {
     PyObject *call[4] = {nonce, plaintext, Py_None, into};
     PyObject *done = PyObject_Vectorcall(self->encrypt_into, call, 4, NULL);
     Py_DECREF(nonce);
+    PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
+    if (done == NULL) {
+        PyErr_Fetch(&exc_type, &exc_value, &exc_tb); /* (no call with an error set) */
+    }
     PyObject *released = PyObject_CallMethodNoArgs(into, str_release); /* the bytearray may be resized again */
     Py_DECREF(into);
-    if (done == NULL || released == NULL) {
-        Py_XDECREF(done);
+    if (done == NULL) {
         Py_XDECREF(released);
+        PyErr_Clear();
+        PyErr_Restore(exc_type, exc_value, exc_tb);
         Py_DECREF(record);
         return NULL;
     }
     Py_DECREF(done);
+    if (released == NULL) {
+        Py_DECREF(record);
+        return NULL;
+    }
     Py_DECREF(released);
     return record;
 }
