@@ -56,8 +56,7 @@ test: lint system-deps
 # Pure-Python smoke run: the fallback a machine without a compiler gets.
 test-pure: $(STAMP)
 	SLIPSTREAM_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_logbuffer.py tests/test_ipc.py \
-		tests/test_sender.py tests/test_import_floors.py tests/test_readme.py tests/test_network_session.py \
-		tests/test_network_serialization.py
+		tests/test_sender.py tests/test_import_floors.py tests/test_readme.py tests/test_network_session.py
 
 # The differential and fuzz tests against a build with AddressSanitizer and UBSan, made in a scratch copy
 # of the tree (the in-place extension is left as it is); bounded by a timeout.
