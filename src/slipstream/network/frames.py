@@ -65,6 +65,8 @@ _KINDS: Final[tuple[FrameKind | None, ...]] = tuple(
 """Kind byte -> member (None: unknown), so decoding costs one tuple index, not an enum lookup."""
 _KIND_OF: Final = cast("tuple[FrameKind, ...]", _KINDS)
 """The same table typed for bytes :func:`walk_frames` accepted (none of which maps to None)."""
+_IS_MESSAGE: Final = tuple(kind in (FrameKind.MESSAGE, FrameKind.SYNC_REQUEST) for kind in range(256))
+"""Kind byte -> whether its payload is a message to decode (one tuple index per frame on the fast path)."""
 _unpack_header_from: Final = FRAME_HEADER.unpack_from
 
 

@@ -25,7 +25,7 @@ from typing import Any, Final, cast
 import msgspec
 
 from .errors import FrameError, MessageDecodeError, UnregisteredTypeError
-from .frames import _KIND_OF, _KINDS, FRAME_HEADER, FRAME_OVERHEAD, FrameKind, walk_frames
+from .frames import _IS_MESSAGE, _KIND_OF, _KINDS, FRAME_HEADER, FRAME_OVERHEAD, FrameKind, walk_frames
 from .session import RECORDS_C
 
 __all__ = ["BUILTIN_TYPES", "MAX_TYPES", "Serialization"]
@@ -39,8 +39,6 @@ _DESCRIPTION_VERSION: Final = 1
 _ONE_BYTE: Final = tuple(bytes((i,)) for i in range(128))
 _HEADER_ROOM: Final = bytes(FRAME_OVERHEAD)
 _pack_header_into: Final = FRAME_HEADER.pack_into
-_IS_MESSAGE: Final = tuple(kind in (FrameKind.MESSAGE, FrameKind.SYNC_REQUEST) for kind in range(256))
-"""Kind byte -> whether its payload is a message to decode (one tuple index per frame on the fast path)."""
 
 
 def _type_name(tp: type) -> str:

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from ..logbuffer.fastpath import load_extension
 from .errors import FrameError, MessageDecodeError, NetworkError, RecordMalformed, RecordReplayed, RecordTampered
-from .frames import _KINDS
+from .frames import _IS_MESSAGE, _KINDS
 
 __all__ = [
     "COUNTER_SIZE",
@@ -64,7 +64,7 @@ if RECORDS_C is not None:
         FrameError,
         MessageDecodeError,
         _KINDS,
-        tuple(kind in (1, 2) for kind in range(256)),  # MESSAGE and SYNC_REQUEST: the frames that carry messages
+        _IS_MESSAGE,
     )
 
 
