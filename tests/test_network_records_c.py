@@ -267,7 +267,13 @@ def test_random_bytes_decode_alike(data: bytes) -> None:
 
 
 def test_type_ids_past_the_registry_and_truncated_ids_decode_alike() -> None:
-    s = registry()
+    for s in (registry(), Serialization([Quote, Point, *(type(f"T{i}", (msgspec.Struct,), {}) for i in range(8))])):
+        _ids_decode_alike(s)
+
+
+def _ids_decode_alike(s: Serialization) -> None:
+    """(With ten types, a one-byte frame's long id read on into the next frame names a registered type: the
+    reference decodes an empty body with it, and so must C.)"""
     for body in (b"\x05\x90", b"\x7f\x90", b"\x80", b"\x80\x01\x90", b"\xff\xff\x90", b"\x00\xc1", b""):
         for tail in (b"", bytes([FrameKind.PING]) + bytes(8)):  # a one-byte long id followed by another frame
             data = bytes([FrameKind.MESSAGE]) + bytes(4) + struct.pack(">I", len(body)) + body + tail

@@ -516,13 +516,13 @@ static PyObject *rc_decode_record(PyObject *module, PyObject *const *args, Py_ss
                 }
                 /* the size read at each use, the decoder held through its call: a decoder (a type's
                  * __post_init__) runs Python, which could change the list */
-                if (type_id < 0 || type_id >= PySequence_Fast_GET_SIZE(fns) || body > stop) {
-                    PyErr_SetString(PyExc_IndexError, type_id < 0 || body > stop ? "truncated type id"
-                                                                                 : "list index out of range");
+                if (type_id < 0 || type_id >= PySequence_Fast_GET_SIZE(fns)) {
+                    PyErr_SetString(PyExc_IndexError, type_id < 0 ? "index out of range" : "list index out of range");
                     value = NULL;
-                } else {
+                } else { /* (a one-byte frame with a two-byte id: an empty body, as the reference's slice) */
                     PyObject *fn = Py_NewRef(PySequence_Fast_GET_ITEM(fns, type_id));
-                    PyObject *data = PyBytes_FromStringAndSize((const char *)buf + body, stop - body);
+                    Py_ssize_t size = body > stop ? 0 : stop - body;
+                    PyObject *data = PyBytes_FromStringAndSize((const char *)buf + body, size);
                     value = data == NULL ? NULL : PyObject_CallOneArg(fn, data);
                     Py_XDECREF(data);
                     Py_DECREF(fn);
