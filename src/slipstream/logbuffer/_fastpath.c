@@ -1122,6 +1122,12 @@ static int image_advance(ImageCore *self, long long position) {
     return 0;
 }
 
+/* Whether the image's terms and position are set up (what poll and has_frame index with). */
+static int image_terms_ready(const ImageCore *self) {
+    return self->terms != NULL && PyTuple_Check(self->terms) && PyTuple_GET_SIZE(self->terms) == 3 &&
+           self->position >= 0 && self->bits >= 0 && self->bits <= 40;
+}
+
 /* poll(handler, fragment_limit) -> fragments: Image.poll. */
 static PyObject *image_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
@@ -1135,8 +1141,7 @@ static PyObject *image_poll(ImageCore *self, PyObject *const *args, Py_ssize_t n
     if (self->closed) {
         return PyLong_FromLong(0);
     }
-    if (self->terms == NULL || !PyTuple_Check(self->terms) || PyTuple_GET_SIZE(self->terms) != 3 ||
-        self->values == NULL || self->header == NULL || self->position < 0 || self->bits < 0 || self->bits > 40) {
+    if (!image_terms_ready(self) || self->values == NULL || self->header == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "image not initialised");
         return NULL;
     }
@@ -1205,8 +1210,7 @@ static PyObject *image_poll(ImageCore *self, PyObject *const *args, Py_ssize_t n
 /* has_frame() -> bool: PyImage.has_frame, what a spinning poller asks between cycles (one length word read,
  * no Python call). False for a closed or uninitialised image, or a position outside its term. */
 static PyObject *image_has_frame(ImageCore *self, PyObject *Py_UNUSED(ignored)) {
-    if (self->closed || self->terms == NULL || !PyTuple_Check(self->terms) || PyTuple_GET_SIZE(self->terms) != 3 ||
-        self->position < 0 || self->bits < 0 || self->bits > 40) {
+    if (self->closed || !image_terms_ready(self)) {
         Py_RETURN_FALSE;
     }
     long long position = self->position;
