@@ -23,23 +23,27 @@ from .endpoint import Polled
 from .pacing import Pacer, Run, Sleep, Step, Wake
 from .transport import earliest, input_pending
 
-__all__ = ["SPIN_CHORES_NS", "ParkOn", "PollCore", "Seen", "Watch"]
+__all__ = ["SPIN_CHORES_MIN_NS", "SPIN_CHORES_NS", "ParkOn", "PollCore", "Seen", "Watch"]
 
 log = logging.getLogger("slipstream.network")
 
-SPIN_CHORES_NS = 200_000
-"""While a poller spins (idle, or busy with a stream of messages), how often it runs whole duty cycles; in
-between it polls the connections alone, with the invoker-mode drivers only when one carries UDP
+SPIN_CHORES_NS = 1_000_000
+"""While a poller spins (idle, or busy with a stream of messages), how often it runs whole duty cycles at most;
+in between it polls the connections alone, with the invoker-mode drivers only when one carries UDP
 (:meth:`PollCore._spin_cycle`). A whole cycle also runs the endpoints' chores (handshakes, tables, error
-summaries) and an IPC-only driver's cycle (publication limits, commands), several microseconds even with
-nothing to do, and a frame that arrives meanwhile waits for them. Measured with two-process round-trip
-probes (medians of 5-6 interleaved runs' p50, a quiet hour, when only an idle poller spun like this):
-asyncio IPC 40.0 -> 35.5 us, asyncio UDP 109.2 -> 105.0 us, blocking UDP 106.2 -> 103.3 us, blocking IPC
-unchanged (34.1 -> 33.7 us); 30 and 100 us measured alike. Since the poller spins busy too, 200 us: in a slow
-phase of the VM (round trips of 120 us and more) an asyncio client's cycles were more than 50 us apart, so each
-was a whole one (cProfile of the client of a two-process IPC round trip: 1.86 whole cycles and 298 Python calls a
-round trip at 50 us, 1.07 whole and 0.43 connections-only cycles and 260-266 calls at 200 us). The chores, and
-the connections' timers, run up to this late."""
+summaries, the connections' timers) and an IPC-only driver's cycle (publication limits, commands): 35-65 us in
+a slow phase of this VM even with nothing to do, and a frame that arrives meanwhile waits for it. The next whole
+cycle comes sooner when a connection's timer (as the last whole cycle found them) is due sooner, or when an
+IPC-only driver did work in the last one (a publisher pressing on its limit: :data:`SPIN_CHORES_MIN_NS`). What
+waits up to this long: the chores without a timer (a handshake's first packet, an IPC publisher's limit while it
+has room) and a timer started between whole cycles (an acknowledgement's, 10 ms by default; a ping's timeout).
+
+Measured with a two-process blocking IPC round-trip probe, interleaved runs, a slow phase of the VM: at 200 us
+the server's whole cycles (p50 65 us: the driver's 39, its IPC limits 22 of them, the chores 21) took a quarter
+of its time and p50 round trips were 134-144 us; at 1 ms they were 75-106 us (4 pairs). Earlier, in a quiet
+hour, 30, 50, 100 and 200 us had measured alike."""
+SPIN_CHORES_MIN_NS = 50_000
+"""The soonest a spinning poller's next whole cycle comes after one (see :data:`SPIN_CHORES_NS`)."""
 
 
 Parked = tuple[Parking, list[Doorbell], list[int]]
@@ -109,6 +113,8 @@ class PollCore:
         self.backoff = pacer.backoff
         self._threaded_now = False
         self._network_now = False
+        self._drivers_worked = False
+        """The invoker-mode drivers did work in the last whole cycle (commands, a publisher's limit)."""
         self.idle = False
         """The last duty cycle did no work (set by :meth:`waits`)."""
 
@@ -126,7 +132,7 @@ class PollCore:
                     work = self._spin_cycle(now_ns)
                 else:
                     work = self._cycle(now_ns)
-                    spin_until_ns = now_ns + SPIN_CHORES_NS
+                    spin_until_ns = self._chores_due_ns(now_ns)
                 self.idle = not work
                 unread = pacer.woken_by_input and not work and input_pending(inputs)
                 step = pacer.cycled(now_ns, work, threaded=self._threaded(), unread_input=unread)
@@ -218,7 +224,8 @@ class PollCore:
         without a driver cycle (``Connection._flush_out``); the rest (handshake packets, status messages)
         goes with the next one."""
         work = self._endpoints_cycle(now_ns)
-        if self._invoke_drivers():
+        self._drivers_worked = bool(self._invoke_drivers())
+        if self._drivers_worked:
             work += self._connections_cycle(now_ns) or self._endpoints_cycle(now_ns)
         return work
 
@@ -262,6 +269,15 @@ class PollCore:
                 log.exception("network poller failed")
                 endpoint.report_error(None, exc)
         return work
+
+    def _chores_due_ns(self, now_ns: int) -> int:
+        """When a spinning poller's next whole cycle is due: :data:`SPIN_CHORES_NS` after this one, or at the
+        endpoints' earliest timer if that comes first (never sooner than :data:`SPIN_CHORES_MIN_NS`: a timer
+        that stays due costs a whole cycle that often, not one per spin)."""
+        if self._drivers_worked and not self._network_now:  # (a driver that carries UDP runs on every spin anyway)
+            return now_ns + SPIN_CHORES_MIN_NS
+        due = earliest((endpoint.next_deadline_ns(now_ns) for endpoint in self.endpoints), now_ns + SPIN_CHORES_NS)
+        return max(now_ns + SPIN_CHORES_MIN_NS, due or 0)
 
     def _due_ns(self, now_ns: int) -> int | None:
         """When the earliest timer of the endpoints' connections or of an invoker-mode driver's streams
