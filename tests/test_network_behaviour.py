@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -480,5 +481,50 @@ def test_a_close_cancelled_midway_still_releases_the_driver(driver_dir: Path, si
             await other.close()
             shutil.rmtree(f"{driver_dir}-client", ignore_errors=True)
         assert _driver_threads() == before
+
+    run(main())
+
+
+def test_a_server_close_cancelled_while_it_settles_starting_connections_still_tells_its_clients(
+    driver_dir: Path,
+) -> None:
+    """A server's close first waits for starting connections that are half up (``_settle_starting``, up to
+    ``close_timeout``). Cancelled there, its clients still hear CLOSE, where they used to find out by their
+    expiry (or the stream's end) after the server's driver went."""
+
+    async def main() -> None:
+        port = free_ports(50)
+        server = Server(server_config(driver_dir, close_timeout=5.0))
+        client = Client(client_config(Path(f"{driver_dir}-client"), close_timeout=5.0))
+        ended: list[tuple[bool, bool, str]] = []
+        try:
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            hears = client.connection_ended
+
+            def connection_ended(conn: Connection, event: Any) -> None:
+                ended.append((event.by_peer, event.expired, event.reason))
+                hears(conn, event)
+
+            client.connection_ended = connection_ended  # type: ignore[method-assign]
+            settling = asyncio.Event()
+
+            def half_up() -> bool:  # (as a client whose handshake is midway leaves one)
+                settling.set()
+                return True
+
+            server._half_up = half_up  # type: ignore[method-assign]
+            task = asyncio.ensure_future(server.close())
+            await asyncio.wait_for(settling.wait(), 10)
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await connection.wait_closed(timeout=10)
+            assert ended == [(True, False, "server closing")]
+        finally:
+            await client.close()
+            await server.close()
+            shutil.rmtree(f"{driver_dir}-client", ignore_errors=True)
 
     run(main())

@@ -64,21 +64,27 @@ class Server(Endpoint, ServerCore[Connection]):
     async def close(self) -> None:
         """Close every connection (each peer hears CLOSE), let the listeners still running finish (up to
         ``close_timeout``, then they are cancelled), stop listening, release the driver. Cancelled midway,
-        it still stops and releases everything before the cancellation goes on."""
+        it still tells the peers, stops and releases everything before the cancellation goes on."""
         self._close_started()
         if self._rebinding is not None:
             self._rebinding.cancel()
+        told = False
         try:
             await self._settle_starting()
+            told = True
             self._close_connections()
             await self._wait_closings()
             self._close_table()
             await self._stop_poller()
         finally:
-            self._stop_poller_now()
-            self._links.close()
-            self._stop_recording()
             try:
-                await self._release_context_drained()
+                if not told:  # cancelled while settling: the peers hear CLOSE all the same, not their expiry
+                    self._close_connections()
             finally:
-                self.store.close()
+                self._stop_poller_now()
+                self._links.close()
+                self._stop_recording()
+                try:
+                    await self._release_context_drained()
+                finally:
+                    self.store.close()
