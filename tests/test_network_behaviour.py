@@ -10,6 +10,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -387,6 +388,16 @@ def test_a_sleeping_coroutine_listener_does_not_block_the_receive_path(driver_di
 # -- closing with listeners still running ----------------------------------------------------------------
 
 
+async def _cancel_midway(close: Coroutine[Any, Any, None], reached: asyncio.Event) -> None:
+    """Run ``close``, cancel it a moment after it ``reached`` the step under test, and see the cancellation go on."""
+    task = asyncio.ensure_future(close)
+    await asyncio.wait_for(reached.wait(), 10)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 def _driver_threads() -> list[str]:
     return [thread.name for thread in threading.enumerate() if thread.name.startswith("slipstream-driver")]
 
@@ -469,12 +480,7 @@ def test_a_close_cancelled_midway_still_releases_the_driver(driver_dir: Path, si
             await server.bind(port)
             await client.connect("127.0.0.1", port, timeout=10)
             assert len(_driver_threads()) == len(before) + 2
-            task = asyncio.ensure_future(closing.close())
-            await asyncio.wait_for(started.wait(), 10)
-            await asyncio.sleep(0.05)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+            await _cancel_midway(closing.close(), started)
             assert finished == ["cancelled"]
             assert len(_driver_threads()) == len(before) + 1  # the other endpoint's driver alone
         finally:
@@ -514,12 +520,7 @@ def test_a_server_close_cancelled_while_it_settles_starting_connections_still_te
                 return True
 
             server._half_up = half_up  # type: ignore[method-assign]
-            task = asyncio.ensure_future(server.close())
-            await asyncio.wait_for(settling.wait(), 10)
-            await asyncio.sleep(0.05)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+            await _cancel_midway(server.close(), settling)
             assert await connection.wait_closed(timeout=10)
             assert ended == [(True, False, "server closing")]
         finally:
