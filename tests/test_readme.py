@@ -49,11 +49,13 @@ def test_python_snippet_runs(index: int, driver_dir: Path) -> None:
         assert done.stdout.splitlines() == ["100 70", "refused: balance 70, asked 1000", "True"], done.stdout
 
 
-def test_shell_tour_runs() -> None:
+def test_shell_tour_runs(tmp_path: Path) -> None:
     tour = [b for b in blocks("sh") if "slipstream driver" in b]
     assert len(tour) == 1
+    assert "/dev/shm/slipstream-tour" in tour[0]
+    script = tour[0].replace("/dev/shm/slipstream-tour", str(tmp_path / "tour"))  # (nothing left in /dev/shm)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "-e", "-c", tour[0]], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(["bash", "-e", "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "checksum ok" in done.stdout and "media driver running" in done.stdout
 
