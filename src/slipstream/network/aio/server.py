@@ -68,23 +68,19 @@ class Server(Endpoint, ServerCore[Connection]):
         self._close_started()
         if self._rebinding is not None:
             self._rebinding.cancel()
-        told = False
         try:
-            await self._settle_starting()
-            told = True
-            self._close_connections()
+            try:
+                await self._settle_starting()
+            finally:  # (cancelled while settling too: the peers hear CLOSE, not their expiry)
+                self._close_connections()
             await self._wait_closings()
             self._close_table()
             await self._stop_poller()
         finally:
+            self._stop_poller_now()
+            self._links.close()
+            self._stop_recording()
             try:
-                if not told:  # cancelled while settling: the peers hear CLOSE all the same, not their expiry
-                    self._close_connections()
+                await self._release_context_drained()
             finally:
-                self._stop_poller_now()
-                self._links.close()
-                self._stop_recording()
-                try:
-                    await self._release_context_drained()
-                finally:
-                    self.store.close()
+                self.store.close()
