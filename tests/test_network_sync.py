@@ -164,6 +164,41 @@ def test_listeners_connect_and_disconnect_run_once_each(driver_dir: Path) -> Non
         server.close()
 
 
+class Interrupted(BaseException):
+    """A KeyboardInterrupt's stand-in: raised inside a close's wait (a real one would end the test run)."""
+
+
+def test_a_close_interrupted_in_its_wait_still_tells_the_peer_and_releases_the_driver(driver_dir: Path) -> None:
+    """A server's close first waits for starting connections that are half up; a client's, for its
+    connection's closing. An exception thrown into either wait (Ctrl-C) used to skip the rest of the close:
+    the clients found out by their expiry, and the driver outlived the endpoint. Now the peers hear CLOSE and
+    everything is released before the exception goes on; a second close is a no-op."""
+    with pair(driver_dir, "udp", close_timeout=5.0) as (server, client, connection):
+        ended: list[tuple[bool, bool, str]] = []
+        hears = client.connection_ended
+
+        def connection_ended(conn: Any, event: Any) -> None:
+            ended.append((event.by_peer, event.expired, event.reason))
+            hears(conn, event)
+
+        def interrupted(*_: object) -> bool:
+            raise Interrupted
+
+        client.connection_ended = connection_ended  # type: ignore[method-assign]
+        server._half_up = interrupted  # type: ignore[method-assign]
+        with pytest.raises(Interrupted):
+            server.close()
+        assert connection.wait_closed(timeout=10)
+        assert ended == [(True, False, "server closing")]
+        assert server.context is None and not server.connections
+        server.close()  # (done already)
+        client._wait_closings = interrupted  # type: ignore[method-assign]
+        with pytest.raises(Interrupted):
+            client.close()
+        assert client.context is None
+        client.close()  # (done already)
+
+
 def test_a_listener_that_waits_for_an_answer_is_told_so_and_an_async_listener_is_refused(driver_dir: Path) -> None:
     errors: list[BaseException] = []
     with pair(driver_dir) as (server, client, connection):

@@ -124,16 +124,22 @@ class Client(Endpoint, ClientCore[Connection]):
         self._reconnect_thread.start()
 
     def close(self) -> None:
-        """Close the connection (the server hears CLOSE at once) and release the driver (once: again is a no-op)."""
+        """Close the connection (the server hears CLOSE at once) and release the driver (once: again is a no-op).
+        Interrupted midway (a KeyboardInterrupt in its wait), it still stops and releases everything before the
+        exception goes on."""
         if self._closed:
             return
         with self.lock:
             self._close_started()
-        self._wait_closings()
-        with self.lock:
-            self._stop_poller()
-            self._stop_recording()
-        self._join_retries()
-        self._release_context_drained()
-        self.store.close()
-        self._closed = True
+        try:
+            self._wait_closings()
+        finally:
+            with self.lock:
+                self._stop_poller()
+                self._stop_recording()
+            self._join_retries()
+            try:
+                self._release_context_drained()
+            finally:
+                self.store.close()
+                self._closed = True

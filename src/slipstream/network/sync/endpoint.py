@@ -201,13 +201,15 @@ class Endpoint(RunningEndpoint[Connection]):
             context, self._context = self._context, None
             with self.lock:
                 self._close_counters()
-            if shared_contexts.is_last(context):
-                for _ in context.drain_steps():
-                    with self.lock:
-                        context.invoke()
-                    time.sleep(DRAIN_STEP_S)
-            with self.lock:
-                shared_contexts.release(context)
+            try:
+                if shared_contexts.is_last(context):
+                    for _ in context.drain_steps():
+                        with self.lock:
+                            context.invoke()
+                        time.sleep(DRAIN_STEP_S)
+            finally:  # (interrupted while draining: released all the same, or the driver would outlive us)
+                with self.lock:
+                    shared_contexts.release(context)
 
     def _stop_polling(self) -> None:
         if self._polling:

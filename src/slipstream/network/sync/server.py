@@ -62,23 +62,32 @@ class Server(Endpoint, ServerCore[Connection]):
         self._retry_thread(attempt, REBIND_MAX_DELAY_S, then).start()
 
     def close(self) -> None:
-        """Close every connection (each peer hears CLOSE), stop listening, release the driver."""
+        """Close every connection (each peer hears CLOSE), stop listening, release the driver. Interrupted
+        midway (a KeyboardInterrupt in one of its waits), it still tells the peers, stops and releases
+        everything before the exception goes on."""
         if self._closed.is_set():
             return
         with self.lock:
             self._close_started()
-        # Starting connections that are half up come up first (see aio.Server._settle_starting).
-        deadline_ns = time.monotonic_ns() + int(self.config.close_timeout * 1e9)
-        self.drive(lambda: not self._half_up(), lambda _: time.sleep(SETTLE_STEP_S), deadline_ns)
-        with self.lock:
-            self._close_connections()
-        self._wait_closings()
-        with self.lock:
-            self._close_table()
-            self._stop_poller()
-            self._links.close()
-            self._stop_recording()
-        self._join_retries()
-        self._release_context_drained()
-        self.store.close()
-        self._closed.set()
+        try:
+            # Starting connections that are half up come up first (see aio.Server._settle_starting).
+            deadline_ns = time.monotonic_ns() + int(self.config.close_timeout * 1e9)
+            try:
+                self.drive(lambda: not self._half_up(), lambda _: time.sleep(SETTLE_STEP_S), deadline_ns)
+            finally:  # (interrupted while settling too: the peers hear CLOSE, not their expiry)
+                with self.lock:
+                    self._close_connections()
+            self._wait_closings()
+            with self.lock:
+                self._close_table()
+        finally:
+            with self.lock:
+                self._stop_poller()
+                self._links.close()
+                self._stop_recording()
+            self._join_retries()
+            try:
+                self._release_context_drained()
+            finally:
+                self.store.close()
+                self._closed.set()
