@@ -405,7 +405,7 @@ class ConnectionBase(ConnectionHooks, Generic[T]):
         record = self._machine.seal_lone(message, time.monotonic_ns())
         if record is None:
             return False
-        link.send((record,))
+        link.send_one(record)
         if link.back_pressured:
             self.back_pressure_events += 1
         return True

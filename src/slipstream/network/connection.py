@@ -240,13 +240,22 @@ class ConnectionMachine:
         ):
             return None
         number = delivery.next_wire if delivery is not None and delivery.sequencing else 0  # (never 0 if sequenced)
-        if self.serialization.encode_frame_into(self._batch, _MESSAGE, number, message) > self.max_payload:
-            del self._batch[:]
+        batch = self._batch
+        if self.serialization.encode_frame_into(batch, _MESSAGE, number, message) > self.max_payload:
+            del batch[:]
             return None  # it goes as a stream: send does that
-        if number and delivery is not None:
-            delivery.commit()
-        self.stats.messages_sent += 1
-        (record,) = self.messages_to_send(now_ns, 0)
+        # What messages_to_send does for a batch of one, in this frame: a lone round trip's every step counts.
+        if delivery is not None:
+            if number:
+                delivery.commit()
+            delivery.sealing(batch)
+        record = self.records.seal(batch)
+        self._batch = bytearray()
+        self._last_sent_ns = now_ns
+        stats = self.stats
+        stats.messages_sent += 1
+        stats.records_sent += 1
+        stats.bytes_sent += len(record)
         return record
 
     def send_file(self, path: os.PathLike[str] | str, *, kind: int = FrameKind.MESSAGE, request_id: int = 0) -> int:

@@ -389,6 +389,13 @@ class Link:
                 break
         return offered
 
+    def send_one(self, packet: bytes | bytearray) -> int:
+        """:meth:`send` for one packet (a lone record): offered straight away when nothing waits before it."""
+        if not self.outbox and self.publication.offer(packet) >= 0:
+            self.back_pressured = False
+            return 1
+        return self.send((packet,))  # (refused: offered again there, and queued or dropped as it says)
+
     def close(self) -> None:
         """Close both streams (see :func:`close_quietly`)."""
         close_quietly(self.publication, self.subscription)
