@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
 from pathlib import Path
 
 from .delivery import ACK_ROOM, Delivery
@@ -44,7 +43,8 @@ from .events import Closed, Event, KeepaliveSent, MessageDecodeFailed, MessageRe
 from .frames import FRAME_OVERHEAD, FrameKind, encode_frame_into
 from .requests import Requests
 from .results import ConnectionStats
-from .rmi import DEFAULT_TIMEOUT_NS, FILE_STREAM_MARK, Invocation, MethodSpec, RemoteCalls, RemoteRef
+from .rmi import FILE_STREAM_MARK, RemoteCalls
+from .rmi.machine import RemoteObjectsPart
 from .serialization import Serialization
 from .session import RECORD_OVERHEAD, PlainRecords, Records
 from .streaming import SpillFile, StreamCompleted, StreamFailed, Streams, StreamSent, StreamStarted
@@ -62,7 +62,7 @@ _RMI_KINDS = frozenset((FrameKind.RMI_REQUEST, FrameKind.RMI_RESPONSE))
 _STREAM_KINDS = frozenset((FrameKind.STREAM_START, FrameKind.STREAM_CHUNK, FrameKind.STREAM_END))
 
 
-class ConnectionMachine:
+class ConnectionMachine(RemoteObjectsPart):
     """One side of a connection after the handshake."""
 
     def __init__(
@@ -526,82 +526,6 @@ class ConnectionMachine:
         else:  # a stream may carry only messages and RMI frames
             stats.frame_errors += 1
             self.release_stream(done.stream_id)
-
-    # -- remote objects ---------------------------------------------------------------------------
-
-    def _remote(self) -> RemoteCalls:
-        if self.rmi is None:
-            raise ConnectionClosedError("this connection carries no remote objects")
-        return self.rmi
-
-    def call(
-        self,
-        ref: RemoteRef,
-        method: MethodSpec | str,
-        args: Sequence[object],
-        now_ns: int,
-        *,
-        timeout_ns: int = DEFAULT_TIMEOUT_NS,
-        oneway: bool = False,
-    ) -> int:
-        """Call ``method`` on the peer's object ``ref`` (see :meth:`RmiEndpoint.call`); the call id that
-        ``RmiCallCompleted`` or ``RmiCallFailed`` will name (0: fire-and-forget)."""
-        endpoint = self._remote().endpoint
-        call_id = endpoint.call(ref, method, args, now_ns, timeout_ns=timeout_ns, oneway=oneway)
-        for kind, request_id, payload in endpoint.take_frames():  # a call makes frames, never events
-            self._append(kind, request_id, payload)
-        return call_id
-
-    def create(self, interface: type, args: Sequence[object], now_ns: int, *, timeout_ns: int) -> int:
-        """Have the peer construct its implementation of ``interface``; the call id."""
-        call_id = self._remote().endpoint.create(interface, args, now_ns, timeout_ns=timeout_ns)
-        self.take_rmi()
-        return call_id
-
-    def send_object(self, value: object) -> None:
-        """Send a proxy or a registered implementation as a message (see :meth:`RmiEndpoint.send_object`)."""
-        self._remote().endpoint.send_object(value)
-        self.take_rmi()
-
-    def abandon_call(self, call_id: int) -> None:
-        """The caller of ``call_id`` went away: its outcome is dropped, a result file removed."""
-        if self.rmi is not None:
-            self.rmi.abandon(call_id)
-
-    def invocation(self, invocation_id: int) -> Invocation:
-        """The host call a ``RmiRequestReceived`` names, to run (KeyError once answered or closed)."""
-        if self.rmi is None:
-            raise KeyError(invocation_id)
-        return self.rmi.invocation(invocation_id)
-
-    def complete_invocation(self, invocation_id: int, result: object) -> None:
-        """Answer a host call with its result (a no-op once the connection closed)."""
-        if self.rmi is not None:
-            self.rmi.complete(invocation_id, result)
-            self.take_rmi()
-
-    def fail_invocation(self, invocation_id: int, error: BaseException) -> None:
-        """Answer a host call with the exception it raised (a no-op once the connection closed)."""
-        if self.rmi is not None:
-            self.rmi.fail(invocation_id, error)
-            self.take_rmi()
-
-    def _rmi_frame(self, kind: int, request_id: int, payload: bytes) -> None:
-        if self.rmi is None:
-            self.stats.frame_errors += 1
-            return
-        self.rmi.receive(kind, request_id, payload)
-        self.take_rmi()
-
-    def take_rmi(self) -> None:
-        """Move what remote objects have for us: frames into the batch (in call order), events into ours."""
-        assert self.rmi is not None
-        frames, events = self.rmi.take_output()
-        if frames and not self.closed:
-            for kind, request_id, payload in frames:
-                self._append(kind, request_id, payload)
-        if events:
-            self._events += events
 
     def take_events(self) -> list[Event]:
         """Events since the last call, in order."""

@@ -3,7 +3,8 @@
 One idea per module: :mod:`.wire` (the frames' layout), :mod:`.registry` (interfaces a peer may call),
 :mod:`.objects` (references, proxies as the core sees them, object tables), :mod:`.pending` (calls in
 flight), :mod:`.endpoint` (one connection's calls, both sides), :mod:`.files` (``Path`` arguments and
-results as streamed files) and :mod:`.calls` (all of it as the connection machine composes it).
+results as streamed files), :mod:`.calls` (all of it as the connection machine composes it) and
+:mod:`.machine` (the machine's own remote-objects methods).
 Events are in :mod:`..events`, errors in :mod:`..errors`; the awaitable proxies are the adapter's.
 
 How a connection composes it: one :class:`RemoteCalls` per connection (over an :class:`RmiEndpoint`;
