@@ -181,6 +181,11 @@ def test_bad_channels_are_refused_with_reasons(ctx: Context) -> None:
         ctx.add_publication("aeron:ipc?term-length=1000", 1)
     with pytest.raises(ChannelUriError, match="aeron:"):
         ctx.add_subscription("tcp://nope", 1)
+    # A frame longer than a term's largest message (an eighth of it): refused by the driver, as Aeron's is.
+    with pytest.raises(RegistrationError, match="MTU greater than max message length") as err:
+        ctx.add_exclusive_publication("aeron:ipc?term-length=64k|mtu=16k", 1)
+    assert err.value.code == "INVALID_CHANNEL"
+    assert ctx.add_exclusive_publication("aeron:ipc?term-length=64k|mtu=8k", 1).max_payload_length < 8192
 
 
 def test_handler_exception_does_not_redeliver(ctx: Context) -> None:
@@ -258,6 +263,8 @@ def test_invalid_driver_config_names_the_setting(driver_dir: Path) -> None:
         MediaDriver(DriverConfig(directory=driver_dir, ipc_term_length=1000))
     with pytest.raises(ValueError, match="idle_strategy"):
         MediaDriver(DriverConfig(directory=driver_dir, idle_strategy="nap"))
+    with pytest.raises(ValueError, match="ipc_mtu must be at most a term's largest message, 8192"):
+        MediaDriver(DriverConfig(directory=driver_dir, ipc_term_length=1 << 16, ipc_mtu=16384))
 
 
 def test_block_poll_hands_out_runs_of_whole_frames_across_term_ends(ctx: Context) -> None:

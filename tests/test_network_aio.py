@@ -122,6 +122,8 @@ def test_config_errors_name_the_field(driver_dir: Path) -> None:
         ServerConfig(app_id="a", ip_filters=["10.0.0.0/33"])
     with pytest.raises(ConfigError, match="enable_ipv4"):
         ClientConfig(app_id="a", enable_ipv4=False, enable_ipv6=False, enable_ipc=False)
+    with pytest.raises(ConfigError, match=r"network_mtu must be at most term_length / 8 \(8192\)"):
+        ClientConfig(app_id="a", term_length=64 << 10, network_mtu=9024)
     assert ServerConfig(app_id="a").max_clients > 0  # a fresh server accepts clients
 
 
@@ -1289,5 +1291,39 @@ def test_messages_sent_together_after_a_lone_one_share_records_and_arrive_in_ord
             assert connection.send_nowait(Quote(99, 1.0, "NEXT"))  # a poll ran since: alone, at once, again
             assert connection.stats["records_sent"] == after + 1
             await wait_for(lambda: got[-1] == 99, timeout=5)
+
+    run(main())
+
+
+def test_the_smallest_ipc_term_carries_a_burst_in_records_its_log_takes(driver_dir: Path) -> None:
+    """With ``ipc_term_length`` at its smallest (64 KiB) a log takes messages of at most a term's eighth,
+    8 KiB. The connections' IPC streams used a 64 KiB MTU whatever the term, so a burst's records filled
+    64 KiB frames: taken while the log had room, but a back-pressured offer of one raised in the poller, and
+    again every cycle. The MTU is now cut to the term's largest message, as Aeron's driver requires."""
+    count = 20_000
+
+    async def main() -> None:
+        async with (
+            Server(server_config(driver_dir, enable_ipc=True, ipc_term_length=64 << 10)) as server,
+            Client(client_config(driver_dir, enable_ipc=True, ipc_term_length=64 << 10)) as client,
+        ):
+            got: list[int] = []
+            errors: list[BaseException] = []
+            server.on_message(Quote)(lambda connection, quote: got.append(quote.id))
+            server.on_error(lambda connection, error: errors.append(error))
+            client.on_error(lambda connection, error: errors.append(error))
+            await server.bind_ipc()
+            connection = await client.connect_ipc(timeout=10)
+            publication = connection._link.publication
+            assert publication.max_payload_length <= publication.max_message_length == 8 << 10
+            sent = 0
+            while sent < count:  # a burst in one step of this task until back-pressured, then a millisecond
+                if connection.send_nowait(Quote(sent, 1.0, "BURST")):
+                    sent += 1
+                else:
+                    await asyncio.sleep(0.001)
+            await wait_for(lambda: len(got) == count or bool(errors), timeout=30)
+            assert not errors and got == list(range(count))
+            assert connection.stats["back_pressure_events"] > 0  # (what made the old records fail)
 
     run(main())

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..files.directory import map_file
 from ..logbuffer import LogBuffers, compute_log_length
 from ..protocol.config import ImageLimits, ReceiverConfig, SenderConfig
-from ..wire.positions import wrap_i32
+from ..wire.positions import max_message_length, wrap_i32
 from ..wire.uri import ChannelUri, ChannelUriError, UnsupportedChannelError, check_supported
 from .config import DriverConfig
 from .udp_channel import GSO_MAX_SEGMENTS, UdpEndpoint, open_socket, resolve
@@ -126,6 +126,12 @@ def map_publication_log(
     """The publication's log file at ``path``, mapped and initialized, and its publication window."""
     term_length = uri.term_length or (config.ipc_term_length if ipc else config.udp_term_length)
     mtu = uri.mtu or (config.ipc_mtu if ipc else config.udp_mtu)
+    if mtu > (largest := max_message_length(term_length)):  # (a frame the log could not take as a message)
+        raise CommandRefused(
+            "INVALID_CHANNEL",
+            f"MTU greater than max message length for term length: mtu={mtu} maxMessageLength={largest} "
+            f"termLength={term_length}",
+        )
     start = uri.start_position
     if start is not None:
         initial_term_id, term_id, term_offset = start.initial_term_id, start.term_id, start.term_offset

@@ -19,7 +19,7 @@ from ..protocol.defaults import (
     STATUS_MESSAGE_TIMEOUT_NS,
 )
 from ..wire.constants import IPC_TERM_DEFAULT_LENGTH, MTU_DEFAULT, TERM_DEFAULT_LENGTH
-from ..wire.positions import check_mtu, check_term_length
+from ..wire.positions import check_mtu, check_term_length, max_message_length
 
 RESERVED_SESSION_ID_LOW_DEFAULT: Final = -1
 RESERVED_SESSION_ID_HIGH_DEFAULT: Final = 1000
@@ -281,6 +281,9 @@ class DriverConfig:
                 check_mtu(getattr(self, name))
             except ValueError as exc:
                 raise ValueError(f"{name}: {exc}") from None
+            term_length = self.ipc_term_length if name == "ipc_mtu" else self.udp_term_length
+            if getattr(self, name) > max_message_length(term_length):  # (as each publication is checked)
+                raise ValueError(f"{name} must be at most a term's largest message, {max_message_length(term_length)}")
         if self.receiver_window < self.udp_mtu:
             raise ValueError(f"receiver_window must be at least the mtu: {self.receiver_window}")
         for name in ("so_rcvbuf", "so_sndbuf"):

@@ -25,9 +25,9 @@ from .registrations import Registrations
 from .table import ConnectionTable
 from .transport import (
     HANDSHAKE_POLL_LIMIT,
-    IPC_MTU,
     Link,
     close_quietly,
+    connection_ipc_channel,
     earliest,
     handshake_cycle,
     host_port,
@@ -312,7 +312,7 @@ class AcceptedStreams(dict[int, Pending]):
         host, accepted = pending.link.host, pending.accepted
         session_id = accepted.server_session_id
         if host is None:
-            channel = ipc_channel(session_id=session_id, term_length=config.ipc_term_length, mtu=IPC_MTU)
+            channel = connection_ipc_channel(session_id, config.ipc_term_length)
         else:
             control = host_port(host, control_port)
             channel = udp_channel(

@@ -37,6 +37,7 @@ from ..client import (
     Subscription,
 )
 from ..files.directory import default_directory
+from ..wire.positions import max_message_length
 from .config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES, ClientConfig, ServerConfig
 from .errors import ClientError
 from .events import HandshakeCompleted
@@ -51,6 +52,7 @@ __all__ = [
     "HANDSHAKE_POLL_LIMIT",
     "HANDSHAKE_STREAM",
     "IPC_MTU",
+    "connection_ipc_channel",
     "HandshakeMachine",
     "Link",
     "SharedContexts",
@@ -196,7 +198,17 @@ def udp_channel(**params: str | int | bool | None) -> str:
 
 IPC_MTU = 65504
 """MTU of a connection's IPC streams: nothing travels over a network, so records up to 64 KiB are one
-frame (fewer fragments to write and reassemble; small messages still share a record)."""
+frame (fewer fragments to write and reassemble; small messages still share a record). Less with the
+smallest terms: see :func:`connection_ipc_channel`."""
+
+
+def connection_ipc_channel(session_id: int, term_length: int) -> str:
+    """A connection's IPC publication: its session, terms of ``term_length``, and :data:`IPC_MTU`, or a term's
+    largest message when that is less (8 KiB for 64 KiB terms). A log takes no message above that, so a frame
+    must not be longer either (Aeron's driver refuses such a publication, and so does ours)."""
+    return ipc_channel(
+        session_id=session_id, term_length=term_length, mtu=min(IPC_MTU, max_message_length(term_length))
+    )
 
 
 def ipc_channel(**params: str | int | bool | None) -> str:
@@ -273,7 +285,7 @@ def client_streams(
     allocated them: over UDP the server's dynamic-MDC stream from its control port (reached from
     ``config.port`` when set) and ours to its port; over IPC (``host`` None) the two IPC streams."""
     if host is None:
-        ipc = ipc_channel(session_id=done.client_session_id, term_length=config.ipc_term_length, mtu=IPC_MTU)
+        ipc = connection_ipc_channel(done.client_session_id, config.ipc_term_length)
         return (ipc_channel(session_id=done.server_session_id), done.server_stream_id), (ipc, done.client_stream_id)
     local = None if config.port is None else host_port("::" if ":" in host else "0.0.0.0", config.port)
     control = host_port(host, done.control_port)
