@@ -281,9 +281,9 @@ class DriverConfig:
                 check_mtu(getattr(self, name))
             except ValueError as exc:
                 raise ValueError(f"{name}: {exc}") from None
-            term_length = self.ipc_term_length if name == "ipc_mtu" else self.udp_term_length
-            if getattr(self, name) > max_message_length(term_length):  # (as each publication is checked)
-                raise ValueError(f"{name} must be at most a term's largest message, {max_message_length(term_length)}")
+            largest = max_message_length(self.ipc_term_length if name == "ipc_mtu" else self.udp_term_length)
+            if getattr(self, name) > largest:  # (as each publication is checked)
+                raise ValueError(f"{name} must be at most a term's largest message, {largest}: {getattr(self, name)}")
         if self.receiver_window < self.udp_mtu:
             raise ValueError(f"receiver_window must be at least the mtu: {self.receiver_window}")
         for name in ("so_rcvbuf", "so_sndbuf"):
