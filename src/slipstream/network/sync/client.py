@@ -137,9 +137,7 @@ class Client(Endpoint, ClientCore[Connection]):
             with self.lock:
                 self._stop_poller()
                 self._stop_recording()
-            self._join_retries()
             try:
-                self._release_context_drained()
+                self._close_last()
             finally:
-                self.store.close()
                 self._closed = True

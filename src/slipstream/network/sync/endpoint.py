@@ -192,6 +192,15 @@ class Endpoint(RunningEndpoint[Connection]):
                 thread.join(timeout=self.config.close_timeout + 1.0)
         self._retry_threads.clear()
 
+    def _close_last(self) -> None:
+        """The last steps of every close, however it ended (an exception in one of its waits included): the
+        retry threads joined, the driver released (drained), the settings store closed."""
+        self._join_retries()
+        try:
+            self._release_context_drained()
+        finally:
+            self.store.close()
+
     # -- the driver context and the poller --------------------------------------------------------
 
     def _release_context_drained(self) -> None:

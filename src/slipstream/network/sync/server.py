@@ -85,9 +85,7 @@ class Server(Endpoint, ServerCore[Connection]):
                 self._stop_poller()
                 self._links.close()
                 self._stop_recording()
-            self._join_retries()
             try:
-                self._release_context_drained()
+                self._close_last()
             finally:
-                self.store.close()
                 self._closed.set()
