@@ -1327,3 +1327,28 @@ def test_the_smallest_ipc_term_carries_a_burst_in_records_its_log_takes(driver_d
             assert connection.stats["back_pressure_events"] > 0  # (what made the old records fail)
 
     run(main())
+
+
+def test_a_client_connects_through_a_driver_configured_for_jumbo_datagrams(driver_dir: Path) -> None:
+    """An external driver with ``udp_mtu`` 9 KiB (jumbo frames) refuses a publication whose MTU exceeds its
+    term's largest message, as Aeron's does. A connecting client's handshake publication has small terms (64 KiB:
+    8 KiB messages), so it names its own MTU instead of taking the driver's."""
+    from slipstream import DriverConfig, MediaDriver
+
+    media_driver = MediaDriver(DriverConfig(directory=driver_dir, udp_mtu=9024)).launch_embedded()
+
+    async def main() -> None:
+        port = free_ports(50)
+        async with (
+            Server(server_config(Path(f"{driver_dir}-server"))) as server,
+            Client(client_config(driver_dir, driver="external")) as client,
+        ):
+            await server.bind(port)
+            connection = await client.connect("127.0.0.1", port, timeout=10)
+            assert (await connection.ping(timeout=5)).round_trip < 1
+
+    try:
+        run(main())
+    finally:
+        media_driver.close()
+        shutil.rmtree(f"{driver_dir}-server", ignore_errors=True)

@@ -37,6 +37,7 @@ from ..client import (
     Subscription,
 )
 from ..files.directory import default_directory
+from ..wire.constants import MTU_DEFAULT
 from ..wire.positions import max_message_length
 from .config import LOCALHOST_ALIASES, WILDCARD_ADDRESSES, ClientConfig, ServerConfig
 from .errors import ClientError
@@ -78,6 +79,9 @@ HANDSHAKE_CLIENT_TERM_LENGTH = 64 * 1024
 """Term length of a client's UDP handshake publication, and the largest a server's handshake endpoint
 accepts in a SETUP: a handshake is a few hundred bytes, and a stranger's SETUP costs the server's driver
 one image log of three such terms (196 KiB of shared memory at most)."""
+HANDSHAKE_CLIENT_MTU = MTU_DEFAULT
+"""The MTU of that publication, named in its channel rather than left to the driver: a driver configured for
+larger datagrams (jumbo frames, 9 KiB) would refuse a publication whose MTU exceeds its terms' largest message."""
 HANDSHAKE_IMAGES = 160
 """Images a server's UDP handshake endpoint holds at once (draining ones included; a closed one gives
 its log back about a second after its end of stream): with the term length above, a flood of forged
@@ -312,7 +316,9 @@ def handshake_channels(host: str, port: int, control_port: int) -> tuple[str, st
     """A connecting client's handshake subscription (the server's broadcast answers, from its control
     port) and publication (small terms: all the server's handshake endpoint accepts)."""
     answers = udp_channel(control=host_port(host, control_port), control_mode="dynamic")
-    return answers, udp_channel(endpoint=host_port(host, port), term_length=HANDSHAKE_CLIENT_TERM_LENGTH)
+    return answers, udp_channel(
+        endpoint=host_port(host, port), term_length=HANDSHAKE_CLIENT_TERM_LENGTH, mtu=HANDSHAKE_CLIENT_MTU
+    )
 
 
 HANDSHAKE_POLL_LIMIT = 256
