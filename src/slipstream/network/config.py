@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..driver.config import DriverConfig
+from ..wire.positions import max_message_length
 from .errors import NetworkError
 from .hooks import ConnectionHooks
 from .rmi.registry import RmiRegistry
@@ -218,10 +219,8 @@ class _EndpointConfig:
             raise ConfigError(f"network_mtu must be a multiple of 32 in 1024..65504: {self.network_mtu}")
         _power_of_two_term("term_length", self.term_length)
         _power_of_two_term("ipc_term_length", self.ipc_term_length)
-        if self.network_mtu > self.term_length // 8:  # (a log's largest message: a longer frame is refused)
-            raise ConfigError(
-                f"network_mtu must be at most term_length / 8 ({self.term_length // 8}): {self.network_mtu}"
-            )
+        if self.network_mtu > (largest := max_message_length(self.term_length)):  # (a longer frame is refused)
+            raise ConfigError(f"network_mtu must be at most term_length / 8 ({largest}): {self.network_mtu}")
         for name in ("handshake_timeout", "close_timeout", "connection_expiry", "send_timeout"):
             _positive(name, getattr(self, name))
         if self.driver_directory is not None:
