@@ -51,6 +51,7 @@ from ..protocol.events import (
     ImageRemoved,
     LossDetected,
 )
+from ..protocol.lifecycle import ACTIVE, DRAINING
 from ..protocol.sender import NetworkPublicationSender
 from ..wire.positions import wrap_i32
 from ..wire.uri import ChannelUri
@@ -70,7 +71,7 @@ from .channels import (
 from .client_commands import AeronClientRefusal, ClientCommandAdapter, ClientSession
 from .clock import StallClock
 from .config import DriverConfig
-from .ipc_publication import IpcPublication, PublicationState
+from .ipc_publication import IpcPublication
 from .network_publication import NetworkPublication
 from .poller import SocketPoller
 from .receive_channel import DriverImage, ReceiveChannel
@@ -289,7 +290,7 @@ class DriverConductor:
         work = 0
         for publication in list(self.publications.values()):
             work += publication.update_limit(self.counters)
-            if publication.state is PublicationState.DRAINING:
+            if publication.state is DRAINING:
                 work += self._check_drained(publication, now_ns)
         return work
 
@@ -450,7 +451,7 @@ class DriverConductor:
         if any(
             p.session_id == session_id
             and p.stream_id == stream_id
-            and p.state is PublicationState.ACTIVE
+            and p.state is ACTIVE
             and channel_key(ChannelUri.parse(p.channel)) == key
             for p in all_publications
         ):
@@ -518,7 +519,7 @@ class DriverConductor:
                     self._link_image(link, image, image.receiver.rebuild_position, now_ns)
             return
         for publication in self.publications.values():
-            if publication.state is PublicationState.ACTIVE and self._matches(link, publication):
+            if publication.state is ACTIVE and self._matches(link, publication):
                 self._link(link, publication, now_ns)
 
     def _declare_interest(self, channel: ReceiveChannel, latest: SubscriptionLink) -> None:

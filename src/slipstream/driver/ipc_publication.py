@@ -14,7 +14,7 @@ from pathlib import Path
 from ..files.counters import CountersManager
 from ..files.directory import release_log_file
 from ..logbuffer import LogBuffers, unblock
-from ..protocol.lifecycle import Lifecycle
+from ..protocol.lifecycle import ACTIVE, DONE, DRAINING, Lifecycle
 
 PublicationState = Lifecycle
 """A driver publication's lifecycle: active, draining once closed, done (an IPC one has no linger)."""
@@ -44,7 +44,7 @@ class DriverPublication:
 @dataclass(slots=True, eq=False)
 class IpcPublication(DriverPublication):
     window: int
-    state: PublicationState = PublicationState.ACTIVE
+    state: PublicationState = ACTIVE
     subscribers: dict[int, int] = field(default_factory=dict)
     """Subscription registration id -> subscriber position counter id."""
     parking: dict[int, int] = field(default_factory=dict)
@@ -67,7 +67,7 @@ class IpcPublication(DriverPublication):
         an embedded driver that spun on every move would fight the application for the GIL.
         """
         producer: int | None = None  # read only when needed: this runs every duty cycle, per publication
-        if self.subscribers and self.state is PublicationState.ACTIVE:
+        if self.subscribers and self.state is ACTIVE:
             limit = counters.min_value(self.subscribers.values()) + self.window
         else:
             producer = limit = self.producer_position()  # nothing more may be appended once closing
@@ -90,8 +90,8 @@ class IpcPublication(DriverPublication):
         return counters.min_value(self.subscribers.values())
 
     def start_draining(self, now_ns: int) -> None:
-        if self.state is PublicationState.ACTIVE:
-            self.state = PublicationState.DRAINING
+        if self.state is ACTIVE:
+            self.state = DRAINING
             self.log.end_of_stream_position = self.producer_position()
 
     def is_drained(self, counters: CountersManager) -> bool:
@@ -117,5 +117,5 @@ class IpcPublication(DriverPublication):
         return True
 
     def close(self) -> None:
-        self.state = PublicationState.DONE
+        self.state = DONE
         self.release_log()

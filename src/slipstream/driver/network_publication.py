@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from ..files.counters import CountersManager
+from ..protocol.lifecycle import ACTIVE, DONE, DRAINING
 from ..protocol.sender import NetworkPublicationSender
 from ..wire.address import SocketAddress
 from .ipc_publication import DriverPublication, PublicationState
@@ -25,7 +26,7 @@ _RECV_BUDGET = 64
 class NetworkPublication(DriverPublication):
     sender: NetworkPublicationSender
     sock: UdpSocket
-    state: PublicationState = PublicationState.ACTIVE
+    state: PublicationState = ACTIVE
     control_mode: str | None = None
     """None for unicast (connected socket); "dynamic" or "manual" for multi-destination-cast."""
     position_counters: dict[int, int] = field(default_factory=dict)
@@ -85,7 +86,7 @@ class NetworkPublication(DriverPublication):
 
     def update_limit(self, counters: CountersManager) -> int:
         limit = self.sender.publisher_limit()
-        if self.state is not PublicationState.ACTIVE:
+        if self.state is not ACTIVE:
             limit = min(limit, self.log.producer_position())
         if limit != self._published_limit:  # the driver is the counter's only writer
             counters.set(self.limit_counter_id, limit)
@@ -93,12 +94,12 @@ class NetworkPublication(DriverPublication):
         return 0
 
     def start_draining(self, now_ns: int) -> None:
-        if self.state is PublicationState.ACTIVE:
-            self.state = PublicationState.DRAINING
+        if self.state is ACTIVE:
+            self.state = DRAINING
             self.sender.close()
 
     def close(self) -> None:
-        self.state = PublicationState.DONE
+        self.state = DONE
         with contextlib.suppress(OSError):
             self.sock.close()
         self.release_log()

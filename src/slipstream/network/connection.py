@@ -51,9 +51,12 @@ from .streaming import SpillFile, StreamCompleted, StreamFailed, Streams, Stream
 
 __all__ = ["RECORD_OVERHEAD", "ConnectionMachine", "ConnectionStats", "PlainRecords", "Records"]
 
-_MESSAGE, _SYNC_REQUEST, _DELIVERED, _KEEPALIVE = (
-    FrameKind.MESSAGE, FrameKind.SYNC_REQUEST, FrameKind.DELIVERED, FrameKind.KEEPALIVE,
+_MESSAGE, _SYNC_REQUEST, _DELIVERED, _KEEPALIVE, _RMI_REQUEST, _RMI_RESPONSE = (
+    FrameKind.MESSAGE, FrameKind.SYNC_REQUEST, FrameKind.DELIVERED, FrameKind.KEEPALIVE, FrameKind.RMI_REQUEST,
+    FrameKind.RMI_RESPONSE,
 )  # fmt: skip
+"""(Module names for what every record reads: on Python 3.11 an Enum class's attribute costs a ``__getattr__``
+hook, eight times a global's.)"""
 _PING = struct.Struct(">q")
 _PONG = struct.Struct(">qq")
 
@@ -425,6 +428,8 @@ class ConnectionMachine(RemoteObjectsPart):
             elif kind is _DELIVERED:
                 if delivery is not None:
                     delivery.acknowledged(value)
+            elif kind is _RMI_REQUEST or kind is _RMI_RESPONSE:  # (a remote call is a record of its own)
+                self._rmi_frame(kind, request_id, bytes(value))  # type: ignore[call-overload]
             elif self._control_frame(kind, request_id, value, now_ns):
                 return True  # CLOSE: the peer reads no frame after it
         if delivery is not None and delivery.gap:  # a record of this connection went missing: its successor replays
@@ -432,10 +437,8 @@ class ConnectionMachine(RemoteObjectsPart):
         return True
 
     def _control_frame(self, kind: FrameKind, request_id: int, value: object, now_ns: int) -> bool:
-        """A frame other than a message or an acknowledgement; True when it was CLOSE."""
-        if kind in _RMI_KINDS:  # (remote calls first: one at a time, each is a record of its own)
-            self._rmi_frame(kind, request_id, bytes(value))  # type: ignore[call-overload]
-        elif kind == FrameKind.SYNC_ACK:
+        """A frame other than a message, an acknowledgement or a remote call's; True when it was CLOSE."""
+        if kind == FrameKind.SYNC_ACK:
             if (completed := self.requests.acknowledged(request_id)) is not None:
                 self._events.append(completed)
         elif kind == FrameKind.PING:

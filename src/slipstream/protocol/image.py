@@ -28,7 +28,7 @@ from ..wire.frames import BytesLike, DataScan, Nak, StatusMessage
 from ..wire.positions import compute_position, compute_term_id, index_by_position
 from .config import ReceiverConfig
 from .events import ImageEndOfStream, ImageReleased, ImageRemoved, ReceiverEvent
-from .lifecycle import ImageState
+from .lifecycle import ACTIVE, DONE, DRAINING, LINGER, ImageState
 from .loss import Gap, LossDetector
 
 __all__ = [
@@ -139,7 +139,7 @@ class PublicationImageReceiver:
         self._last_activity_ns = now_ns
         self._unsubscribed = False
         self._rejected = False
-        self.state = ImageState.ACTIVE
+        self.state = ACTIVE
         self.removal_reason: str | None = None
         self._state_change_ns = now_ns
         self._loss = LossDetector(
@@ -230,10 +230,7 @@ class PublicationImageReceiver:
                 # A poll is due only if the move matters to it: an SM to schedule (as _track_rebuild
                 # decides) or an image draining. (Subscribers cannot read past the rebuild position
                 # unless data arrived since the last scan, and then a poll is due already.)
-                if (
-                    consumption > self._next_sm_position + self.receiver_window // 4
-                    or self.state is not ImageState.ACTIVE
-                ):
+                if consumption > self._next_sm_position + self.receiver_window // 4 or self.state is not ACTIVE:
                     self.deadline_ns = 0
 
     def unsubscribe(self) -> None:
@@ -341,7 +338,7 @@ class PublicationImageReceiver:
     def poll(self, now_ns: int, out: list[Outgoing], events: list[ReceiverEvent]) -> None:
         """Rebuild, detect loss, send the status message if due and move through the lifecycle."""
         rescan = False
-        if self.state in (ImageState.ACTIVE, ImageState.DRAINING):
+        if self.state in (ACTIVE, DRAINING):
             rescan = self._track_rebuild(now_ns, out, events)
             self._send_pending_status_message(now_ns, out)
         self._on_time_event(now_ns, events)
@@ -353,12 +350,12 @@ class PublicationImageReceiver:
         every step, that a poll ``poll_due`` called unnecessary sends and changes nothing."""
         state = self.state
         config = self.config
-        if state is ImageState.DONE:
+        if state is DONE:
             return 1 << 63
-        if state is ImageState.LINGER:
+        if state is LINGER:
             return self._state_change_ns + config.image_liveness_timeout_ns + 1
         wake = min(self._next_sm_deadline_ns + 1, self._loss.deadline_ns)
-        if state is ImageState.ACTIVE:
+        if state is ACTIVE:
             return min(wake, self._last_packet_ns + config.image_liveness_timeout_ns + 1)
         if self._unsubscribed or self._consumption >= self._rcv_pos:  # drained: the linger runs
             return min(wake, self._state_change_ns + config.eos_linger_multiple * config.sm_timeout_ns + 1)
@@ -448,7 +445,7 @@ class PublicationImageReceiver:
     def _on_time_event(self, now_ns: int, events: list[ReceiverEvent]) -> None:
         state = self.state
         config = self.config
-        if state is ImageState.ACTIVE:
+        if state is ACTIVE:
             if self._unsubscribed:
                 reason = "rejected" if self._rejected else "unsubscribed"
             elif self._eos_position is not None and self._rcv_pos >= self._hwm:
@@ -457,21 +454,21 @@ class PublicationImageReceiver:
                 reason = "liveness_timeout"
             else:
                 return
-            self.state = ImageState.DRAINING
+            self.state = DRAINING
             self.removal_reason = reason
             self._state_change_ns = now_ns
             self._sending_eos_sm = True
             # That status message goes with the next poll (Aeron's does for an end of stream), not an SM
             # period later: it ends the sender's linger, and an embedded driver's drain on close.
             self._next_sm_deadline_ns = now_ns - 1
-        elif state is ImageState.DRAINING:
+        elif state is DRAINING:
             drained = self._unsubscribed or self._consumption >= self._rcv_pos
             if drained and now_ns > self._state_change_ns + config.eos_linger_multiple * config.sm_timeout_ns:
-                self.state = ImageState.LINGER
+                self.state = LINGER
                 self._state_change_ns = now_ns
                 events.append(ImageRemoved(self.session_id, self.stream_id, self.removal_reason or "", self.image_id))
-        elif state is ImageState.LINGER and (
+        elif state is LINGER and (
             self._unsubscribed or now_ns > self._state_change_ns + config.image_liveness_timeout_ns
         ):
-            self.state = ImageState.DONE
+            self.state = DONE
             events.append(ImageReleased(self.session_id, self.stream_id, self.image_id))

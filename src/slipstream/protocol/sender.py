@@ -61,7 +61,7 @@ from .events import (
     SenderEvent,
 )
 from .flow_control import FlowControl
-from .lifecycle import SenderState
+from .lifecycle import ACTIVE, DONE, DRAINING, LINGER, SenderState
 from .retransmit import RetransmitHandler
 
 __all__ = ["NetworkPublicationSender", "SenderConfig", "SenderState"]
@@ -113,7 +113,7 @@ class NetworkPublicationSender:
         start = log.producer_position()
         self._snd_pos = start
         self._flow = FlowControl(config, start)
-        self.state = SenderState.ACTIVE
+        self.state = ACTIVE
         self._has_initial_connection = False
         self._setup_elicited = False
         self._is_end_of_stream = False
@@ -223,7 +223,7 @@ class NetworkPublicationSender:
     @property
     def is_done(self) -> bool:
         """True once lingering ended (also reported once as ``PublicationFinished``)."""
-        return self.state is SenderState.DONE
+        return self.state is DONE
 
     @property
     def max_datagrams_per_poll(self) -> int:
@@ -237,14 +237,14 @@ class NetworkPublicationSender:
     def publisher_limit(self) -> int:
         """``pub-lmt`` for the appender: sender position + term window while connected, else the sender
         position, so ``offer`` returns NOT_CONNECTED (or BACK_PRESSURED) instead of filling the log."""
-        if self.state is SenderState.ACTIVE and self._is_connected:
+        if self.state is ACTIVE and self._is_connected:
             return self._snd_pos + self.term_window
         return self._snd_pos
 
     def close(self) -> None:
         """Start draining: send what was appended, then signal end-of-stream and linger."""
-        if self.state is SenderState.ACTIVE:
-            self.state = SenderState.DRAINING
+        if self.state is ACTIVE:
+            self.state = DRAINING
             self._wake_ns = 0
 
     @property
@@ -305,7 +305,7 @@ class NetworkPublicationSender:
                 self._events.append(DestinationAdded(self.session_id, self.stream_id, source))
                 fresh = source
             self._destinations[source] = now_ns
-        if self.state is SenderState.DONE:
+        if self.state is DONE:
             return
         self._wake_ns = 0
         try:
@@ -419,7 +419,7 @@ class NetworkPublicationSender:
         New data comes as slices of the log's terms, as Aeron sends it (no copy): hand them to the socket
         in this duty cycle, and copy any kept longer (the log's partitions are reused as it rotates)."""
         out: list[BytesLike] = []
-        if self.state is SenderState.DONE:
+        if self.state is DONE:
             return out
         if self._replies:
             out.extend(self._replies)
@@ -435,7 +435,7 @@ class NetworkPublicationSender:
             self._update_connected(now_ns)
         if self._retransmit.active:
             self._retransmit.process(now_ns, self._snd_pos, out)
-        if self.state is not SenderState.ACTIVE:
+        if self.state is not ACTIVE:
             self._on_time_event(now_ns)
         self.datagrams_sent += len(out)
         self._wake_ns = self._next_wake_ns(now_ns)
@@ -451,7 +451,7 @@ class NetworkPublicationSender:
         When data went, the wake-up time is set as ``poll`` sets it; otherwise the next ``poll`` is due
         at once and decides (a blocked heartbeat)."""
         if (
-            self.state is not SenderState.ACTIVE
+            self.state is not ACTIVE
             or self._replies
             or self._resends
             or self._setup_elicited
@@ -501,7 +501,7 @@ class NetworkPublicationSender:
         client joining a dynamic-MDC stream gets its image within a round trip, not up to the setup
         timeout (100 ms) later. One datagram per new destination, so nothing is amplified; the periodic
         SETUP to every destination goes on as before."""
-        if self.state is not SenderState.ACTIVE or self._is_end_of_stream:
+        if self.state is not ACTIVE or self._is_end_of_stream:
             self._setup_for.clear()
             return []
         setup = self._setup_frame().encode()
@@ -530,15 +530,15 @@ class NetworkPublicationSender:
         Each bound mirrors a check in ``poll``; the protocol simulation checks, at every step, that a
         poll ``poll_due`` called unnecessary sends and changes nothing."""
         state = self.state
-        if state is SenderState.DONE:
+        if state is DONE:
             return 1 << 63
         if self._setup_for:
             return now_ns  # new destinations wait for their SETUP (``poll_batches``)
-        if (self._unsent() and not self._blocked) or state is SenderState.DRAINING:
+        if (self._unsent() and not self._blocked) or state is DRAINING:
             return now_ns  # data left to send (or a claim not yet committed), or draining
         config = self.config
         wake = 1 << 63
-        if state is SenderState.LINGER:
+        if state is LINGER:
             wake = self._linger_start_ns + config.linger_timeout_ns + 1
         if not self._has_initial_connection or self._setup_elicited:
             last = self._last_setup_ns
@@ -715,7 +715,7 @@ class NetworkPublicationSender:
 
     def _on_time_event(self, now_ns: int) -> None:
         state = self.state
-        if state is SenderState.DRAINING:
+        if state is DRAINING:
             if self.log.producer_position() > self._snd_pos:
                 if self._is_connected:
                     return
@@ -724,12 +724,10 @@ class NetworkPublicationSender:
                 # The end-of-stream heartbeat goes with the next poll, not a heartbeat period later: the
                 # receivers acknowledge it, which ends the linger (and an embedded driver's drain).
                 self._last_data_or_heartbeat_ns = None
-            self.state = SenderState.LINGER
+            self.state = LINGER
             self._linger_start_ns = now_ns
-        elif state is SenderState.LINGER and (
-            self._received_eos or now_ns > self._linger_start_ns + self.config.linger_timeout_ns
-        ):
-            self.state = SenderState.DONE
+        elif state is LINGER and (self._received_eos or now_ns > self._linger_start_ns + self.config.linger_timeout_ns):
+            self.state = DONE
             if self._is_connected:
                 self._set_connected(False)
             else:

@@ -61,10 +61,11 @@ class Connection(ConnectionBase[RmiSession]):
         if self._successor is not None:
             return await self._successor.send(message)
         verdict = self._hold_closed(message)
-        if verdict is Hold.QUEUED:
-            return
-        if verdict is Hold.RECONNECTING:
-            return await (await self._successor_within(self.send_timeout)).send(message)
+        if verdict is not None:  # closed (a Hold member's read costs more than this check on Python 3.11)
+            if verdict is Hold.QUEUED:
+                return
+            if verdict is Hold.RECONNECTING:
+                return await (await self._successor_within(self.send_timeout)).send(message)
         if self._full():
             await self._wait_room()
         self._send(message)

@@ -29,6 +29,8 @@ from .wire import FileRef, OutFrame
 
 __all__ = ["RemoteCalls"]
 
+_RESPONSE = FrameKind.RMI_RESPONSE  # (a module name: on Python 3.11 an Enum class's attribute costs a __getattr__ hook)
+
 
 class RemoteCalls:
     """The endpoint, its files and the running host calls (see the module)."""
@@ -45,7 +47,6 @@ class RemoteCalls:
         self._last_invocation = 0
         self._abandoned: set[int] = set()
         self._async: dict[Callable[..., Any], bool] = {}
-        self._frames: list[OutFrame] = []
         self._events: list[RmiEvent | RmiRequestReceived] = []
 
     # -- outputs ----------------------------------------------------------------------------------
@@ -53,13 +54,14 @@ class RemoteCalls:
     def take_output(self) -> tuple[list[OutFrame], list[RmiEvent | RmiRequestReceived]]:
         """Frames to send, in the order of the calls and answers that made them, and the events since the
         last call (call outcomes, host calls to run, objects received). Called after every input and call,
-        so the common case (nothing, or one frame) costs no more than a look."""
-        files = self.files
-        if self.endpoint.has_output or (files is not None and files.has_output):
+        so the common case (nothing, or one frame) costs no more than a look: the endpoint's frames are
+        taken as they are (all frames are the endpoint's), its events go through :meth:`_collect`."""
+        endpoint, files = self.endpoint, self.files
+        if endpoint.events or (files is not None and files.has_output):
             self._collect()
-        frames, events = self._frames, self._events
+        frames, events = endpoint.frames, self._events
         if frames:
-            self._frames = []
+            endpoint.frames = []
         if events:
             self._events = []
         return frames, events
@@ -78,7 +80,7 @@ class RemoteCalls:
 
     def receive(self, kind: int, request_id: int, payload: bytes) -> None:
         """An RMI_REQUEST or RMI_RESPONSE frame (arrived whole or streamed)."""
-        if kind == FrameKind.RMI_RESPONSE:
+        if kind == _RESPONSE:
             self.endpoint.receive_response(request_id, payload)
             return
         if (work := self.work).full:
@@ -153,7 +155,8 @@ class RemoteCalls:
         invocation = self._running.pop(invocation_id, None)
         if invocation is not None:
             self.endpoint.complete(invocation, result)
-            self._answered(invocation_id)
+            if invocation.files:
+                self._answered(invocation_id)
 
     def fail(self, invocation_id: int, error: BaseException) -> None:
         """Answer a host call with the exception it raised."""
@@ -171,11 +174,10 @@ class RemoteCalls:
         self._events.append(RmiRequestReceived(invocation.invocation_id, invocation.object_id, invocation.method))
 
     def _collect(self) -> None:
-        """Take in what the endpoint and the files have: a ``Path`` result waits for its file first,
-        held calls whose files came are run, refused ones answered."""
-        endpoint, files = self.endpoint, self.files
-        while True:
-            self._frames += endpoint.take_frames()
+        """Take in the endpoint's events and what the files have: a ``Path`` result waits for its file first,
+        held calls whose files came are run, refused ones answered (their frames join the endpoint's)."""
+        endpoint, files, abandoned = self.endpoint, self.files, self._abandoned
+        while endpoint.events or (files is not None and files.has_output):
             outcomes: list[RmiEvent] = endpoint.take_events()
             if files is not None and files.has_output:
                 for invocation in files.take_ready():
@@ -183,14 +185,12 @@ class RemoteCalls:
                 for invocation, error in files.take_refused():
                     endpoint.fail(invocation, error)
                 outcomes += files.take_events()
-            if not outcomes and not endpoint.has_output:
-                return
             for event in outcomes:
-                if isinstance(event, (RmiCallCompleted, RmiCallFailed)) and event.call_id in self._abandoned:
-                    self._abandoned.discard(event.call_id)
+                if abandoned and isinstance(event, (RmiCallCompleted, RmiCallFailed)) and event.call_id in abandoned:
+                    abandoned.discard(event.call_id)
                     if isinstance(event, RmiCallCompleted) and type(event.value) is FileRef and files is not None:
                         files.discard(event.value.stream_id)
-                elif isinstance(event, RmiCallCompleted) and type(event.value) is FileRef and files is not None:
+                elif files is not None and isinstance(event, RmiCallCompleted) and type(event.value) is FileRef:
                     files.await_result(event.call_id, event.value)
                 else:
                     self._events.append(event)

@@ -68,6 +68,8 @@ from .wire import (
 __all__ = ["RmiEndpoint", "RmiStats", "exception_from"]
 
 _STATUS_BYTE = tuple(bytes((status,)) for status in range(256))
+_REQUEST, _RESPONSE, _OK = FrameKind.RMI_REQUEST, FrameKind.RMI_RESPONSE, Status.OK
+"""(Module names for what every call reads: on Python 3.11 an Enum class's attribute costs a ``__getattr__`` hook.)"""
 """A response's status byte, prebuilt."""
 
 
@@ -125,8 +127,12 @@ class RmiEndpoint:
         self.closed = False
         self.close_reason = ""
         self._pending = PendingCalls(response_ids)
-        self._frames: list[OutFrame] = []
-        self._events: list[RmiEvent] = []
+        self.frames: list[OutFrame] = []
+        """Frames to send, oldest first (each ``(kind, request id, payload)``): taken with :meth:`take_frames`, or
+        read in place and replaced by the connection's :class:`~.calls.RemoteCalls`, which looks at them after
+        every input."""
+        self.events: list[RmiEvent] = []
+        """Events since the last :meth:`take_events` (the same)."""
         self._encoder = msgspec.msgpack.Encoder()
         self.files = files
         """How ``Path`` arguments and results are streamed; None: refused."""
@@ -135,18 +141,18 @@ class RmiEndpoint:
 
     def take_frames(self) -> list[OutFrame]:
         """Frames to send, oldest first (each ``(kind, request id, payload)``)."""
-        frames, self._frames = self._frames, []
+        frames, self.frames = self.frames, []
         return frames
 
     def take_events(self) -> list[RmiEvent]:
         """Events since the last call."""
-        events, self._events = self._events, []
+        events, self.events = self.events, []
         return events
 
     @property
     def has_output(self) -> bool:
         """Frames or events are waiting to be taken."""
-        return bool(self._frames or self._events)
+        return bool(self.frames or self.events)
 
     def is_waiting(self, call_id: int) -> bool:
         """Whether the call ``call_id`` waits for its response."""
@@ -165,7 +171,7 @@ class RmiEndpoint:
     def handle_timer(self, now_ns: int) -> None:
         """Fail every call whose deadline has passed (freeing its response id)."""
         for token, pending in self._pending.expired(now_ns):
-            self._events.append(RmiCallFailed(token, RmiFailure.TIMED_OUT, pending.method))
+            self.events.append(RmiCallFailed(token, RmiFailure.TIMED_OUT, pending.method))
 
     def close(self, reason: str = "connection closed") -> None:
         """The connection closed: every call in flight fails at once, ids are freed, objects forgotten."""
@@ -174,8 +180,8 @@ class RmiEndpoint:
         self.closed = True
         self.close_reason = reason
         for token, pending in self._pending.finish_all():
-            self._events.append(RmiCallFailed(token, RmiFailure.CLOSED, pending.method, message=reason))
-        self._frames.clear()
+            self.events.append(RmiCallFailed(token, RmiFailure.CLOSED, pending.method, message=reason))
+        self.frames.clear()
         self.objects.clear()
 
     # -- caller side ------------------------------------------------------------------------------
@@ -225,11 +231,11 @@ class RmiEndpoint:
                 raise InterfaceError(f"{spec.name}.{m.name}: arguments cannot be serialized ({exc})") from exc
             m.check(memoryview(payload)[REQUEST_HEADER.size :])
         if oneway:
-            self._frames.append((FrameKind.RMI_REQUEST, ONEWAY_REQUEST_ID, payload))
+            self.frames.append((_REQUEST, ONEWAY_REQUEST_ID, payload))
             self.stats.oneway_sent += 1
             return 0
         token = self._pending.start(Pending(m.qualname, m, ref.interface_id), now_ns, timeout_ns)
-        self._frames.append((FrameKind.RMI_REQUEST, token, payload))
+        self.frames.append((_REQUEST, token, payload))
         self.stats.calls_sent += 1
         return token
 
@@ -249,7 +255,7 @@ class RmiEndpoint:
         if timeout_ns < 0:
             raise ValueError(f"timeout must not be negative: {timeout_ns} ns")
         token = self._pending.start(Pending(f"create({spec.name})", None, spec.interface_id), now_ns, timeout_ns)
-        self._frames.append((FrameKind.RMI_REQUEST, token, payload))
+        self.frames.append((_REQUEST, token, payload))
         self.stats.calls_sent += 1
         return token
 
@@ -277,33 +283,32 @@ class RmiEndpoint:
             interface_id = served[0]
         wire_ref = self._ref_out(value, interface_id, False, "send_object()")
         payload = REQUEST_HEADER.pack(FLAG_OBJECT, 0, interface_id, 0) + self._encoder.encode(wire_ref)
-        self._frames.append((FrameKind.RMI_REQUEST, ONEWAY_REQUEST_ID, payload))
+        self.frames.append((_REQUEST, ONEWAY_REQUEST_ID, payload))
 
     def receive_response(self, request_id: int, payload: bytes) -> None:
         """An RMI_RESPONSE frame: completes (or fails) the pending call it names; others are counted."""
-        pending = self._pending.get(request_id)
-        if pending is None or not payload:
+        pending = self._pending.finish(request_id) if payload else None  # (an empty one leaves the call waiting)
+        if pending is None:
             self.stats.responses_dropped += 1
             return
-        self._pending.finish(request_id)
         self.stats.responses_received += 1
         status = payload[0]
         body = payload[1:]
         method = pending.method
         try:
-            if status == Status.OK and pending.spec is not None:
+            if status == _OK and pending.spec is not None:
                 value = pending.spec.result_decoder.decode(body)
                 if pending.spec.ref_result is not None:
                     value = self._ref_in(value, pending.spec.ref_result[0])
-                self._events.append(RmiCallCompleted(request_id, value))
+                self.events.append(RmiCallCompleted(request_id, value))
             elif status == Status.CREATED and pending.spec is None:
                 object_id = INT_BODY.decode(body)
                 if not MIN_OBJECT_ID <= object_id <= MAX_OBJECT_ID:
                     raise _Refused(f"object id {object_id} out of range")
-                self._events.append(RmiCallCompleted(request_id, RemoteRef(pending.interface_id, object_id)))
+                self.events.append(RmiCallCompleted(request_id, RemoteRef(pending.interface_id, object_id)))
             elif status == Status.EXCEPTION:
                 type_name, message, tb, args = EXCEPTION_BODY.decode(body)
-                self._events.append(
+                self.events.append(
                     RmiCallFailed(
                         request_id,
                         RmiFailure.EXCEPTION,
@@ -316,17 +321,17 @@ class RmiEndpoint:
                 )
             elif status == Status.MISSING:
                 object_id, is_global = MISSING_BODY.decode(body)
-                self._events.append(
+                self.events.append(
                     RmiCallFailed(request_id, RmiFailure.MISSING, method, object_id=object_id, is_global=is_global)
                 )
             elif status in (Status.REFUSED, Status.BUSY):
                 failure = RmiFailure.REFUSED if status == Status.REFUSED else RmiFailure.BUSY
                 text = TEXT_BODY.decode(body)[:MAX_TEXT]
-                self._events.append(RmiCallFailed(request_id, failure, method, message=text))
+                self.events.append(RmiCallFailed(request_id, failure, method, message=text))
             else:
                 raise _Refused(f"unexpected response status {status}")
         except Exception as exc:  # a hostile or mismatched response: the call fails, nothing escapes
-            self._events.append(RmiCallFailed(request_id, RmiFailure.BAD_RESPONSE, method, message=str(exc)[:MAX_TEXT]))
+            self.events.append(RmiCallFailed(request_id, RmiFailure.BAD_RESPONSE, method, message=str(exc)[:MAX_TEXT]))
 
     # -- host side --------------------------------------------------------------------------------
 
@@ -356,7 +361,7 @@ class RmiEndpoint:
                     wire_ref = REF_BODY.decode(payload[REQUEST_HEADER.size :])
                 except Exception as exc:
                     raise _Refused(f"bad object reference: {str(exc)[:200]}") from None
-                self._events.append(RmiObjectReceived(self._ref_in(wire_ref, interface_id)))
+                self.events.append(RmiObjectReceived(self._ref_in(wire_ref, interface_id)))
                 return None
             if flags & FLAG_CREATE:
                 method_name = f"create({spec.name})"
@@ -412,7 +417,7 @@ class RmiEndpoint:
             if not oneway:
                 self._respond(request_id, Status.MISSING, self._encoder.encode((missing.object_id, missing.is_global)))
             else:
-                self._events.append(
+                self.events.append(
                     RmiOnewayFailed(object_id, method_name, "RemoteObjectMissing", f"no object {missing.object_id}", "")
                 )
             return None
@@ -431,7 +436,7 @@ class RmiEndpoint:
             if not self.closed and request_id & 0xFFFF >= MIN_RESPONSE_ID:
                 self._respond(request_id, Status.BUSY, self._encoder.encode(text))
         else:
-            self._events.append(RmiOnewayFailed(0, "?", "RmiRequestRefused", text, ""))
+            self.events.append(RmiOnewayFailed(0, "?", "RmiRequestRefused", text, ""))
 
     def _create_invocation(self, request_id: int, oneway: bool, spec: InterfaceSpec, body: bytes) -> Invocation:
         impl = spec.implementation
@@ -489,7 +494,7 @@ class RmiEndpoint:
         except Exception as exc:
             self.fail(invocation, exc)
             return
-        self._respond(invocation.request_id, Status.OK, body)
+        self._respond(invocation.request_id, _OK, body)
 
     def fail(self, invocation: Invocation, exc: BaseException) -> None:
         """Respond with the exception the method raised (type name, message; its traceback only with
@@ -500,7 +505,7 @@ class RmiEndpoint:
         message = str(exc)[:MAX_TEXT]
         if invocation.oneway:  # reported here (on_error), never sent: the traceback stays
             tb = "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]
-            self._events.append(RmiOnewayFailed(invocation.object_id, invocation.method, type_name, message, tb))
+            self.events.append(RmiOnewayFailed(invocation.object_id, invocation.method, type_name, message, tb))
             return
         tb = "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:] if self.tracebacks else ""
         args: list[object] | None = list(exc.args)
@@ -513,7 +518,7 @@ class RmiEndpoint:
         self._respond(invocation.request_id, Status.EXCEPTION, body)
 
     def _respond(self, request_id: int, status: Status, body: bytes) -> None:
-        self._frames.append((FrameKind.RMI_RESPONSE, request_id, _STATUS_BYTE[status] + body))
+        self.frames.append((_RESPONSE, request_id, _STATUS_BYTE[status] + body))
 
     # -- substitution -----------------------------------------------------------------------------
 

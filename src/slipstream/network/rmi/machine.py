@@ -49,7 +49,7 @@ class RemoteObjectsPart:
     ) -> int:
         """Call ``method`` on the peer's object ``ref`` (see :meth:`RmiEndpoint.call`); the call id that
         ``RmiCallCompleted`` or ``RmiCallFailed`` will name (0: fire-and-forget)."""
-        endpoint = self._remote().endpoint
+        endpoint = (self.rmi or self._remote()).endpoint
         call_id = endpoint.call(ref, method, args, now_ns, timeout_ns=timeout_ns, oneway=oneway)
         for kind, request_id, payload in endpoint.take_frames():  # a call makes frames, never events
             self._append(kind, request_id, payload)

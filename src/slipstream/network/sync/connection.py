@@ -85,6 +85,9 @@ class Connection(ConnectionBase[RmiSession]):
             successor, verdict = self._successor, None
             if successor is None:
                 verdict = self._hold_closed(message)
+                if verdict is None and not self._full():  # open, with room: decided without reading a Hold member
+                    self._send(message)
+                    return
                 if verdict is Hold.QUEUED:
                     return
                 if verdict is not Hold.RECONNECTING and not self._full():

@@ -26,7 +26,7 @@ from ...files.doorbell import Doorbell
 from ..endpoint import Polled
 from ..errors import BlockingListenerError
 from ..pacing import Backoff, Nap, Pacer, Sleep, Step, Wake
-from ..polling import Parked, ParkOn, PollCore, Seen, Watch
+from ..polling import SEEN_CYCLE, SEEN_FRAME, SEEN_INPUT, SEEN_NOTHING, Parked, ParkOn, PollCore, Watch
 
 __all__ = ["CALLER_SPIN_S", "Outcome", "PollThread", "Signal", "ThreadBackoff"]
 
@@ -313,16 +313,16 @@ class PollThread(PollCore):
                         return False
                     if now_ns >= spin_until:
                         break
-                    seen = Seen.CYCLE if watch is None or now_ns >= watch_until_ns else watch.sees(now_ns)
-                    if seen is Seen.NOTHING:
+                    seen = SEEN_CYCLE if watch is None or now_ns >= watch_until_ns else watch.sees(now_ns)
+                    if seen is SEEN_NOTHING:
                         spins += 1
                         if spins & 63 == 0:
                             os.sched_yield()  # (give a process waiting for this CPU its turn now and then)
                         continue
-                    if seen is Seen.FRAME and self._poll_connections(now_ns):
+                    if seen is SEEN_FRAME and self._poll_connections(now_ns):
                         watch_until_ns = 0  # (a whole cycle next, if the answer was not in it)
                         continue
-                    if seen is Seen.INPUT and self._input_cycle(now_ns):
+                    if seen is SEEN_INPUT and self._input_cycle(now_ns):
                         watch_until_ns = 0
                         continue
                     # A timer, or a frame or datagram no connection took (a handshake's): the whole cycle.
