@@ -161,8 +161,9 @@ def test_max_position_exceeded() -> None:
     last_term = 7 + (1 << 31) - 1  # wraps: the final term a log can hold
     from slipstream.wire.positions import wrap_i32
 
-    log.initialize(initial_term_id=7, term_id=wrap_i32(last_term), term_offset=TERM - 64, session_id=1,
-                   stream_id=1, mtu=1408)
+    log.initialize(
+        initial_term_id=7, term_id=wrap_i32(last_term), term_offset=TERM - 64, session_id=1, stream_id=1, mtu=1408
+    )
     log.is_connected = True
     app = ExclusiveAppender(log)
     assert app.append(b"x" * 100, BIG) == MAX_POSITION_EXCEEDED
@@ -396,6 +397,7 @@ def test_read_term_agrees_with_the_frame_walk(
 ) -> None:
     """Runs of equal frames are checked in one unpack; whatever the log holds, the fragments handed
     out (which, with which payload and header) and the offset reached are the frame walk's."""
+
     def patterned(size: int) -> bytes:  # payload bytes that differ, so a misplaced slice shows
         return bytes(range(256))[: size % 256] + bytes(max(0, size - 256))
 
@@ -410,3 +412,20 @@ def test_read_term_agrees_with_the_frame_walk(
     assert (count, next_offset, intact) == (len(walked), walk_next, walk_intact)
     assert [s[0] for s in seen] == walked
     assert all(payload == bytes(term[o + 32 : o + length]) for o, payload, length in seen)
+
+
+@given(
+    raw_tail=st.integers(-(2**63), 2**63 - 1),
+    bits=st.integers(16, 30),
+    initial_term_id=st.integers(-(2**31), 2**31 - 1),
+)
+@example(raw_tail=(0x7FFF_FFFF << 32) | 0xFFFF_FFFF, bits=16, initial_term_id=-(2**31))
+@example(raw_tail=-1, bits=30, initial_term_id=5)
+def test_the_one_frame_tail_position_is_the_composed_arithmetic(raw_tail: int, bits: int, initial_term_id: int) -> None:
+    """``raw_tail_position`` (what the driver reads on every cycle that moved a limit) is the composition of
+    ``tail_term_id``, ``tail_term_offset`` and ``compute_position`` for any raw tail, term ids wrapping included."""
+    from slipstream.wire.positions import compute_position, raw_tail_position, tail_term_id, tail_term_offset
+
+    term_length = 1 << bits
+    composed = compute_position(tail_term_id(raw_tail), tail_term_offset(raw_tail, term_length), bits, initial_term_id)
+    assert raw_tail_position(raw_tail, term_length, bits, initial_term_id) == composed

@@ -70,7 +70,7 @@ class IpcPublication(DriverPublication):
         if self.subscribers and self.state is ACTIVE:
             limit = counters.min_value(self.subscribers.values()) + self.window
         else:
-            producer = limit = self.producer_position()  # nothing more may be appended once closing
+            producer = limit = self.log.producer_position()  # nothing more may be appended once closing
         if self.subscribers:
             if not self.connected:
                 self.connected = self.log.is_connected = True
@@ -80,7 +80,7 @@ class IpcPublication(DriverPublication):
         if old_limit != limit:
             counters.set(self.limit_counter_id, limit)
             if producer is None:
-                producer = self.producer_position()
+                producer = self.log.producer_position()
             return 1 if producer > old_limit - (self.window >> 1) else 0
         return 0
 

@@ -15,13 +15,11 @@ from ..wire.positions import (
     align,
     check_mtu,
     check_term_length,
-    compute_position,
     index_by_term_count,
     max_message_length,
     pack_tail,
     position_bits_to_shift,
-    tail_term_id,
-    tail_term_offset,
+    raw_tail_position,
     wrap_i32,
 )
 from .constants import LOG_META_DATA_LENGTH, PAGE_SIZE_DEFAULT, PARTITION_COUNT
@@ -271,12 +269,12 @@ class LogBuffers:
         self.meta_i64[DOORBELL_NUMBERS_INDEX + slot] = number
 
     def producer_position(self) -> int:
-        """Position just after the last frame appended, read from the active tail counter."""
-        term_count = self.active_term_count
-        raw = self.raw_tail(index_by_term_count(term_count))
-        return compute_position(
-            tail_term_id(raw), tail_term_offset(raw, self.term_length), self.bits, self.initial_term_id
-        )
+        """Position just after the last frame appended, read from the active tail counter (the counter's index
+        read in place: :attr:`active_term_count` and :meth:`raw_tail` are a frame each, and the driver asks this
+        on every cycle that moved a publisher's limit)."""
+        term_count = int(self._meta_i32[ACTIVE_TERM_COUNT_OFFSET >> 2])
+        raw = int(self.meta_i64[(TAIL_COUNTERS_OFFSET >> 3) + term_count % PARTITION_COUNT])  # (index_by_term_count)
+        return raw_tail_position(raw, self.term_length, self.bits, self.initial_term_id)
 
     def default_header(self) -> bytes:
         return bytes(self._meta[DEFAULT_FRAME_HEADER_OFFSET : DEFAULT_FRAME_HEADER_OFFSET + DATA_HEADER_LENGTH])

@@ -43,6 +43,16 @@ def compute_position(term_id: int, term_offset: int, bits: int, initial_term_id:
     return (term_count << bits) + term_offset
 
 
+def raw_tail_position(raw_tail: int, term_length: int, bits: int, initial_term_id: int) -> int:
+    """The position a raw tail counter stands for: :func:`compute_position` of its :func:`tail_term_id` and
+    :func:`tail_term_offset`, in one frame (a driver reads it for a publication on every cycle that moved its
+    limit, and a sender on every send)."""
+    term_count = ((raw_tail >> 32) - initial_term_id) & _I32_MASK
+    if term_count & 0x8000_0000:
+        term_count -= 0x1_0000_0000
+    return (term_count << bits) + min(raw_tail & _I32_MASK, term_length)
+
+
 def compute_term_id(position: int, bits: int, initial_term_id: int) -> int:
     return wrap_i32(initial_term_id + (position >> bits))
 
@@ -81,9 +91,7 @@ def max_payload_length(mtu: int) -> int:
 def check_term_length(term_length: int) -> None:
     """Raise ValueError unless the term length is a power of two in [64 KiB, 1 GiB]."""
     if not (TERM_MIN_LENGTH <= term_length <= TERM_MAX_LENGTH) or not is_power_of_two(term_length):
-        raise ValueError(
-            f"term length must be a power of 2 in [{TERM_MIN_LENGTH}, {TERM_MAX_LENGTH}]: {term_length}"
-        )
+        raise ValueError(f"term length must be a power of 2 in [{TERM_MIN_LENGTH}, {TERM_MAX_LENGTH}]: {term_length}")
 
 
 def check_mtu(mtu: int) -> None:
