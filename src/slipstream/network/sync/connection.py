@@ -85,12 +85,13 @@ class Connection(ConnectionBase[RmiSession]):
             successor, verdict = self._successor, None
             if successor is None:
                 verdict = self._hold_closed(message)
-                if verdict is None and not self._full():  # open, with room: decided without reading a Hold member
-                    self._send(message)
+                if verdict is None:  # open: no Hold member read (on Python 3.11 that costs a __getattr__ hook)
+                    if not self._full():
+                        self._send(message)
+                        return
+                elif verdict is Hold.QUEUED:
                     return
-                if verdict is Hold.QUEUED:
-                    return
-                if verdict is not Hold.RECONNECTING and not self._full():
+                elif verdict is not Hold.RECONNECTING and not self._full():
                     self._send(message)
                     return
         if successor is not None:
