@@ -430,6 +430,46 @@ def test_a_caller_keeps_its_watch_across_round_trips_and_a_kick_drops_it(
             assert trace.order[0] == "W", trace.order
 
 
+def test_a_busy_poll_thread_wakes_rarely_while_a_caller_drives_and_takes_over_when_it_stops(
+    driver_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a busy_poll caller drives the cycles (round trip after round trip), the poll thread stays aside and
+    wakes at most once per half DRIVEN_GRACE_NS to see whether the caller stopped (each wake takes the GIL from
+    the spinning caller). Once the caller stops, the poll thread takes the cycles back: an answer that comes
+    then reaches its listener with no caller driving."""
+    grace_s = poller_module.DRIVEN_GRACE_NS / 1e9
+    with child(_echo_server, driver_dir, True) as pipe:
+        assert pipe.recv() == "ready"
+        config = client_config(driver_dir, messages=MESSAGES, enable_ipc=True, driver="external")
+        with Client(config, busy_poll=True) as client:
+            connection = client.connect_ipc(timeout=10)
+            echoed(connection, 50, "WARM")
+            resumed = client.poller._resumed
+            waits: list[float] = []
+            real_wait = resumed.wait
+
+            def counted_wait(timeout: float | None = None) -> bool:
+                waits.append(-1.0 if timeout is None else timeout)
+                return real_wait(timeout)
+
+            monkeypatch.setattr(resumed, "wait", counted_wait)
+            started = time.monotonic()
+            while time.monotonic() - started < 0.6:
+                echoed(connection, 10, "RT")
+            elapsed = time.monotonic() - started
+            assert waits, "the poll thread ran the cycles beside the caller instead of stepping aside"
+            assert len(waits) <= elapsed / (grace_s / 2) + 3, (len(waits), elapsed, waits[:20])  # (half-grace slices)
+
+            arrived = threading.Event()
+
+            @connection.on_message(Quote)
+            def taken(_connection: Connection, _quote: Quote) -> None:
+                arrived.set()
+
+            connection.send_nowait(Quote(1, 1.0, "AFTER"))  # (no caller waits: only the poll thread cycles)
+            assert arrived.wait(5), "the poll thread did not take the cycles back"
+
+
 def test_the_connections_part_of_a_cycle_leaves_their_timers_to_the_whole_cycle(driver_dir: Path) -> None:
     """What a spinning poller runs between whole cycles (and a caller whose watch saw a frame) takes frames
     in and sends; the connections' timers (here the peer's expiry) wait for the endpoint's next whole cycle."""
