@@ -370,6 +370,19 @@ def child(target: Any, driver_dir: Path, *args: Any) -> Iterator[Pipe]:
     assert process.exitcode == 0
 
 
+@contextmanager
+def warm_busy_client(driver_dir: Path) -> Iterator[tuple[Client, Connection]]:
+    """A busy_poll client in this process, connected over IPC to a busy echo server in a child process, warmed up
+    by 50 round trips."""
+    with child(_echo_server, driver_dir, True) as pipe:
+        assert pipe.recv() == "ready"
+        config = client_config(driver_dir, messages=MESSAGES, enable_ipc=True, driver="external")
+        with Client(config, busy_poll=True) as client:
+            connection = client.connect_ipc(timeout=10)
+            echoed(connection, 50, "WARM")
+            yield client, connection
+
+
 @pytest.mark.parametrize("busy", [False, True])
 def test_a_blocking_client_and_server_in_two_processes(driver_dir: Path, busy: bool) -> None:
     with child(_echo_server, driver_dir, busy) as pipe:
@@ -413,21 +426,16 @@ def test_a_caller_keeps_its_watch_across_round_trips_and_a_kick_drops_it(
     it. A kick (new work, a new timer from another thread) drops the watch: a whole cycle comes first."""
     monkeypatch.setattr(poller_module, "_WATCH_NS", 200_000_000)  # (whole cycles only when the watch is dropped)
     rounds = 300
-    with child(_echo_server, driver_dir, True) as pipe:
-        assert pipe.recv() == "ready"
-        config = client_config(driver_dir, messages=MESSAGES, enable_ipc=True, driver="external")
-        with Client(config, busy_poll=True) as client:
-            connection = client.connect_ipc(timeout=10)
-            echoed(connection, 50, "WARM")
-            with traced_cycles(client) as trace:
-                echoed(connection, rounds, "RT")
-            answers = trace.order.count("C")
-            assert answers >= rounds * 3 // 4, "".join(trace.order)[:300]
-            assert trace.counts["whole"] <= rounds // 10, "".join(trace.order)[:300]
-            with traced_cycles(client) as trace:
-                client.poller.kick()
-                echoed(connection, 1, "KICKED")
-            assert trace.order[0] == "W", trace.order
+    with warm_busy_client(driver_dir) as (client, connection):
+        with traced_cycles(client) as trace:
+            echoed(connection, rounds, "RT")
+        answers = trace.order.count("C")
+        assert answers >= rounds * 3 // 4, "".join(trace.order)[:300]
+        assert trace.counts["whole"] <= rounds // 10, "".join(trace.order)[:300]
+        with traced_cycles(client) as trace:
+            client.poller.kick()
+            echoed(connection, 1, "KICKED")
+        assert trace.order[0] == "W", trace.order
 
 
 def test_a_busy_poll_thread_wakes_rarely_while_a_caller_drives_and_takes_over_when_it_stops(
@@ -438,36 +446,31 @@ def test_a_busy_poll_thread_wakes_rarely_while_a_caller_drives_and_takes_over_wh
     the spinning caller). Once the caller stops, the poll thread takes the cycles back: an answer that comes
     then reaches its listener with no caller driving."""
     grace_s = poller_module.DRIVEN_GRACE_NS / 1e9
-    with child(_echo_server, driver_dir, True) as pipe:
-        assert pipe.recv() == "ready"
-        config = client_config(driver_dir, messages=MESSAGES, enable_ipc=True, driver="external")
-        with Client(config, busy_poll=True) as client:
-            connection = client.connect_ipc(timeout=10)
-            echoed(connection, 50, "WARM")
-            resumed = client.poller._resumed
-            waits: list[float] = []
-            real_wait = resumed.wait
+    with warm_busy_client(driver_dir) as (client, connection):
+        resumed = client.poller._resumed
+        waits: list[float] = []
+        real_wait = resumed.wait
 
-            def counted_wait(timeout: float | None = None) -> bool:
-                waits.append(-1.0 if timeout is None else timeout)
-                return real_wait(timeout)
+        def counted_wait(timeout: float | None = None) -> bool:
+            waits.append(-1.0 if timeout is None else timeout)
+            return real_wait(timeout)
 
-            monkeypatch.setattr(resumed, "wait", counted_wait)
-            started = time.monotonic()
-            while time.monotonic() - started < 0.6:
-                echoed(connection, 10, "RT")
-            elapsed = time.monotonic() - started
-            assert waits, "the poll thread ran the cycles beside the caller instead of stepping aside"
-            assert len(waits) <= elapsed / (grace_s / 2) + 3, (len(waits), elapsed, waits[:20])  # (half-grace slices)
+        monkeypatch.setattr(resumed, "wait", counted_wait)
+        started = time.monotonic()
+        while time.monotonic() - started < 0.6:
+            echoed(connection, 10, "RT")
+        elapsed = time.monotonic() - started
+        assert waits, "the poll thread ran the cycles beside the caller instead of stepping aside"
+        assert len(waits) <= elapsed / (grace_s / 2) + 3, (len(waits), elapsed, waits[:20])  # (half-grace slices)
 
-            arrived = threading.Event()
+        arrived = threading.Event()
 
-            @connection.on_message(Quote)
-            def taken(_connection: Connection, _quote: Quote) -> None:
-                arrived.set()
+        @connection.on_message(Quote)
+        def taken(_connection: Connection, _quote: Quote) -> None:
+            arrived.set()
 
-            connection.send_nowait(Quote(1, 1.0, "AFTER"))  # (no caller waits: only the poll thread cycles)
-            assert arrived.wait(5), "the poll thread did not take the cycles back"
+        connection.send_nowait(Quote(1, 1.0, "AFTER"))  # (no caller waits: only the poll thread cycles)
+        assert arrived.wait(5), "the poll thread did not take the cycles back"
 
 
 def test_the_connections_part_of_a_cycle_leaves_their_timers_to_the_whole_cycle(driver_dir: Path) -> None:
