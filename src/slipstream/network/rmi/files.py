@@ -172,6 +172,9 @@ class RmiFiles:
         self._ready: list[Invocation] = []
         self._refused: list[tuple[Invocation, StreamingError]] = []
         self._events: list[RmiCallCompleted | RmiCallFailed] = []
+        self.has_output = False
+        """Something waits to be taken: set as each output comes, recomputed as each kind is taken (a plain
+        attribute, since :class:`~.calls.RemoteCalls` asks after every input and call)."""
         self._closed_reason: str | None = None
 
     # -- outputs ----------------------------------------------------------------------------------
@@ -179,22 +182,20 @@ class RmiFiles:
     def take_ready(self) -> list[Invocation]:
         """Held host calls whose files have all arrived (their arguments now hold the copies' paths)."""
         ready, self._ready = self._ready, []
+        self.has_output = bool(self._refused or self._events)
         return ready
 
     def take_refused(self) -> list[tuple[Invocation, StreamingError]]:
         """Held host calls that cannot run because a file did not arrive: answer each with its error."""
         refused, self._refused = self._refused, []
+        self.has_output = bool(self._ready or self._events)
         return refused
 
     def take_events(self) -> list[RmiCallCompleted | RmiCallFailed]:
         """Path results that completed or failed."""
         events, self._events = self._events, []
+        self.has_output = bool(self._ready or self._refused)
         return events
-
-    @property
-    def has_output(self) -> bool:
-        """Something waits to be taken."""
-        return bool(self._ready or self._refused or self._events)
 
     # -- streams ----------------------------------------------------------------------------------
 
@@ -316,6 +317,7 @@ class RmiFiles:
         if waiter.call_id:
             self._store.detach(ref.stream_id)  # the caller owns it now
             self._events.append(RmiCallCompleted(waiter.call_id, Path(path)))
+            self.has_output = True
             return
         held = self._held.get(waiter.invocation_id)
         if held is None:
@@ -332,10 +334,12 @@ class RmiFiles:
         if not missing:
             del self._held[waiter.invocation_id]
             self._ready.append(invocation)
+            self.has_output = True
 
     def _error(self, waiter: _Waiter, message: str) -> None:
         if waiter.call_id:
             self._events.append(RmiCallFailed(waiter.call_id, RmiFailure.FILE_FAILED, "", message=message))
+            self.has_output = True
             return
         held = self._held.pop(waiter.invocation_id, None)
         if held is None:
@@ -348,3 +352,4 @@ class RmiFiles:
             self.discard(stream_id)
         self.release(waiter.invocation_id)
         self._refused.append((invocation, StreamingError(message)))
+        self.has_output = True
