@@ -40,7 +40,7 @@ from pathlib import Path
 from .delivery import ACK_ROOM, Delivery
 from .errors import ConnectionClosedError, FrameError, MessageTooLarge, RecordRejected, SerializationError
 from .events import Closed, Event, KeepaliveSent, MessageDecodeFailed, MessageReceived, PingAcknowledged
-from .frames import FRAME_OVERHEAD, FrameKind, encode_frame_into
+from .frames import FRAME_OVERHEAD, RMI_REQUEST, RMI_RESPONSE, FrameKind, encode_frame_into
 from .requests import Requests
 from .results import ConnectionStats
 from .rmi import FILE_STREAM_MARK, RemoteCalls
@@ -51,12 +51,10 @@ from .streaming import SpillFile, StreamCompleted, StreamFailed, Streams, Stream
 
 __all__ = ["RECORD_OVERHEAD", "ConnectionMachine", "ConnectionStats", "PlainRecords", "Records"]
 
-_MESSAGE, _SYNC_REQUEST, _DELIVERED, _KEEPALIVE, _RMI_REQUEST, _RMI_RESPONSE = (
-    FrameKind.MESSAGE, FrameKind.SYNC_REQUEST, FrameKind.DELIVERED, FrameKind.KEEPALIVE, FrameKind.RMI_REQUEST,
-    FrameKind.RMI_RESPONSE,
+_MESSAGE, _SYNC_REQUEST, _DELIVERED, _KEEPALIVE = (
+    FrameKind.MESSAGE, FrameKind.SYNC_REQUEST, FrameKind.DELIVERED, FrameKind.KEEPALIVE,
 )  # fmt: skip
-"""(Module names for what every record reads: on Python 3.11 an Enum class's attribute costs a ``__getattr__``
-hook, eight times a global's.)"""
+"""(Module names for what every record reads, as ``frames.RMI_REQUEST``.)"""
 _PING = struct.Struct(">q")
 _PONG = struct.Struct(">qq")
 
@@ -428,7 +426,7 @@ class ConnectionMachine(RemoteObjectsPart):
             elif kind is _DELIVERED:
                 if delivery is not None:
                     delivery.acknowledged(value)
-            elif kind is _RMI_REQUEST or kind is _RMI_RESPONSE:  # (a remote call is a record of its own)
+            elif kind is RMI_REQUEST or kind is RMI_RESPONSE:  # (a remote call is a record of its own)
                 self._rmi_frame(kind, request_id, bytes(value))  # type: ignore[call-overload]
             elif self._control_frame(kind, request_id, value, now_ns):
                 return True  # CLOSE: the peer reads no frame after it

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..events import RmiCallCompleted, RmiCallFailed, RmiEvent, RmiRequestReceived
-from ..frames import FrameKind
+from ..frames import RMI_RESPONSE
 from ..limits import Workload
 from ..streaming import Streams
 from .endpoint import RmiEndpoint
@@ -28,8 +28,6 @@ from .invocation import Invocation
 from .wire import FileRef, OutFrame
 
 __all__ = ["RemoteCalls"]
-
-_RESPONSE = FrameKind.RMI_RESPONSE  # (a module name: on Python 3.11 an Enum class's attribute costs a __getattr__ hook)
 
 
 class RemoteCalls:
@@ -80,7 +78,7 @@ class RemoteCalls:
 
     def receive(self, kind: int, request_id: int, payload: bytes) -> None:
         """An RMI_REQUEST or RMI_RESPONSE frame (arrived whole or streamed)."""
-        if kind == _RESPONSE:
+        if kind == RMI_RESPONSE:
             self.endpoint.receive_response(request_id, payload)
             return
         if (work := self.work).full:

@@ -32,7 +32,7 @@ from ..errors import (
     StreamingError,
 )
 from ..events import RmiCallCompleted, RmiCallFailed, RmiEvent, RmiFailure, RmiObjectReceived, RmiOnewayFailed
-from ..frames import FrameKind
+from ..frames import RMI_REQUEST, RMI_RESPONSE
 from .files import FileChannel, encode_with_files, file_out
 from .invocation import Invocation
 from .objects import ObjectTable, ProxyBase, RemoteRef
@@ -68,8 +68,8 @@ from .wire import (
 __all__ = ["RmiEndpoint", "RmiStats", "exception_from"]
 
 _STATUS_BYTE = tuple(bytes((status,)) for status in range(256))
-_REQUEST, _RESPONSE, _OK = FrameKind.RMI_REQUEST, FrameKind.RMI_RESPONSE, Status.OK
-"""(Module names for what every call reads: on Python 3.11 an Enum class's attribute costs a ``__getattr__`` hook.)"""
+_OK = Status.OK
+"""(A module name, as ``frames.RMI_REQUEST``: every call's response reads it.)"""
 """A response's status byte, prebuilt."""
 
 
@@ -231,11 +231,11 @@ class RmiEndpoint:
                 raise InterfaceError(f"{spec.name}.{m.name}: arguments cannot be serialized ({exc})") from exc
             m.check(memoryview(payload)[REQUEST_HEADER.size :])
         if oneway:
-            self.frames.append((_REQUEST, ONEWAY_REQUEST_ID, payload))
+            self.frames.append((RMI_REQUEST, ONEWAY_REQUEST_ID, payload))
             self.stats.oneway_sent += 1
             return 0
         token = self._pending.start(Pending(m.qualname, m, ref.interface_id), now_ns, timeout_ns)
-        self.frames.append((_REQUEST, token, payload))
+        self.frames.append((RMI_REQUEST, token, payload))
         self.stats.calls_sent += 1
         return token
 
@@ -255,7 +255,7 @@ class RmiEndpoint:
         if timeout_ns < 0:
             raise ValueError(f"timeout must not be negative: {timeout_ns} ns")
         token = self._pending.start(Pending(f"create({spec.name})", None, spec.interface_id), now_ns, timeout_ns)
-        self.frames.append((_REQUEST, token, payload))
+        self.frames.append((RMI_REQUEST, token, payload))
         self.stats.calls_sent += 1
         return token
 
@@ -283,7 +283,7 @@ class RmiEndpoint:
             interface_id = served[0]
         wire_ref = self._ref_out(value, interface_id, False, "send_object()")
         payload = REQUEST_HEADER.pack(FLAG_OBJECT, 0, interface_id, 0) + self._encoder.encode(wire_ref)
-        self.frames.append((_REQUEST, ONEWAY_REQUEST_ID, payload))
+        self.frames.append((RMI_REQUEST, ONEWAY_REQUEST_ID, payload))
 
     def receive_response(self, request_id: int, payload: bytes) -> None:
         """An RMI_RESPONSE frame: completes (or fails) the pending call it names; others are counted."""
@@ -518,7 +518,7 @@ class RmiEndpoint:
         self._respond(invocation.request_id, Status.EXCEPTION, body)
 
     def _respond(self, request_id: int, status: Status, body: bytes) -> None:
-        self.frames.append((_RESPONSE, request_id, _STATUS_BYTE[status] + body))
+        self.frames.append((RMI_RESPONSE, request_id, _STATUS_BYTE[status] + body))
 
     # -- substitution -----------------------------------------------------------------------------
 
