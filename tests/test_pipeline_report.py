@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from slipstream.network import Client, Server
-from slipstream.pipeline.jobs import TABLES, build_tables, min_samples
+from slipstream.pipeline.jobs import TABLES, TablesResult, build_tables, min_samples
 from slipstream.pipeline.options import ReportOptions
 from slipstream.pipeline.report import cell, write_report
 from slipstream.telemetry import (
@@ -80,13 +80,19 @@ def known(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tables(spark: Any, known: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+def known_report(spark: Any, known: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[TablesResult, Path]:
+    """The tables of the known recording (one-minute windows) and the page written from them."""
     out = tmp_path_factory.mktemp("known-report")
     result = build_tables(spark, known, out, ReportOptions(abuse_threshold=3, window_s=60, top=1))
     assert set(result.rows) == set(TABLES)
-    write_report(result, out, input_dir=known, options=ReportOptions(window_s=60), master="local", spark_version="4",
-                 elapsed_s=1.0)  # fmt: skip
-    return result.rows
+    page = write_report(result, out, input_dir=known, options=ReportOptions(window_s=60), master="local",
+                        spark_version="4", elapsed_s=1.0)  # fmt: skip
+    return result, page
+
+
+@pytest.fixture(scope="module")
+def tables(known_report: tuple[TablesResult, Path]) -> dict[str, list[dict[str, Any]]]:
+    return known_report[0].rows
 
 
 def test_rtt_percentiles_carry_their_sample_count_and_no_p99_comes_from_fewer_than_100(
@@ -154,11 +160,9 @@ def test_the_page_prints_ids_plainly_times_as_iso_utc_and_no_percentile_from_too
 
 
 def test_the_written_page_has_no_thousands_separators_and_states_its_window(
-    spark: Any, known: Path, tmp_path: Path
+    known_report: tuple[TablesResult, Path],
 ) -> None:
-    result = build_tables(spark, known, tmp_path, ReportOptions(window_s=60))
-    page = write_report(result, tmp_path, input_dir=known, options=ReportOptions(window_s=60), master="local",
-                        spark_version="4", elapsed_s=1.0).read_text()  # fmt: skip
+    page = known_report[1].read_text()
     cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", page)]  # text, no <wbr>
     assert f"{BIG_ID}" in cells and not [c for c in cells if re.search(r"\d,\d{3}", c)]
     assert "tumbling, 60 s" in page and "n too small" in page
