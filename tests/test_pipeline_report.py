@@ -83,10 +83,11 @@ def known(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def known_report(spark: Any, known: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[TablesResult, Path]:
     """The tables of the known recording (one-minute windows) and the page written from them."""
     out = tmp_path_factory.mktemp("known-report")
-    result = build_tables(spark, known, out, ReportOptions(abuse_threshold=3, window_s=60, top=1))
+    options = ReportOptions(abuse_threshold=3, window_s=60, top=1)
+    result = build_tables(spark, known, out, options)
     assert set(result.rows) == set(TABLES)
-    page = write_report(result, out, input_dir=known, options=ReportOptions(window_s=60), master="local",
-                        spark_version="4", elapsed_s=1.0)  # fmt: skip
+    page = write_report(result, out, input_dir=known, options=options, master="local", spark_version="4",
+                        elapsed_s=1.0)  # fmt: skip
     return result, page
 
 
