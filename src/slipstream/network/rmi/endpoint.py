@@ -68,9 +68,9 @@ from .wire import (
 __all__ = ["RmiEndpoint", "RmiStats", "exception_from"]
 
 _STATUS_BYTE = tuple(bytes((status,)) for status in range(256))
+"""A response's status byte, prebuilt."""
 _OK = Status.OK
 """(A module name, as ``frames.RMI_REQUEST``: every call's response reads it.)"""
-"""A response's status byte, prebuilt."""
 
 
 @dataclass(slots=True)
