@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,6 +56,17 @@ class Calc:
 
 def round_trips(workload: str, count: int) -> int:
     """``count`` round trips of ``workload`` after ``WARMUP`` (see the module's docstring); the messages back."""
+    step = round_trip(workload)
+    back = sum(step() for _ in range(WARMUP + count))
+    if back != WARMUP + count:
+        what = "calls completed" if workload == "call" else "replies came back"
+        raise RuntimeError(f"{back} of {WARMUP + count} {what}")
+    return back
+
+
+def round_trip(workload: str) -> Callable[[], int]:
+    """A fresh pair of machines, and a function running one round trip of ``workload`` between them per call
+    (the clock moved ``ROUND_TRIP_NS``): how many replies (or completed calls) it brought back, 1."""
     from slipstream.network.connection import ConnectionMachine
     from slipstream.network.delivery import Delivery
     from slipstream.network.events import MessageReceived
@@ -63,7 +75,7 @@ def round_trips(workload: str, count: int) -> int:
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, not {workload!r}")
     if workload == "call":
-        return _calls(count)
+        return _call()
     pair = ConnectionPair(types=[Quote], delivery=(Delivery(), Delivery()) if workload == "sequenced" else None)
     a, b = pair.a, pair.b
     quote = Quote(1, 0.5, "ACME")
@@ -84,22 +96,21 @@ def round_trips(workload: str, count: int) -> int:
         for sealed in sender.messages_to_send(now):
             receiver.receive(sealed, now)
 
-    back = 0
-    for _ in range(WARMUP + count):
+    def step() -> int:
+        nonlocal now
         now += ROUND_TRIP_NS
         carry(a, b, quote)
         for event in b.take_events():
             if isinstance(event, MessageReceived):
                 carry(b, a, event.message)
-        back += sum(isinstance(event, MessageReceived) for event in a.take_events())
-    if back != WARMUP + count:
-        raise RuntimeError(f"{back} of {WARMUP + count} replies came back")
-    return back
+        return sum(isinstance(event, MessageReceived) for event in a.take_events())
+
+    return step
 
 
-def _calls(count: int) -> int:
-    """``count`` remote calls one at a time after ``WARMUP``: the call sealed and offered, the request opened and
-    its invocation run (as an adapter runs it), the result sealed back and opened; the results."""
+def _call() -> Callable[[], int]:
+    """``round_trip`` for remote calls: the call sealed and offered, the request opened and its invocation run
+    (as an adapter runs it), the result sealed back and opened."""
     from slipstream.network.events import RmiCallCompleted, RmiRequestReceived
     from slipstream.network.rmi import RemoteRef, RmiRegistry
     from slipstream.testing import ConnectionPair
@@ -109,8 +120,9 @@ def _calls(count: int) -> int:
     assert b.rmi is not None
     ref = RemoteRef(0, b.rmi.endpoint.objects.save(Calc()))
     now = pair.clock.now_ns()
-    done = 0
-    for _ in range(WARMUP + count):
+
+    def step() -> int:
+        nonlocal now
         now += ROUND_TRIP_NS
         a.call(ref, "add", [2, 3], now, timeout_ns=1_000_000_000)
         for record in a.messages_to_send(now):
@@ -120,10 +132,9 @@ def _calls(count: int) -> int:
                 b.complete_invocation(event.invocation_id, b.invocation(event.invocation_id).call())
         for record in b.messages_to_send(now):
             a.receive(record, now)
-        done += sum(isinstance(event, RmiCallCompleted) and event.value == 5 for event in a.take_events())
-    if done != WARMUP + count:
-        raise RuntimeError(f"{done} of {WARMUP + count} calls completed")
-    return done
+        return sum(isinstance(event, RmiCallCompleted) and event.value == 5 for event in a.take_events())
+
+    return step
 
 
 def collected(workload: str, count: int, valgrind: str) -> int:

@@ -733,7 +733,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small counts: checks the suite works")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    results: dict[str, Any] = {}
+    from . import corun  # (here: it imports bench.instructions, which imports this module)
+
+    results: dict[str, Any] = {"machine-before": corun.measure(**corun.QUICK if args.quick else {})}
+    print(corun.describe(results["machine-before"]), flush=True)
     for transport in ("udp", "ipc"):
         results[f"slipstream-{transport}"] = run_slipstream(transport, args.quick)
         print(transport, json.dumps(results[f"slipstream-{transport}"], indent=None), flush=True)
@@ -754,6 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("tcp", "ipc"):
         results[f"zmq-curve-{kind}"] = run_zmq(kind, args.quick)
         print("zmq", kind, json.dumps(results[f"zmq-curve-{kind}"]), flush=True)
+    results["machine-after"] = corun.measure(**corun.QUICK if args.quick else {})
+    print(corun.describe(results["machine-after"]), flush=True)
     rows = comparisons(results)
     results["ratios"] = report.ratios(rows)
     results["comparisons"] = [asdict(row) for row in rows]

@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import Children, expect, report
+from . import Children, corun, expect, report
 from .network import blocking_api_missing
 from .report import Comparison
 
@@ -537,12 +537,17 @@ def main(argv: list[str] | None = None) -> int:
     p = Params("udp", 0, "")
     if args.quick:
         p = replace(p, calls=300, oneway=2000, file_bytes=8 << 20)
+    machine = corun.QUICK if args.quick else {}
     results: dict[str, Any] = {
         "machine": {"cpu_count": os.cpu_count(), "loadavg_at_start": os.getloadavg()},
+        "machine-before": corun.measure(**machine),
         "params": {"calls": p.calls, "oneway": p.oneway, "file_bytes": p.file_bytes},
-        "rmi": run_rmi(p) if args.only != "streaming" else {},
-        "streaming": run_streaming(p) if args.only != "rmi" else {},
     }
+    print(corun.describe(results["machine-before"]), flush=True)
+    results["rmi"] = run_rmi(p) if args.only != "streaming" else {}
+    results["streaming"] = run_streaming(p) if args.only != "rmi" else {}
+    results["machine-after"] = corun.measure(**machine)
+    print(corun.describe(results["machine-after"]), flush=True)
     rows = comparisons(results["rmi"], p.concurrency)
     results["ratios"] = report.ratios(rows)
     results["comparisons"] = [asdict(row) for row in rows]

@@ -106,3 +106,5 @@ def test_rmi_and_streaming_benchmark_runs_with_its_peers(tmp_path: Path) -> None
     assert results["ratios"]["udp.asyncio.awaited_vs_pyro5"] > 0 and "ratio > 1" in done.stdout
     for row in results["streaming"].values():
         assert row["bytes"] == results["params"]["file_bytes"] and row["mb_per_s"] > 0
+    assert results["machine-before"]["warm_us"] > 0 and results["machine-after"]["cold_us"] > 0
+    assert done.stdout.startswith("machine: a round trip of two connection machines")
