@@ -8,12 +8,16 @@ machines, no I/O: the Python a network round trip runs), timed three ways, pinne
 
 - ``warm_us``: back to back, the best of ``rounds`` runs of ``ROUND_TRIPS``;
 - ``cold_us``: each after ``COLD_GAP_US`` of a Python busy-wait (the median of ``COLD_SAMPLES``). A round trip
-  between two processes runs every step this way, after waiting for the other side: on 2026-11-30 this VM ran it
-  3-4x slower than warm (5.3 us after a 60 us wait, 17.6 us after 1 ms, 29 us after a 300 us sleep);
+  between two processes runs every step this way, after waiting for the other side. On 2026-11-30, after 1 ms of
+  anything else (a Python busy-wait, a C loop spinning with or without ``pause``, a sleep) the round trip took
+  1.6-4x its warm time, and after 100 us up to 2x; after 1 ms of the same round trips on another pair of machines
+  it took its warm time. What it needs (caches, branch predictors) decays while other code runs, at a pace
+  set outside the process: the host, and whatever else runs on the physical core;
 - ``beside_us``: warm again, with a child process spinning in a Python loop on the other CPU. The two vCPUs are at
-  times hyperthreads of one physical core (the guest's topology says "2 cores, 1 thread each" either way); then a
-  spinning process, such as a busy-polling peer, slows the Python beside it 1.6-1.9x, and at other times not at
-  all (the same day: 12.6 -> 22.8 us, then 12.6 -> 12.5 us within the hour).
+  times hyperthreads of one physical core (the guest's topology says "2 cores, 1 thread each" either way): then a
+  spinning process, such as a busy-polling peer, slows the Python beside it 1.6-1.9x. At other times it changes
+  nothing, and at others it speeds it up (0.84x: perhaps by keeping another tenant off that core). The same day
+  gave 12.6 -> 22.8 us, then 12.6 -> 12.5 us within the hour.
 
 ``cold_factor`` and ``corun_factor`` are each over ``warm_us``. ``bench.network`` and ``bench.rmi`` record them
 before and after their runs (``machine-before``, ``machine-after``). The child stops by itself after
