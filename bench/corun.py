@@ -10,7 +10,7 @@ machines, no I/O: the Python a network round trip runs), timed three ways, pinne
 - ``cold_us``: each after ``COLD_GAP_US`` of a Python busy-wait (the median of ``COLD_SAMPLES``). A round trip
   between two processes runs every step this way, after waiting for the other side. On 2026-11-30, after 1 ms of
   anything else (a Python busy-wait, a C loop spinning with or without ``pause``, a sleep) the round trip took
-  1.6-4x its warm time, and after 100 us up to 2x; after 1 ms of the same round trips on another pair of machines
+  1.4-4.7x its warm time, and after 100 us up to 2.3x; after 1 ms of the same round trips on another pair of machines
   it took its warm time. What it needs (caches, branch predictors) decays while other code runs, at a pace
   set outside the process: the host, and whatever else runs on the physical core;
 - ``beside_us``: warm again, with a child process spinning in a Python loop on the other CPU. The two vCPUs are at
