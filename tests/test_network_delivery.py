@@ -285,6 +285,24 @@ def test_a_graceful_close_hears_the_peers_last_count_so_nothing_is_reported_unde
     assert sender.end(pair.serialization) == ()
 
 
+def test_what_crosses_the_peer_s_close_is_exactly_what_it_left_unacknowledged() -> None:
+    """The peer closes while our messages are on the wire: its CLOSE comes after its count of what it took, so
+    what we still hold unacknowledged when it arrives is exactly what it dropped (the adapters report it)."""
+    sender = Delivery()
+    pair = ConnectionPair(types=[Note], conditions=IN_FLIGHT, delivery=(sender, Delivery()))
+    pair.pump()
+    for i in range(3):
+        pair.a.send(Note(i))
+    pair.pump()  # delivered
+    for i in range(3, 8):
+        pair.a.send(Note(i))
+    pair.b.close("shutting down")  # at the same instant: the two cross on the wire
+    pair.pump(duration_ns=50_000_000)
+    assert [e for e in pair.events_a if isinstance(e, Closed)] == [Closed(True, False, "shutting down")]
+    assert notes(pair.events_b) == [0, 1, 2]
+    assert sender.end(pair.serialization) == tuple(Note(i) for i in range(3, 8))
+
+
 def test_the_delivered_timer_fires_on_the_manual_clock() -> None:
     sender, receiver = Delivery(ack_delay_ns=10_000_000), Delivery()
     pair = ConnectionPair(types=[Note], delivery=(sender, receiver))

@@ -17,8 +17,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from slipstream.network import ConnectionClosedError, RmiCallTimeout, ServerConfig
+from slipstream.network import ConnectionClosedError, RmiCallTimeout, ServerConfig, UndeliveredError
 from slipstream.network.errors import BlockingListenerError, InboxFull, MessageDispatchError, ReceiveTimeout
+from slipstream.network.pacing import Wake
 from slipstream.network.sync import INBOX_LIMIT, Client, Connection, Server
 from slipstream.network.sync import poller as poller_module
 
@@ -592,3 +593,140 @@ def test_a_signal_set_by_one_thread_wakes_a_thread_blocked_on_it_every_time() ->
         signal.clear()
         assert not signal.is_set() and not signal.wait(0.001)
     assert missed == 0
+
+
+def test_with_busy_poll_a_waiting_caller_lets_other_threads_send_time_out_and_close(driver_dir: Path) -> None:
+    """A busy_poll caller spins with the poller's lock held until its answer comes (which may be never): another
+    thread that sends, waits for an answer of its own (with a timeout) or closes gets the lock from it within a
+    few turns, not after the first caller's whole wait."""
+    with pair(driver_dir, busy=True) as (server, client, connection):
+        (peer,) = server.connections
+        got: list[object] = []
+
+        def waiter(timeout: float | None) -> None:
+            try:
+                got.append(connection.receive(timeout=timeout))
+            except (ReceiveTimeout, ConnectionClosedError) as exc:
+                got.append(exc)
+
+        first = threading.Thread(target=waiter, args=(20.0,), daemon=True)
+        first.start()
+        time.sleep(0.2)  # (the waiter spins now, the lock held)
+        started = time.monotonic()
+        with pytest.raises(ReceiveTimeout):
+            peer.receive(timeout=0.2)  # another thread's wait keeps its own deadline
+        assert time.monotonic() - started < 5
+        started = time.monotonic()
+        peer.send(Other("for the waiter"))  # another thread's send goes at once, and ends the first wait
+        assert time.monotonic() - started < 5
+        first.join(10)
+        assert got == [Other("for the waiter")]
+
+        second = threading.Thread(target=waiter, args=(None,), daemon=True)  # waits forever for nothing
+        second.start()
+        time.sleep(0.2)
+        started = time.monotonic()
+        client.close()
+        assert time.monotonic() - started < 10
+        second.join(10)
+        assert len(got) == 2 and isinstance(got[1], ConnectionClosedError)
+
+
+def test_with_busy_poll_a_thread_that_only_sends_does_not_hold_the_listeners_off(driver_dir: Path) -> None:
+    """A busy poll thread steps aside for a moment after each send (the sender's next wait takes the answer in
+    without fighting it for the GIL); a thread that sends more often than that and never waits must not keep
+    every listener waiting for as long as it goes on: they run while it sends."""
+    with pair(driver_dir, busy=True) as (server, _client, connection):
+        arrived: list[int] = []
+
+        @server.on_message(Other)
+        def taken(_peer: Connection, message: Other) -> None:
+            arrived.append(int(message.text))
+
+        sent = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 1.0 and sent < 2000:
+            connection.send(Other(str(sent)))
+            sent += 1
+            time.sleep(0.0005)
+        during = len(arrived)
+        wait_until(lambda: len(arrived) == sent)
+        assert arrived == list(range(sent))
+        assert during >= sent // 2, f"only {during} of {sent} reached the listener while the sender went on"
+
+
+def test_a_kick_that_comes_before_the_pause_begins_ends_it() -> None:
+    """The poll thread decides on a pause, then parks: a kick between the two (new work, a burst's tail, a
+    caller's new timer) ends the pause at once instead of being lost until the pause's end."""
+    backoff = poller_module.ThreadBackoff()
+    started = time.monotonic()
+    backoff.kick()  # (nobody parked yet)
+    assert backoff.park((), 5.0) is Wake.KICK
+    backoff.kick(long_only=True)  # only for a long pause: a short one ends soon anyway
+    assert backoff.park((), backoff.max_sleep_s / 2) is Wake.TIMEOUT
+    backoff.kick(long_only=True)
+    assert backoff.park((), 5.0) is Wake.KICK
+    assert time.monotonic() - started < 2.5
+    started = time.monotonic()
+    assert backoff.park((), 0.05) is Wake.TIMEOUT  # nothing left over: a pause lasts
+    assert time.monotonic() - started >= 0.04
+
+
+def test_close_from_a_listener_closes_without_error(driver_dir: Path) -> None:
+    """``close`` waits for the cycles (the peers hear CLOSE, streams are released), which a listener runs inside:
+    from a listener a connection's close returns at once and an endpoint's goes on in a thread of its own."""
+    with pair(driver_dir) as (server, client, connection):
+        errors: list[BaseException] = []
+        server.on_error(lambda _connection, error: errors.append(error))
+        client.on_error(lambda _connection, error: errors.append(error))
+
+        @server.on_message(Other)
+        def close_it(peer: Connection, message: Other) -> None:
+            if message.text == "connection":
+                peer.close()
+            else:
+                server.close()
+
+        connection.send(Other("connection"))
+        assert connection.wait_closed(timeout=10)
+        second = client.connect_ipc(timeout=10)
+        second.send(Other("server"))
+        assert server.serve_forever(timeout=10), "the server did not close"
+        assert second.wait_closed(timeout=10)
+        assert server.context is None and not server.connections and not server._closings
+        assert errors == []
+
+
+@pytest.mark.parametrize("closer", ["server", "client"])
+def test_messages_that_cross_the_peer_s_close_are_reported_undelivered_never_lost(
+    driver_dir: Path, closer: str
+) -> None:
+    """One side closes the connection while the other's messages are on their way: what reached the closing
+    side's listeners before its CLOSE was acknowledged in it; the rest was dropped there, and the sender's
+    on_error gets it back (UndeliveredError), each message in exactly one of the two, once."""
+    with pair(driver_dir) as (server, client, connection):
+        (peer,) = server.connections
+        closing, sending = (server, client) if closer == "server" else (client, server)
+        sender = connection if closer == "server" else peer
+        delivered: list[int] = []
+        undelivered: list[int] = []
+
+        @closing.on_message(Other)
+        def take(receiver: Connection, message: Other) -> None:
+            delivered.append(int(message.text))
+            if len(delivered) == 1:
+                receiver.close()
+
+        @sending.on_error
+        def reported(_connection: Connection | None, error: BaseException) -> None:
+            if isinstance(error, UndeliveredError):
+                undelivered.extend(int(m.text) for m in error.messages)  # type: ignore[attr-defined]
+
+        accepted = 0
+        for i in range(400):
+            if not sender.send_nowait(Other(str(i))):
+                break  # closed (or back-pressured): refused, so not ours to account for
+            accepted += 1
+        assert sender.wait_closed(timeout=10)
+        wait_until(lambda: len(delivered) + len(undelivered) >= accepted)
+        assert sorted(delivered + undelivered) == list(range(accepted)), (delivered, undelivered)

@@ -428,15 +428,16 @@ class ClientCore(RunningEndpoint[C]):
             self._lost = connection  # lost, not closed: connect again (``recovery``)
             if not self._reconnecting():
                 self._start_reconnect()
-        elif event.expired:
-            self._end_session(connection)
+        elif event.expired or event.by_peer:
+            # (The server's CLOSE came after its acknowledgement of all it took: what crossed it was dropped.)
+            self._end_session(connection, "the server closed the connection" if event.by_peer else None)
         else:
-            self._delivery = None  # closed: what went before the CLOSE was delivered
+            self._delivery = None  # closed here: what went before our CLOSE was delivered
 
-    def _end_session(self, connection: C | None) -> None:
+    def _end_session(self, connection: C | None, why: str | None = None) -> None:
         """No connection will carry the session on: what it never delivered goes to ``on_error``."""
         delivery, self._delivery = self._delivery, None
-        error = self._undelivered("the connection to the server was lost", delivery)
+        error = self._undelivered(why or "the connection to the server was lost", delivery)
         if error is not None:
             self.report_error(connection, error)
 

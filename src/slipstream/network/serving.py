@@ -307,8 +307,13 @@ class ServerCore(RunningEndpoint[C]):
         elif (later := self._connections.get(self._table.successor(connection.id) or 0)) is not None:
             connection.hand_over(later)  # its peer restarted and is up again there: what is sent goes there
         ended = self._deliveries.detach(connection.id, keep=waits)
-        error = self._undelivered(f"connection {connection.id} was lost", ended) if event.expired else None
-        if error is not None:  # (a close delivers what went before it: nothing to report then)
+        # A close from here delivers what went before it: nothing to report then. The client's CLOSE comes after
+        # its acknowledgement of all it took: what crossed it on the way was dropped, and is reported.
+        error = None
+        if event.expired or event.by_peer:
+            what = "was lost" if event.expired else "was closed by the client"
+            error = self._undelivered(f"connection {connection.id} {what}", ended)
+        if error is not None:
             self.report_error(connection, error)
         return waits
 

@@ -126,8 +126,11 @@ class Client(Endpoint, ClientCore[Connection]):
     def close(self) -> None:
         """Close the connection (the server hears CLOSE at once) and release the driver (once: again is a no-op).
         Interrupted midway (a KeyboardInterrupt in its wait), it still stops and releases everything before the
-        exception goes on."""
+        exception goes on. From a listener it returns at once: the close goes on in a thread of its own once the
+        listener returns."""
         if self._closed:
+            return
+        if self._close_elsewhere(self.close):
             return
         with self.lock:
             self._close_started()

@@ -19,7 +19,7 @@ from ..buffered import Hold
 from ..connected import BACKLOG_LIMIT, DRIVER_LOST, ConnectionBase, Flag
 from ..errors import ConnectionClosedError, InboxFull, ReceiveTimeout, SendTimeout
 from ..results import Ping
-from .poller import Outcome, Signal
+from .poller import Outcome, PollerLock, PollThread, Signal
 from .rmi import RmiSession
 
 __all__ = ["BACKLOG_LIMIT", "DRIVER_LOST", "INBOX_LIMIT", "Connection"]
@@ -50,8 +50,10 @@ class Connection(ConnectionBase[RmiSession]):
 
     def __init__(self, **kwargs: Any) -> None:
         owner = kwargs["owner"]
-        self._lock: Any = owner.lock
+        self._lock: PollerLock = owner.lock
+        self._raw_lock = self._lock.raw
         self._drive = owner.drive
+        self._poller: PollThread = owner.poller
         self._note_application = owner.poller.note_application
         self._inbox: deque[object] = deque()
         self._arrived = Signal()
@@ -74,14 +76,22 @@ class Connection(ConnectionBase[RmiSession]):
     def send_nowait(self, message: object) -> bool:
         """Hand ``message`` to the connection without waiting; False (and ``last_refusal``) when it
         is closed or back-pressured, or queued for a buffered session's return."""
-        with self._lock:
+        raw = self._raw_lock
+        if not raw.acquire(blocking=False):  # (``with self._lock``, in C when nobody holds it: a hot path)
+            self._lock.acquire_waiting()
+        try:
             return super().send_nowait(message)
+        finally:
+            raw.release()
 
     def send(self, message: object) -> None:
         """Send ``message``, waiting out back-pressure up to ``send_timeout``; raises
         ConnectionClosedError, SendTimeout, UnregisteredTypeError. With a buffered session waiting for
         the peer, the message is queued for its return instead (UndeliveredError if the queue is full)."""
-        with self._lock:  # (released before any wait: the cycles that end it need the lock)
+        raw = self._raw_lock
+        if not raw.acquire(blocking=False):  # (``with self._lock`` in C, as in send_nowait; released before any
+            self._lock.acquire_waiting()  # wait: the cycles that end it need the lock)
+        try:
             successor, verdict = self._successor, None
             if successor is None:
                 verdict = self._hold_closed(message)
@@ -94,6 +104,8 @@ class Connection(ConnectionBase[RmiSession]):
                 elif verdict is not Hold.RECONNECTING and not self._full():
                     self._send(message)
                     return
+        finally:
+            raw.release()
         if successor is not None:
             return successor.send(message)
         if verdict is Hold.RECONNECTING:
@@ -150,9 +162,12 @@ class Connection(ConnectionBase[RmiSession]):
         raise ReceiveTimeout(f"connection {self.id}: no message within {timeout:g} s")
 
     def close(self) -> None:
-        """Close gracefully: the peer hears CLOSE at once; ``on_disconnect`` runs on both sides."""
+        """Close gracefully: the peer hears CLOSE at once; ``on_disconnect`` runs on both sides. Waits until it
+        has ended, except in a listener (the thread that cycles: it ends as the cycles go on)."""
         with self._lock:
             self.close_now("closed by the application")
+        if self._poller.cycling:
+            return
         closed = _event(self._closed_event)
         self._drive(closed.is_set, closed.wait, time.monotonic_ns() + int((self.send_timeout + _SAFETY_S) * 1e9))
 

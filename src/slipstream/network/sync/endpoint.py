@@ -24,6 +24,10 @@ __all__ = ["CLOSE_GRACE_S", "Endpoint"]
 
 log = logging.getLogger("slipstream.network")
 
+_CLOSER_MARGIN_S = 5.0
+"""Beyond the close timeout, how long ``close`` waits for the thread closing the endpoint for a listener (its
+driver's drain included) before it returns."""
+
 
 @dataclass(slots=True)
 class _Closing:
@@ -55,6 +59,8 @@ class Endpoint(RunningEndpoint[Connection]):
         self._probes: dict[int, tuple[Connection, int, int]] = {}
         """RTT probes by connection id: (connection, interval, when the next ping goes)."""
         self._retry_threads: list[threading.Thread] = []
+        self._closer: threading.Thread | None = None
+        """The thread that closes the endpoint for a listener that called ``close`` (see :meth:`_close_elsewhere`)."""
 
     # -- waiting --------------------------------------------------------------------------------------
 
@@ -125,6 +131,22 @@ class Endpoint(RunningEndpoint[Connection]):
                     closing.then()
                 work += 1
         return work
+
+    def _close_elsewhere(self, close: Callable[[], None]) -> bool:
+        """For ``close`` (the endpoint's): True when this call has nothing more to do. From a listener (on the
+        thread that cycles, which cannot wait for the cycles a close waits for) ``close`` runs in a thread of its
+        own, which goes on once the listener returns; while that thread closes, another caller waits for it
+        (bounded by the close timeout). False: close here."""
+        closer = self._closer
+        if self.poller.cycling:
+            if closer is None:
+                self._closer = threading.Thread(target=close, name="slipstream-network-close", daemon=True)
+                self._closer.start()
+            return True
+        if closer is not None and closer is not threading.current_thread():
+            closer.join(self.config.close_timeout + _CLOSER_MARGIN_S)
+            return True
+        return False
 
     def _wait_closings(self) -> None:
         """Let every connection that is closing finish (bounded by the close timeout)."""

@@ -3,9 +3,10 @@ client, and a thread that waits for an answer (a remote call, ``receive``, ``pin
 meanwhile, so the answer is taken in by the thread that wants it, with no hand-over between threads.
 
 One re-entrant lock guards every machine the poller drives and the drivers it invokes: the poll thread
-and a waiting caller hold it while they cycle, an application thread while it sends. Listeners run on
-the thread that cycles (the poll thread, or a caller waiting for an answer), with the lock held; they
-must not wait for an answer themselves (:class:`~..errors.BlockingListenerError`).
+and a waiting caller hold it while they cycle, an application thread while it sends. A caller spinning for
+its answer holds it between cycles too, and hands it over to a thread that waits for it (:class:`PollerLock`).
+Listeners run on the thread that cycles (the poll thread, or a caller waiting for an answer), with the lock
+held; they must not wait for an answer themselves (:class:`~..errors.BlockingListenerError`).
 
 Waiting: the poll thread parks on the doorbells of the logs it reads (a writer rings) and on a pipe that
 :meth:`PollThread.kick` writes to; with ``busy_poll`` it spins instead, stepping aside while an application
@@ -28,7 +29,7 @@ from ..errors import BlockingListenerError
 from ..pacing import Backoff, Nap, Pacer, Sleep, Step, Wake
 from ..polling import SEEN_CYCLE, SEEN_FRAME, SEEN_INPUT, SEEN_NOTHING, Parked, ParkOn, PollCore, Watch
 
-__all__ = ["CALLER_SPIN_S", "Outcome", "PollThread", "Signal", "ThreadBackoff"]
+__all__ = ["CALLER_SPIN_S", "Outcome", "PollThread", "PollerLock", "Signal", "ThreadBackoff"]
 
 T = TypeVar("T")
 
@@ -39,6 +40,14 @@ CALLER_SPIN_S = 5e-4
 ``busy_poll``): an answer within this time is taken in by the caller, with no thread hand-over."""
 DRIVEN_GRACE_NS = 2_000_000
 """A busy poll thread leaves the cycles to the application this long after a caller last drove them."""
+SENT_ASIDE_NS = 1_000_000
+"""The longest a busy poll thread stays aside at a stretch for an application thread's sends alone (no caller
+drives): a thread that sends more often than every DRIVEN_GRACE_NS, and never waits, would otherwise keep every
+listener, acknowledgement and timer of the process waiting for as long as it sends."""
+HAND_OVER_NS = 2_000_000
+"""How long a spinning caller that let the lock go waits for the threads that wanted it to take it, at most."""
+HAND_OVER_SPINS = 64
+"""A spinning caller looks for threads waiting for the lock (and yields the CPU) every this many turns."""
 _SPIN_S = 5e-4
 """After work, how long the poll thread spins (yielding the GIL and the CPU between cycles) before it
 parks: the next request of a steady stream is taken in without a wake-up."""
@@ -66,6 +75,9 @@ class ThreadBackoff(Backoff):
         """True while waiting in :meth:`park` or :meth:`take`'s sleep."""
         self.pause_s = 0.0
         """How long the pause in progress (or the last one) may last."""
+        self._kicked = _NOT_KICKED
+        """A kick that came while not parked (the poll thread about to pause): the next :meth:`park` ends at once
+        instead of sleeping it out (:data:`_KICKED_LONG`: only a long one)."""
 
     def busy(self, on: bool) -> None:
         """Spin (``busy_poll``) or wait on the doorbells when idle."""
@@ -74,9 +86,12 @@ class ThreadBackoff(Backoff):
         self.reset()
 
     def kick(self, *, long_only: bool = False) -> None:
-        """Reset the back-off and end a pause in progress (``long_only``: only a pause longer than the
-        ladder's short ones, which end soon by themselves)."""
+        """Reset the back-off and end a pause in progress, or the next one if none is (the poll thread may be
+        between deciding on a pause and starting it); ``long_only``: only a pause longer than the ladder's
+        short ones, which end soon by themselves."""
         self.reset()
+        # (Noted before reading ``parked``, which park sets before reading this: one of the two sees the other.)
+        self._kicked = max(self._kicked, _KICKED_LONG if long_only else _KICKED)
         if self.parked and not (long_only and self.pause_s <= self.max_sleep_s):
             with contextlib.suppress(BlockingIOError):
                 os.write(self._kick_write, b"k")
@@ -97,6 +112,10 @@ class ThreadBackoff(Backoff):
         fds = [self._kick_read, *bells, *inputs]
         self.pause_s = pause_s
         self.parked = True
+        kicked, self._kicked = self._kicked, _NOT_KICKED
+        if kicked == _KICKED or (kicked == _KICKED_LONG and pause_s > self.max_sleep_s):
+            self.parked = False  # kicked before it began (a byte the kick wrote too just ends the next one early)
+            return Wake.KICK
         try:
             readable = _readable(fds, max(0.0, pause_s))
         except OSError:  # a doorbell or input closed meanwhile (its context went): park afresh, soon
@@ -119,6 +138,60 @@ class ThreadBackoff(Backoff):
         return Wake.KICK if self._kick_read in readable else Wake.INPUT
 
 
+_NOT_KICKED, _KICKED_LONG, _KICKED = 0, 1, 2
+
+
+class PollerLock:
+    """The poller's re-entrant lock, which knows whether a thread is waiting for it.
+
+    A caller spinning for its answer holds it from cycle to cycle (taking it for each cycle would cost a
+    round trip more than the cycles). With ``busy_poll`` it spins until the answer comes, which may be never:
+    every :data:`HAND_OVER_SPINS` turns it looks whether another thread waits for the lock (to send, close, or
+    wait for an answer of its own) and lets it go to that thread (:meth:`hand_over`)."""
+
+    __slots__ = ("_waiting", "raw")
+
+    def __init__(self) -> None:
+        self.raw = threading.RLock()
+        """The lock itself. A hot path that may wait for it takes it as ``with`` does, in C: ``raw.acquire(False)``,
+        else :meth:`acquire_waiting`; ``raw.release()`` after. The poll thread, which stands aside while a caller
+        drives, takes it plainly (``with raw``): nobody needs to hand it over to that thread."""
+        self._waiting: list[None] = []
+        """One entry per thread blocked taking the lock (list appends and pops are atomic)."""
+
+    def __enter__(self) -> None:
+        if not self.raw.acquire(blocking=False):
+            self.acquire_waiting()
+
+    def __exit__(self, *exc: object) -> None:
+        self.raw.release()
+
+    def acquire_waiting(self) -> None:
+        """Take the lock, saying meanwhile that this thread waits for it (a caller spinning with it hands it over)."""
+        waiting = self._waiting
+        waiting.append(None)
+        try:
+            self.raw.acquire()
+        finally:
+            waiting.pop()
+
+    @property
+    def wanted(self) -> bool:
+        """Whether another thread is waiting to take the lock."""
+        return bool(self._waiting)
+
+    def hand_over(self) -> None:
+        """Let the lock go (the calling thread holds it once) until the threads waiting for it have taken it,
+        or :data:`HAND_OVER_NS`; then take it back (waiting in turn, so a thread spinning with it hands it back)."""
+        self.raw.release()
+        try:
+            deadline_ns = time.monotonic_ns() + HAND_OVER_NS
+            while self._waiting and time.monotonic_ns() < deadline_ns:
+                os.sched_yield()
+        finally:
+            self.acquire_waiting()
+
+
 def _readable(fds: list[int], timeout_s: float) -> list[int]:
     """Which of ``fds`` became readable within ``timeout_s``: ``select`` (microsecond timeouts) while every
     descriptor fits its set, ``poll`` (millisecond ones) in a process with more than 1024 open."""
@@ -139,7 +212,7 @@ class PollThread(PollCore):
     def __init__(self) -> None:
         self.backoff: ThreadBackoff = ThreadBackoff()
         super().__init__(Pacer(self.backoff))
-        self.lock = threading.RLock()
+        self.lock = PollerLock()
         """Held while a machine of the polled endpoints is driven (by the poll thread, a waiting caller,
         or an application thread sending)."""
         self._state = threading.Lock()
@@ -226,7 +299,7 @@ class PollThread(PollCore):
 
     def _as_cycling(self, run: Callable[[int], int], now_ns: int) -> int:
         """``run(now_ns)`` with the lock held, the calling thread marked as cycling (listeners run)."""
-        with self.lock:
+        with self.lock.raw:  # (a waiting caller holds it already; the poll thread needs no hand-over)
             if not self._driving:  # (the poll thread: images and timers may change behind a kept watch)
                 self._kept = None
             self._local.cycling = True
@@ -236,7 +309,7 @@ class PollThread(PollCore):
                 self._local.cycling = False
 
     def _park(self) -> Parked | None:
-        with self.lock:
+        with self.lock.raw:
             return super()._park()
 
     def _run(self) -> None:
@@ -273,11 +346,21 @@ class PollThread(PollCore):
 
     def _step_aside(self) -> None:
         """While an application thread drives the cycles (or did, or sent, a moment ago, with ``busy_poll``:
-        two Python threads that both spin hand the GIL over only every few milliseconds), wait."""
+        two Python threads that both spin hand the GIL over only every few milliseconds), wait; for sends
+        alone, no longer than :data:`SENT_ASIDE_NS` at a stretch."""
+        aside_ns = 0
         while self._driven():
+            if self._driving:
+                aside_ns = 0
+            else:
+                now_ns = time.monotonic_ns()
+                if not aside_ns:
+                    aside_ns = now_ns
+                elif now_ns - aside_ns >= SENT_ASIDE_NS:
+                    return  # a cycle now: nobody waits for an answer, and the sends go on
             self._resumed.clear()
             if self._driven():
-                self._resumed.wait(DRIVEN_GRACE_NS / 2e9)
+                self._resumed.wait(min(DRIVEN_GRACE_NS, SENT_ASIDE_NS) / 2e9)
 
     def _driven(self) -> bool:
         """Whether an application thread drives the cycles, or did (or sent) within DRIVEN_GRACE_NS with
@@ -298,10 +381,14 @@ class PollThread(PollCore):
                 "in): send with send_nowait, or wait in another thread"
             )
         spin_until = time.monotonic_ns() + (2**62 if busy else int(CALLER_SPIN_S * 1e9))
-        spins = 0
+        turns = 0
         watch: Watch | None = None
         watch_until_ns = 0
-        with self.lock:
+        lock = self.lock
+        raw = lock.raw
+        if not raw.acquire(blocking=False):  # (``with lock``, in C when nobody holds it: once per answer)
+            lock.acquire_waiting()
+        try:
             self._driving += 1
             if self._kept is not None:  # the last caller's watch, if nothing else cycled since
                 watch, watch_until_ns = self._kept
@@ -313,11 +400,15 @@ class PollThread(PollCore):
                         return False
                     if now_ns >= spin_until:
                         break
+                    turns += 1
+                    if not turns % HAND_OVER_SPINS:
+                        if lock.wanted:  # another thread waits to send, close or wait: it goes first
+                            lock.hand_over()
+                            watch = None  # (what it did may need a whole cycle: a new image, a timer)
+                            continue
+                        os.sched_yield()  # (give a process waiting for this CPU its turn now and then)
                     seen = SEEN_CYCLE if watch is None or now_ns >= watch_until_ns else watch.sees(now_ns)
                     if seen is SEEN_NOTHING:
-                        spins += 1
-                        if spins & 63 == 0:
-                            os.sched_yield()  # (give a process waiting for this CPU its turn now and then)
                         continue
                     if seen is SEEN_FRAME and self._poll_connections(now_ns):
                         watch_until_ns = 0  # (a whole cycle next, if the answer was not in it)
@@ -347,6 +438,8 @@ class PollThread(PollCore):
                     # (Busy, the poll thread keeps out for DRIVEN_GRACE_NS anyway: waking it now only has it
                     # take the GIL from the caller, at its next system call, to go back to waiting.)
                     self._resumed.set()
+        finally:
+            raw.release()
         self.kick()  # the poll thread takes over the cycles
         while not done():
             remaining = None if deadline_ns is None else (deadline_ns - time.monotonic_ns()) / 1e9

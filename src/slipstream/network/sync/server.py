@@ -64,8 +64,11 @@ class Server(Endpoint, ServerCore[Connection]):
     def close(self) -> None:
         """Close every connection (each peer hears CLOSE), stop listening, release the driver. Interrupted
         midway (a KeyboardInterrupt in one of its waits), it still tells the peers, stops and releases
-        everything before the exception goes on."""
+        everything before the exception goes on. From a listener it returns at once: the close goes on in a
+        thread of its own once the listener returns (``serve_forever`` returns when it is done)."""
         if self._closed.is_set():
+            return
+        if self._close_elsewhere(self.close):
             return
         with self.lock:
             self._close_started()
