@@ -360,7 +360,7 @@ class PollThread(PollCore):
                     return  # a cycle now: nobody waits for an answer, and the sends go on
             self._resumed.clear()
             if self._driven():
-                self._resumed.wait(min(DRIVEN_GRACE_NS, SENT_ASIDE_NS) / 2e9)
+                self._resumed.wait(DRIVEN_GRACE_NS / 2e9)  # (each wake takes the GIL from a spinning caller)
 
     def _driven(self) -> bool:
         """Whether an application thread drives the cycles, or did (or sent) within DRIVEN_GRACE_NS with
