@@ -32,4 +32,4 @@ for module in slipstream.logbuffer._fastpath slipstream.network._records; do
 done
 timeout "${ASAN_TIMEOUT:-600}" "$py" -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_fastpath_datagrams.py \
     tests/test_fastpath_udp.py tests/test_logbuffer.py tests/test_ipc.py tests/test_sender.py tests/test_receiver.py \
-    tests/test_network_records_c.py tests/test_network_session.py
+    tests/test_network_records_c.py tests/test_network_session.py tests/test_doorbell.py

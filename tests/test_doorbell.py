@@ -66,7 +66,20 @@ def test_parking_table_sits_in_free_metadata_bytes() -> None:
     assert log.parked_word() == 0 and log.doorbell_number(3) == 0
 
 
-def test_ring_to_a_dead_or_full_doorbell_never_raises() -> None:
+@pytest.fixture(params=["c", "python"])
+def ring_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Ringing and draining in C (the GIL held) or in Python (each system call lets the GIL go): the same effect."""
+    from slipstream.files import doorbell
+
+    if request.param == "c" and (doorbell._c_send_ring is None or doorbell._c_drain is None):
+        pytest.skip("C fast path not active")
+    if request.param == "python":
+        monkeypatch.setattr(doorbell, "_c_send_ring", None)
+        monkeypatch.setattr(doorbell, "_c_drain", None)
+    return str(request.param)
+
+
+def test_ring_to_a_dead_or_full_doorbell_never_raises(ring_path: str) -> None:
     ring(0)
     ring((os.getpid() << 16) | 0xFFFF)  # never bound
     bell = Doorbell()
@@ -80,7 +93,27 @@ def test_ring_to_a_dead_or_full_doorbell_never_raises() -> None:
         sock.sendto(b"x", doorbell_address(number))  # what ring swallowed
 
 
-def test_a_doorbell_found_gone_is_left_alone_for_a_while() -> None:
+def test_each_ring_is_drained_once_and_a_flood_is_drained_in_bounded_steps(ring_path: str) -> None:
+    from slipstream.files import doorbell
+
+    bell = Doorbell()
+    try:
+        assert bell.drain() == 0
+        for _ in range(3):
+            ring(bell.number)
+        assert bell.drain() == 3 and bell.drain() == 0
+        queued = 0
+        for _ in range(20_000):  # until the queue is full (a datagram socket holds a few hundred rings)
+            ring(bell.number)
+        while (drained := bell.drain()) > 0:
+            assert drained <= doorbell._DRAIN_LIMIT
+            queued += drained
+        assert 0 < queued <= 20_000
+    finally:
+        bell.close()
+
+
+def test_a_doorbell_found_gone_is_left_alone_for_a_while(ring_path: str) -> None:
     """A subscriber that died parked must not cost its writers a failed system call per append."""
     from slipstream.files import doorbell
 

@@ -730,3 +730,29 @@ def test_messages_that_cross_the_peer_s_close_are_reported_undelivered_never_los
         assert sender.wait_closed(timeout=10)
         wait_until(lambda: len(delivered) + len(undelivered) >= accepted)
         assert sorted(delivered + undelivered) == list(range(accepted)), (delivered, undelivered)
+
+
+def test_a_parked_poll_thread_takes_messages_in_while_the_sending_thread_computes(driver_dir: Path) -> None:
+    """The sender's thread runs Python between sends (it never waits), the poll thread parks on the doorbell
+    between messages. Each wake-up needs the GIL back from the computing thread: ringing and draining the doorbell
+    hold the GIL (were they to let it go for their system calls, the computing thread's every ring would reset the
+    woken thread's claim to the GIL, and a message waited for seconds while the sender went on)."""
+    with pair(driver_dir, driver="invoker") as (server, _client, connection):
+        sent: dict[int, float] = {}
+        late: list[float] = []
+
+        @server.on_message(Other)
+        def taken(_peer: Connection, message: Other) -> None:
+            late.append(time.monotonic() - sent[int(message.text)])
+
+        started = time.monotonic()
+        count = 0
+        while time.monotonic() - started < 1.5 and count < 2000:
+            sent[count] = time.monotonic()
+            connection.send(Other(str(count)))
+            count += 1
+            computing = time.monotonic()
+            while time.monotonic() - computing < 0.0008:  # the application's own work, in Python
+                pass
+        wait_until(lambda: len(late) == count)
+        assert max(late) < 0.3, f"a message waited {max(late):.3f} s for the poll thread"

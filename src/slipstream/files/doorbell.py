@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import mmap
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from ..logbuffer.constants import LOG_META_DATA_LENGTH
+from ..logbuffer.fastpath import FAST
 from ..logbuffer.layout import DOORBELL_NUMBERS_INDEX, PARKED_WORD_INDEX, PARKED_WORD_OFFSET, PARKING_SLOTS
 
 __all__ = [
@@ -53,6 +55,13 @@ GONE_QUIET_S: Final = 1.0
 """How long a doorbell found gone is left alone (a new process reusing the pid, and so the number,
 waits on its safety timeout meanwhile, never on data)."""
 _GONE_LIMIT: Final = 4096
+_DRAIN_LIMIT: Final = 4096
+"""Rings read by one ``drain`` at most (as the C one): a flood of rings cannot hold the reader."""
+_c_drain = getattr(FAST, "drain_datagrams", None)
+_c_send_ring = getattr(FAST, "send_ring", None)
+_NOBODY_THERE: Final = frozenset((errno.ECONNREFUSED, errno.ENOENT))
+"""What sending a ring fails with when no doorbell has that name (the Python path's ConnectionRefusedError and
+FileNotFoundError)."""
 _gone: dict[int, float] = {}
 """Numbers of doorbells found gone -> until when they are not rung."""
 
@@ -93,14 +102,23 @@ def ring(number: int) -> None:
             if time.monotonic() < until:
                 return
             del _gone[number]
+    if _c_send_ring is not None:  # (the GIL held: see send_ring in _fastpath.c)
+        if _c_send_ring(_sending_socket().fileno(), doorbell_address(number)) in _NOBODY_THERE:
+            _note_gone(number)
+        return  # (any other error: its queue is full, it is rung already)
     try:
         _sending_socket().sendto(_RING, socket.MSG_DONTWAIT, doorbell_address(number))
     except (ConnectionRefusedError, FileNotFoundError):
-        if len(_gone) >= _GONE_LIMIT:
-            _gone.clear()
-        _gone[number] = time.monotonic() + GONE_QUIET_S
+        _note_gone(number)
     except OSError:
         pass  # its queue is full: it is rung already
+
+
+def _note_gone(number: int) -> None:
+    """Doorbell ``number`` is gone: left alone for ``GONE_QUIET_S``."""
+    if len(_gone) >= _GONE_LIMIT:
+        _gone.clear()
+    _gone[number] = time.monotonic() + GONE_QUIET_S
 
 
 def ring_parked(meta_i64: memoryview) -> None:
@@ -154,15 +172,20 @@ class Doorbell:
         return self._fd
 
     def drain(self) -> int:
-        """Read every pending ring; returns how many there were."""
+        """Read every pending ring; returns how many there were. In C when the fast path is there: one call, the
+        GIL held (a woken thread would otherwise wait to get it back after each read, up to a switch interval
+        each while another thread runs Python: a parked poller took a second to drain 20 rings so)."""
+        if _c_drain is not None:
+            return int(_c_drain(self._fd))
         count = 0
         recv = self._sock.recv
-        while True:
+        while count < _DRAIN_LIMIT:
             try:
                 recv(64)
             except (BlockingIOError, OSError):
                 return count
             count += 1
+        return count
 
     async def wait(self, timeout_s: float) -> bool:
         """Wait until rung (True) or ``timeout_s`` passed (False)."""

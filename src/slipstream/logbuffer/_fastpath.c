@@ -21,6 +21,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <stddef.h>
+#include <sys/un.h>
 #endif
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -2089,6 +2091,76 @@ static PyObject *fp_receive_batches(PyObject *module, PyObject *const *args, Py_
     Py_XDECREF(source);
     return list;
 }
+
+/* send_ring(fd, address) -> errno: one byte sent from the UNIX datagram socket ``fd`` to ``address`` (the bytes of a
+ * sun_path: a doorbell's abstract name), non-blocking (MSG_DONTWAIT); 0 when sent, else the errno (ECONNREFUSED or
+ * ENOENT: nobody listens there; EAGAIN: its queue is full). The GIL stays held: a writer that rings on every append
+ * and let it go each time would hand it back and forth so often that the thread it wakes, waiting for the GIL
+ * too, might never get it (the release resets that thread's forced switch): a parked poller woken by a busy
+ * writer waited up to a second so. */
+static PyObject *fp_send_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "send_ring(fd, address)");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    char *name;
+    Py_ssize_t length;
+    if (PyBytes_AsStringAndSize(args[1], &name, &length) < 0) {
+        return NULL;
+    }
+    struct sockaddr_un address;
+    if (fd < 0 || fd > INT32_MAX || length <= 0 || (size_t)length > sizeof address.sun_path) {
+        PyErr_SetString(PyExc_ValueError, "send_ring: bad fd or address");
+        return NULL;
+    }
+    memset(&address, 0, sizeof address);
+    address.sun_family = AF_UNIX;
+    memcpy(address.sun_path, name, (size_t)length);
+    socklen_t address_length = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)length);
+    static const char ring_byte = 1;
+    ssize_t sent;
+    do {
+        sent = sendto((int)fd, &ring_byte, 1, MSG_DONTWAIT, (const struct sockaddr *)&address, address_length);
+    } while (sent < 0 && errno == EINTR);
+    return PyLong_FromLong(sent < 0 ? errno : 0);
+}
+
+#define DRAIN_LIMIT 4096 /* reads at most per call: a flood of rings cannot hold the caller (and the GIL) long */
+
+/* drain_datagrams(fd) -> count: read and drop the datagrams queued on socket ``fd`` (a doorbell's rings),
+ * up to DRAIN_LIMIT, stopping at the first read that finds none (or fails). Each read is non-blocking
+ * (MSG_DONTWAIT) and takes about a microsecond, so the GIL stays held: released around each one, a thread
+ * woken by the rings would wait up to a switch interval to get it back, per read, while another thread
+ * runs Python. */
+static PyObject *fp_drain_datagrams(PyObject *module, PyObject *arg) {
+    (void)module;
+    long fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (fd < 0 || fd > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "drain_datagrams: bad fd");
+        return NULL;
+    }
+    char scratch[64];
+    long count = 0;
+    while (count < DRAIN_LIMIT) {
+        ssize_t size = recv((int)fd, scratch, sizeof scratch, MSG_DONTWAIT);
+        if (size < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            break;
+        }
+        count++;
+    }
+    return PyLong_FromLong(count);
+}
 #endif
 
 static PyMethodDef module_methods[] = {
@@ -2123,6 +2195,10 @@ static PyMethodDef module_methods[] = {
      "send_datagrams(fd, datagrams, start, gso) -> (group_start, group_end, error) or None"},
     {"receive_batches", (PyCFunction)(void (*)(void))fp_receive_batches, METH_FASTCALL,
      "receive_batches(fd, buffer, budget, gro) -> [(start, end, segment, source), ...]"},
+    {"send_ring", (PyCFunction)(void (*)(void))fp_send_ring, METH_FASTCALL,
+     "send_ring(fd, address) -> errno (0: sent): one byte to a UNIX datagram address, non-blocking, the GIL held"},
+    {"drain_datagrams", (PyCFunction)fp_drain_datagrams, METH_O,
+     "drain_datagrams(fd) -> count: the datagrams queued on fd read and dropped, the GIL held"},
 #endif
     {NULL, NULL, 0, NULL},
 };

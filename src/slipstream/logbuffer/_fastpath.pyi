@@ -85,6 +85,14 @@ def receive_batches(fd: int, buffer: bytearray, budget: int, gro: bool) -> list[
     """Linux only. Up to ``budget`` (at most 64) receive calls, GIL released, each into the next 64 KiB of
     ``buffer`` while that much is left: (start, end, segment, source) per call, until one fails."""
 
+def send_ring(fd: int, address: bytes) -> int:
+    """Linux only. One byte from UNIX datagram socket ``fd`` to ``address`` (a sun_path), non-blocking, the GIL
+    held: 0 when sent, else the errno (ECONNREFUSED or ENOENT: nobody there; EAGAIN: its queue is full)."""
+
+def drain_datagrams(fd: int) -> int:
+    """Linux only. Read and drop the datagrams queued on ``fd`` (at most 4096), non-blocking, the GIL held; how
+    many there were."""
+
 def compare_and_set_i64(buffer: Any, offset: int, expected: int, update: int) -> bool:
     """Atomically replace the i64 at ``offset`` by ``update`` if it is ``expected``; whether it did."""
 
