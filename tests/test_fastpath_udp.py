@@ -12,6 +12,7 @@ with its segment size), along with positions and counters.
 from __future__ import annotations
 
 import contextlib
+import errno
 import random
 import socket
 import struct
@@ -485,7 +486,7 @@ def test_receive_batches_refuses_bad_arguments_and_small_buffers() -> None:
         assert FAST.receive_batches(sock.fileno(), buffer, 4, False) == []
 
 
-# ---- the GIL is released around the system calls -------------------------------------------------
+# ---- the GIL around the system calls: held for a message's (never blocking), let go for a bulk batch's -------
 
 BLOCK_TIMEOUT = 4.0  # a system call holding the GIL gives up after this (SO_RCVTIMEO / SO_SNDTIMEO)
 STALL_LIMIT = 1.5  # the longest this thread may be kept from running Python while the other is blocked
@@ -509,11 +510,25 @@ def run_python_while(worker: threading.Thread, until: float) -> float:
     return longest
 
 
+def full_queue() -> tuple[socket.socket, socket.socket, int]:
+    """A datagram socket pair whose first socket's peer queue is full, that socket blocking (with a send
+    timeout); how many datagrams are queued."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.setblocking(False)
+    queued = 0
+    with contextlib.suppress(BlockingIOError):
+        while queued < 100_000:
+            a.send(b"q" * 512)
+            queued += 1
+    a.setblocking(True)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(BLOCK_TIMEOUT))
+    return a, b, queued
+
+
 @pytest.mark.skipif(not LINUX_GSO, reason="the batched receive is Linux only")
-def test_receive_batches_releases_the_gil_while_blocked() -> None:
-    """A thread blocked in ``receive_batches`` on a blocking socket lets this thread run Python, which
-    then sends it the datagram it waits for. Held GIL: this thread stalls until the receive times out
-    (bounded by SO_RCVTIMEO), the receive comes back empty, and both asserts fail; nothing hangs."""
+def test_receive_batches_never_waits_even_on_a_blocking_socket() -> None:
+    """Its receive calls are non-blocking (the GIL held for a message's worth, see GIL_HELD_BYTES): on a blocking
+    socket with nothing queued it comes back empty at once, and never keeps another thread from Python."""
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -521,18 +536,16 @@ def test_receive_batches_releases_the_gil_while_blocked() -> None:
         receiver.setblocking(True)
         receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(BLOCK_TIMEOUT))
         buffer = bytearray(1 << 16)
-        got: list[object] = []
-        worker = threading.Thread(target=lambda: got.append(FAST.receive_batches(receiver.fileno(), buffer, 1, False)))
         started = time.monotonic()
-        worker.start()
-        time.sleep(0.1)  # the worker is in recvmsg by now
-        stall = max(time.monotonic() - started - 0.1, run_python_while(worker, time.monotonic() + 0.3))
+        assert FAST.receive_batches(receiver.fileno(), buffer, 4, False) == []
+        assert time.monotonic() - started < STALL_LIMIT
         sender.sendto(b"ping through the gil", receiver.getsockname())
-        worker.join(BLOCK_TIMEOUT + 5)
-        assert not worker.is_alive()
-        assert stall < STALL_LIMIT, f"Python stalled {stall:.2f} s while the receive was blocked"
-        assert len(got) == 1 and len(got[0]) == 1, got  # type: ignore[arg-type]
-        start, end, segment, _source = got[0][0]  # type: ignore[index]
+        deadline = time.monotonic() + BLOCK_TIMEOUT
+        got: list[tuple[int, int, int, object]] = []
+        while not got and time.monotonic() < deadline:
+            got = FAST.receive_batches(receiver.fileno(), buffer, 4, False)
+        assert len(got) == 1, got
+        start, end, segment, _source = got[0]
         assert bytes(buffer[start:end]) == b"ping through the gil" and segment == end - start
     finally:
         receiver.close()
@@ -540,22 +553,28 @@ def test_receive_batches_releases_the_gil_while_blocked() -> None:
 
 
 @pytest.mark.skipif(not LINUX_GSO, reason="the batched send is Linux only")
-def test_send_datagrams_releases_the_gil_while_blocked() -> None:
-    """A thread blocked in ``send_datagrams`` (a datagram socket whose peer's queue is full) lets this
-    thread run Python, which then drains the queue so the send completes. Held GIL: this thread stalls
-    until the send times out (SO_SNDTIMEO) and the send reports EAGAIN."""
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+def test_send_datagrams_of_a_message_never_waits_even_on_a_blocking_socket() -> None:
+    """A message's datagrams go with the GIL held and never block: a full queue is EAGAIN at once (what a
+    non-blocking socket says, which the caller retries), not a wait with the GIL held."""
+    a, b, _queued = full_queue()
     try:
-        a.setblocking(False)
-        queued = 0
-        with contextlib.suppress(BlockingIOError):
-            while queued < 100_000:
-                a.send(b"q" * 512)
-                queued += 1
-        a.setblocking(True)
-        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(BLOCK_TIMEOUT))
+        started = time.monotonic()
+        assert FAST.send_datagrams(a.fileno(), [bytearray(b"one message")], 0, False) == (0, 1, errno.EAGAIN)
+        assert time.monotonic() - started < STALL_LIMIT
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.skipif(not LINUX_GSO, reason="the batched send is Linux only")
+def test_send_datagrams_of_a_bulk_batch_releases_the_gil_while_blocked() -> None:
+    """A thread blocked in ``send_datagrams`` with a bulk batch (more than GIL_HELD_BYTES; a datagram socket
+    whose peer's queue is full) lets this thread run Python, which then drains the queue so the sends complete.
+    Held GIL: this thread stalls until the send times out (SO_SNDTIMEO) and the send reports EAGAIN."""
+    a, b, queued = full_queue()
+    try:
         got: list[object] = []
-        payload = [bytearray(b"after the queue drains")]
+        payload = [bytearray(b"%05d" % i + b"b" * 1019) for i in range(80)]  # 80 KiB
         worker = threading.Thread(target=lambda: got.append(FAST.send_datagrams(a.fileno(), payload, 0, False)))
         started = time.monotonic()
         worker.start()
@@ -564,13 +583,13 @@ def test_send_datagrams_releases_the_gil_while_blocked() -> None:
         b.settimeout(BLOCK_TIMEOUT)
         drained = []
         with contextlib.suppress(TimeoutError):
-            while not drained or drained[-1] != bytes(payload[0]):
-                drained.append(b.recv(1024))
+            while not drained or drained[-1] != bytes(payload[-1]):
+                drained.append(b.recv(2048))
         worker.join(BLOCK_TIMEOUT + 5)
         assert not worker.is_alive()
         assert stall < STALL_LIMIT, f"Python stalled {stall:.2f} s while the send was blocked"
-        assert got == [(1, 1, 0)]
-        assert drained[-1] == b"after the queue drains" and len(drained) == queued + 1
+        assert got == [(80, 80, 0)]
+        assert drained[queued:] == [bytes(datagram) for datagram in payload]
     finally:
         a.close()
         b.close()

@@ -732,12 +732,16 @@ def test_messages_that_cross_the_peer_s_close_are_reported_undelivered_never_los
         assert sorted(delivered + undelivered) == list(range(accepted)), (delivered, undelivered)
 
 
-def test_a_parked_poll_thread_takes_messages_in_while_the_sending_thread_computes(driver_dir: Path) -> None:
-    """The sender's thread runs Python between sends (it never waits), the poll thread parks on the doorbell
-    between messages. Each wake-up needs the GIL back from the computing thread: ringing and draining the doorbell
-    hold the GIL (were they to let it go for their system calls, the computing thread's every ring would reset the
-    woken thread's claim to the GIL, and a message waited for seconds while the sender went on)."""
-    with pair(driver_dir, driver="invoker") as (server, _client, connection):
+@pytest.mark.parametrize("transport", ["ipc", "udp"])
+def test_a_parked_poll_thread_takes_messages_in_while_the_sending_thread_computes(
+    driver_dir: Path, transport: str
+) -> None:
+    """The sender's thread runs Python between sends (it never waits), the poll thread parks (on the doorbell, or
+    the invoker-mode driver's sockets) between messages. Each wake-up needs the GIL back from the computing thread:
+    ringing and draining a doorbell, and sending and receiving a message's datagrams, hold the GIL (were they to
+    let it go for their system calls, the computing thread's every send would reset the woken thread's claim to
+    the GIL, and a message waited up to seconds over IPC, a quarter of one over UDP, while the sender went on)."""
+    with pair(driver_dir, transport, driver="invoker") as (server, _client, connection):
         sent: dict[int, float] = {}
         late: list[float] = []
 
@@ -755,4 +759,7 @@ def test_a_parked_poll_thread_takes_messages_in_while_the_sending_thread_compute
             while time.monotonic() - computing < 0.0008:  # the application's own work, in Python
                 pass
         wait_until(lambda: len(late) == count)
-        assert max(late) < 0.3, f"a message waited {max(late):.3f} s for the poll thread"
+        late.sort()
+        assert late[-1] < 0.3, f"a message waited {late[-1]:.3f} s for the poll thread"
+        p99 = late[len(late) * 99 // 100]
+        assert p99 < 0.06, f"1 % of the messages waited over {p99:.3f} s"

@@ -11,7 +11,7 @@ the wire, and a receiving socket with ``UDP_GRO`` gets a burst from one sender i
 which this module cuts back into the datagrams the sender made. Peers see plain Aeron datagrams.
 
 With the C fast path (Linux), a connected socket's sends and every receive loop run in C
-(``send_datagrams``, ``receive_batches``), several system calls per Python call with the GIL released;
+(``send_datagrams``, ``receive_batches``), several system calls per Python call, the GIL released for bulk only;
 the Python code below stays the reference and the fallback (tests/test_fastpath_udp.py).
 """
 
@@ -115,7 +115,7 @@ _c_send_datagrams: Callable[[int, list[BytesLike], int, bool], tuple[int, int, i
 _c_receive_batches: Callable[[int, bytearray, int, bool], list[tuple[int, int, int, SocketAddress]]] | None = getattr(
     FAST, "receive_batches", None
 )
-"""The C receive loop (Linux): several receive calls, GIL released, in one Python call; or None."""
+"""The C receive loop (Linux): several receive calls in one Python call; or None."""
 RECEIVE_SLOTS = 4
 """Receive calls ``receive_batches`` makes per C call, each into its own 64 KiB of the socket's buffer
 (pages the kernel never fills, as on a socket that only hears status messages, are never touched)."""
@@ -215,8 +215,8 @@ class UdpSocket:
 
     def send(self, datagrams: list[BytesLike], destination: SocketAddress | None = None) -> None:
         """Send datagrams in order: runs of equal size (the last one may be shorter) in one GSO call each.
-        ``destination`` None sends on the connected socket (in C when the fast path is there: one call,
-        the system calls made with the GIL released)."""
+        ``destination`` None sends on the connected socket (in C when the fast path is there: one call, the GIL
+        held for a message's few datagrams, released for a bulk batch's)."""
         if destination is None and _c_send_datagrams is not None:
             self._send_connected(datagrams)
         else:

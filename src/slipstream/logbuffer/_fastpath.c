@@ -1806,11 +1806,19 @@ static PyObject *fp_store_release_i32(PyObject *module, PyObject *const *args, P
 #define UDP_SEGMENT 103
 #endif
 
+#define GIL_HELD_BYTES 65536
+/* Up to this many bytes a send (or, received so far, a receive) keeps the GIL: non-blocking system calls of
+ * microseconds. Letting it go around each one costs the calling thread a switch interval (5 ms) to get it back
+ * whenever another thread runs Python meanwhile, and a thread that lets it go on every message resets the
+ * claim of a thread waiting for it (a poll thread woken for that message): a parked poller took UDP messages
+ * from a computing thread up to 300 ms late so. A bulk transfer lets it go: there the other threads' work
+ * alongside is worth more. */
+
 /* send_datagrams(fd, datagrams, start, gso) -> (group_start, group_end, error) or None: udp_channel.UdpSocket.send
  * for a connected socket, from ``datagrams[start]`` on. Runs of equal size (a shorter last one allowed) go
  * in one sendmsg with UDP_SEGMENT when ``gso``, the rest one send each, as the Python code groups them;
- * every system call runs with the GIL released (the datagrams' buffers are held meanwhile, so a view of
- * a log stays valid). It stops at the first failure: ``error`` is its errno (-1: a short send) and
+ * up to GIL_HELD_BYTES the system calls run with the GIL held and never block (MSG_DONTWAIT), a bulk batch's
+ * with it released (the datagrams' buffers are held meanwhile, so a view of a log stays valid). It stops at the first failure: ``error`` is its errno (-1: a short send) and
  * [group_start, group_end) the datagrams of that call, for the caller's counters and GSO fallback; no
  * failure gives (len, len, 0). None: a datagram is not a plain byte buffer (the Python path sends it). */
 static PyObject *fp_send_datagrams(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -1883,7 +1891,14 @@ static PyObject *fp_send_datagrams(PyObject *module, PyObject *const *args, Py_s
         char buf[CMSG_SPACE(sizeof(uint16_t))];
         struct cmsghdr align;
     } control;
-    Py_BEGIN_ALLOW_THREADS
+    size_t total_bytes = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        total_bytes += iov[k].iov_len;
+    }
+    /* A few datagrams go with the GIL held, never blocking (MSG_DONTWAIT: EAGAIN is the caller's, as from a
+     * non-blocking socket): see GIL_HELD_BYTES. A bulk batch lets it go for its system calls. */
+    int flags = total_bytes <= GIL_HELD_BYTES ? MSG_DONTWAIT : 0;
+    PyThreadState *released = flags ? NULL : PyEval_SaveThread();
     while (index < count) {
         Py_ssize_t size = (Py_ssize_t)iov[index].iov_len;
         end = index + 1;
@@ -1927,11 +1942,11 @@ static PyObject *fp_send_datagrams(PyObject *module, PyObject *const *args, Py_s
             uint16_t segment = (uint16_t)size;
             memcpy(CMSG_DATA(cm), &segment, sizeof segment);
             do {
-                r = sendmsg(fd, &msg, 0);
+                r = sendmsg(fd, &msg, flags);
             } while (r < 0 && errno == EINTR);
         } else {
             do {
-                r = send(fd, iov[index].iov_base, iov[index].iov_len, 0);
+                r = send(fd, iov[index].iov_base, iov[index].iov_len, flags);
             } while (r < 0 && errno == EINTR);
             if (r >= 0 && (size_t)r < iov[index].iov_len) {
                 error = -1;
@@ -1944,7 +1959,9 @@ static PyObject *fp_send_datagrams(PyObject *module, PyObject *const *args, Py_s
         }
         index = end;
     }
-    Py_END_ALLOW_THREADS
+    if (released != NULL) {
+        PyEval_RestoreThread(released);
+    }
     for (Py_ssize_t j = 0; j < count; j++) {
         PyBuffer_Release(&bufs[j]);
     }
@@ -1986,8 +2003,8 @@ static PyObject *source_address(const struct sockaddr_storage *addr, socklen_t l
 }
 
 /* receive_batches(fd, buffer, budget, gro) -> [(start, end, segment, source), ...]: up to ``budget``
- * receive calls into ``buffer`` (each into the next 64 KiB of it, while that much is left), the system
- * calls made with the GIL released; each entry is what one call received: ``buffer[start:end]``, datagrams
+ * non-blocking receive calls into ``buffer`` (each into the next 64 KiB of it, while that much is left), the
+ * GIL released only once more than GIL_HELD_BYTES came in; each entry is what one call received: ``buffer[start:end]``, datagrams
  * of ``segment`` bytes back to back but the last (GRO), from ``source``. Stops at the first call that
  * fails (nothing queued: EAGAIN; or an error such as ECONNREFUSED, which a receiver ignores). */
 static PyObject *fp_receive_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -2022,8 +2039,11 @@ static PyObject *fp_receive_batches(PyObject *module, PyObject *const *args, Py_
     long calls = 0;
     Py_ssize_t used = 0;
     int fd = (int)fd_long;
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *released = NULL; /* the GIL held until GIL_HELD_BYTES came in (see there) */
     while (calls < budget && b.len - used >= RECV_SPACE) {
+        if (released == NULL && used > GIL_HELD_BYTES) {
+            released = PyEval_SaveThread();
+        }
         struct batch *r = &batches[calls];
         struct iovec iov = {(char *)b.buf + used, RECV_SPACE};
         union {
@@ -2042,7 +2062,7 @@ static PyObject *fp_receive_batches(PyObject *module, PyObject *const *args, Py_
         }
         ssize_t size;
         do {
-            size = recvmsg(fd, &msg, 0);
+            size = recvmsg(fd, &msg, MSG_DONTWAIT);
         } while (size < 0 && errno == EINTR);
         if (size < 0) {
             break;
@@ -2062,7 +2082,9 @@ static PyObject *fp_receive_batches(PyObject *module, PyObject *const *args, Py_
         used += size;
         calls++;
     }
-    Py_END_ALLOW_THREADS
+    if (released != NULL) {
+        PyEval_RestoreThread(released);
+    }
     PyBuffer_Release(&b);
     PyObject *list = PyList_New(calls);
     if (list == NULL) {

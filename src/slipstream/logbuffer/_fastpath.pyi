@@ -78,12 +78,14 @@ def cut_datagrams(
 def send_datagrams(
     fd: int, datagrams: list[bytes | bytearray | memoryview], start: int, gso: bool
 ) -> tuple[int, int, int] | None:
-    """Linux only. A connected socket's send from ``datagrams[start]``, GIL released: (start, end, errno)
-    of the first failed call (errno -1: a short send), or (len, len, 0); None leaves it to Python."""
+    """Linux only. A connected socket's send from ``datagrams[start]`` (the GIL released for more than 64 KiB,
+    else held and non-blocking): (start, end, errno) of the first failed call (errno -1: a short send), or
+    (len, len, 0); None leaves it to Python."""
 
 def receive_batches(fd: int, buffer: bytearray, budget: int, gro: bool) -> list[tuple[int, int, int, Any]]:
-    """Linux only. Up to ``budget`` (at most 64) receive calls, GIL released, each into the next 64 KiB of
-    ``buffer`` while that much is left: (start, end, segment, source) per call, until one fails."""
+    """Linux only. Up to ``budget`` (at most 64) non-blocking receive calls (the GIL released once more than
+    64 KiB came in), each into the next 64 KiB of ``buffer`` while that much is left: (start, end, segment,
+    source) per call, until one fails."""
 
 def send_ring(fd: int, address: bytes) -> int:
     """Linux only. One byte from UNIX datagram socket ``fd`` to ``address`` (a sun_path), non-blocking, the GIL
