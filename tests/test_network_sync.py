@@ -697,6 +697,32 @@ def test_close_from_a_listener_closes_without_error(driver_dir: Path) -> None:
         assert errors == []
 
 
+def test_a_listener_that_closes_during_a_close_does_not_close_twice(driver_dir: Path) -> None:
+    """A close runs the listeners (the connections' on_disconnect); one that calls close then has nothing to do:
+    the endpoint is closed once, by the first caller, and that caller returns when it is done."""
+    with pair(driver_dir) as (server, _client, _connection):
+        finished: list[str] = []
+        errors: list[BaseException] = []
+        server.on_error(lambda _connection, error: errors.append(error))
+        real_close_last = server._close_last
+
+        def counted_close_last() -> None:
+            finished.append(threading.current_thread().name)
+            real_close_last()
+
+        server._close_last = counted_close_last  # type: ignore[method-assign]
+
+        @server.on_disconnect
+        def again(_peer: Connection) -> None:
+            server.close()
+
+        server.close()
+        assert finished == [threading.current_thread().name]
+        assert server.context is None and errors == []
+        server.close()  # (done already)
+        assert len(finished) == 1
+
+
 @pytest.mark.parametrize("closer", ["server", "client"])
 def test_messages_that_cross_the_peer_s_close_are_reported_undelivered_never_lost(
     driver_dir: Path, closer: str

@@ -176,7 +176,8 @@ class Doorbell:
         GIL held (a woken thread would otherwise wait to get it back after each read, up to a switch interval
         each while another thread runs Python: a parked poller took a second to drain 20 rings so)."""
         if _c_drain is not None:
-            return int(_c_drain(self._fd))
+            fd = self._sock.fileno()  # (-1 once closed: the number may belong to another file by now)
+            return int(_c_drain(fd)) if fd >= 0 else 0
         count = 0
         recv = self._sock.recv
         while count < _DRAIN_LIMIT:

@@ -165,9 +165,10 @@ class DriverNotAttachedError(NetworkError, DriverError):
 
 
 class UndeliveredError(NetworkError):
-    """Messages for a peer of a buffered session that will never be delivered: its queue was full
-    (raised by ``send``), or the session expired before the peer came back (reported to ``on_error``
-    with the connection). ``messages`` holds them, oldest first, so the application can act."""
+    """Messages that will never be delivered: a buffered session's queue was full (raised by ``send``); the
+    session expired before the peer came back, or the peer closed the connection while they were on their way
+    (reported to ``on_error`` with the connection). ``messages`` holds them, oldest first, so the application
+    can act."""
 
     def __init__(self, message: str, messages: tuple[object, ...]) -> None:
         super().__init__(message)

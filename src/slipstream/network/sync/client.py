@@ -132,9 +132,9 @@ class Client(Endpoint, ClientCore[Connection]):
             return
         if self._close_elsewhere(self.close):
             return
-        with self.lock:
-            self._close_started()
         try:
+            with self.lock:
+                self._close_started()
             self._wait_closings()
         finally:
             with self.lock:
@@ -144,3 +144,4 @@ class Client(Endpoint, ClientCore[Connection]):
                 self._close_last()
             finally:
                 self._closed = True
+                self._close_done.set()

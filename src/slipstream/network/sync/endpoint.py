@@ -24,9 +24,9 @@ __all__ = ["CLOSE_GRACE_S", "Endpoint"]
 
 log = logging.getLogger("slipstream.network")
 
-_CLOSER_MARGIN_S = 5.0
-"""Beyond the close timeout, how long ``close`` waits for the thread closing the endpoint for a listener (its
-driver's drain included) before it returns."""
+_CLOSER_MARGIN_S = 10.0
+"""Beyond twice the close timeout (settling, then the closings), how long ``close`` waits for a close another
+thread runs (its driver's drain included) before it returns."""
 
 
 @dataclass(slots=True)
@@ -59,8 +59,14 @@ class Endpoint(RunningEndpoint[Connection]):
         self._probes: dict[int, tuple[Connection, int, int]] = {}
         """RTT probes by connection id: (connection, interval, when the next ping goes)."""
         self._retry_threads: list[threading.Thread] = []
-        self._closer: threading.Thread | None = None
-        """The thread that closes the endpoint for a listener that called ``close`` (see :meth:`_close_elsewhere`)."""
+        self._closing_thread: threading.Thread | None = None
+        """The thread that runs ``close`` (the caller's, or one of its own for a listener: see
+        :meth:`_close_elsewhere`)."""
+        self._close_claim = threading.Lock()
+        self._close_running = False
+        """Whether the closing thread began ``close`` (a call of its own after that is a listener's, inside it)."""
+        self._close_done = threading.Event()
+        """Set when ``close`` has finished (however it ended)."""
 
     # -- waiting --------------------------------------------------------------------------------------
 
@@ -133,20 +139,30 @@ class Endpoint(RunningEndpoint[Connection]):
         return work
 
     def _close_elsewhere(self, close: Callable[[], None]) -> bool:
-        """For ``close`` (the endpoint's): True when this call has nothing more to do. From a listener (on the
-        thread that cycles, which cannot wait for the cycles a close waits for) ``close`` runs in a thread of its
-        own, which goes on once the listener returns; while that thread closes, another caller waits for it
-        (bounded by the close timeout). False: close here."""
-        closer = self._closer
-        if self.poller.cycling:
-            if closer is None:
-                self._closer = threading.Thread(target=close, name="slipstream-network-close", daemon=True)
-                self._closer.start()
-            return True
-        if closer is not None and closer is not threading.current_thread():
-            closer.join(self.config.close_timeout + _CLOSER_MARGIN_S)
-            return True
-        return False
+        """For ``close`` (the endpoint's): False when the calling thread is to run it, True when this call has
+        nothing more to do. One thread runs a close: the first caller's, or, for a listener (on the thread that
+        cycles, which cannot wait for the cycles a close waits for), a thread of its own that goes on once the
+        listener returns. A listener called during a close returns at once; another thread waits for the close
+        to finish (bounded: twice the close timeout and a margin)."""
+        current = threading.current_thread()
+        cycling = self.poller.cycling
+        with self._close_claim:
+            closing = self._closing_thread
+            if closing is None:
+                if not cycling:
+                    self._closing_thread, self._close_running = current, True
+                    return False
+                closing = self._closing_thread = threading.Thread(
+                    target=close, name="slipstream-network-close", daemon=False
+                )  # (not a daemon: an interpreter that exits right after waits for the peers to hear CLOSE)
+                closing.start()
+                return True
+            if closing is current:  # the thread started for a listener begins; a listener inside a close returns
+                began, self._close_running = self._close_running, True
+                return began
+        if not cycling:
+            self._close_done.wait(2 * self.config.close_timeout + _CLOSER_MARGIN_S)
+        return True
 
     def _wait_closings(self) -> None:
         """Let every connection that is closing finish (bounded by the close timeout)."""

@@ -21,7 +21,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from ...files.doorbell import Doorbell
 from ..endpoint import Polled
@@ -386,6 +386,8 @@ class PollThread(PollCore):
         watch_until_ns = 0
         lock = self.lock
         raw = lock.raw
+        # Held already (a connect step's listener waits): handing it over would let go of one level only.
+        nested = cast(Any, raw)._is_owned()
         if not raw.acquire(blocking=False):  # (``with lock``, in C when nobody holds it: once per answer)
             lock.acquire_waiting()
         try:
@@ -402,7 +404,7 @@ class PollThread(PollCore):
                         break
                     turns += 1
                     if not turns % HAND_OVER_SPINS:
-                        if lock.wanted:  # another thread waits to send, close or wait: it goes first
+                        if lock.wanted and not nested:  # another thread waits to send, close or wait: it goes first
                             lock.hand_over()
                             watch = None  # (what it did may need a whole cycle: a new image, a timer)
                             continue
@@ -439,7 +441,8 @@ class PollThread(PollCore):
                     # take the GIL from the caller, at its next system call, to go back to waiting.)
                     self._resumed.set()
         finally:
-            raw.release()
+            if cast(Any, raw)._is_owned():  # (not if an interrupt came while a hand-over took it back)
+                raw.release()
         self.kick()  # the poll thread takes over the cycles
         while not done():
             remaining = None if deadline_ns is None else (deadline_ns - time.monotonic_ns()) / 1e9

@@ -70,9 +70,9 @@ class Server(Endpoint, ServerCore[Connection]):
             return
         if self._close_elsewhere(self.close):
             return
-        with self.lock:
-            self._close_started()
         try:
+            with self.lock:
+                self._close_started()
             # Starting connections that are half up come up first (see aio.Server._settle_starting).
             deadline_ns = time.monotonic_ns() + int(self.config.close_timeout * 1e9)
             try:
@@ -92,3 +92,4 @@ class Server(Endpoint, ServerCore[Connection]):
                 self._close_last()
             finally:
                 self._closed.set()
+                self._close_done.set()
