@@ -21,7 +21,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Generic, TypeVar, cast
+from typing import ClassVar, Generic, TypeVar
 
 from ...files.doorbell import Doorbell
 from ..endpoint import Polled
@@ -149,7 +149,7 @@ class PollerLock:
     every :data:`HAND_OVER_SPINS` turns it looks whether another thread waits for the lock (to send, close, or
     wait for an answer of its own) and lets it go to that thread (:meth:`hand_over`)."""
 
-    __slots__ = ("_waiting", "raw")
+    __slots__ = ("_held", "_waiting", "raw")
 
     def __init__(self) -> None:
         self.raw = threading.RLock()
@@ -158,13 +158,22 @@ class PollerLock:
         drives, takes it plainly (``with raw``): nobody needs to hand it over to that thread."""
         self._waiting: list[None] = []
         """One entry per thread blocked taking the lock (list appends and pops are atomic)."""
+        self._held: list[int] = []
+        """The thread that holds it through ``with``, once per level (only the holder's id can be there)."""
 
     def __enter__(self) -> None:
         if not self.raw.acquire(blocking=False):
             self.acquire_waiting()
+        self._held.append(threading.get_ident())
 
     def __exit__(self, *exc: object) -> None:
+        self._held.pop()
         self.raw.release()
+
+    def held_here(self) -> bool:
+        """Whether the calling thread holds it through ``with`` (the raw users never wait with it held)."""
+        held = self._held
+        return bool(held) and held[-1] == threading.get_ident()
 
     def acquire_waiting(self) -> None:
         """Take the lock, saying meanwhile that this thread waits for it (a caller spinning with it hands it over)."""
@@ -189,7 +198,15 @@ class PollerLock:
             while self._waiting and time.monotonic_ns() < deadline_ns:
                 os.sched_yield()
         finally:
-            self.acquire_waiting()
+            interrupted: BaseException | None = None
+            while True:  # (taken back even if an interrupt comes meanwhile: the caller releases it after)
+                try:
+                    self.acquire_waiting()
+                    break
+                except BaseException as exc:
+                    interrupted = interrupted or exc
+            if interrupted is not None:
+                raise interrupted
 
 
 def _readable(fds: list[int], timeout_s: float) -> list[int]:
@@ -387,7 +404,7 @@ class PollThread(PollCore):
         lock = self.lock
         raw = lock.raw
         # Held already (a connect step's listener waits): handing it over would let go of one level only.
-        nested = cast(Any, raw)._is_owned()
+        nested = lock.held_here()
         if not raw.acquire(blocking=False):  # (``with lock``, in C when nobody holds it: once per answer)
             lock.acquire_waiting()
         try:
@@ -441,8 +458,7 @@ class PollThread(PollCore):
                     # take the GIL from the caller, at its next system call, to go back to waiting.)
                     self._resumed.set()
         finally:
-            if cast(Any, raw)._is_owned():  # (not if an interrupt came while a hand-over took it back)
-                raw.release()
+            raw.release()
         self.kick()  # the poll thread takes over the cycles
         while not done():
             remaining = None if deadline_ns is None else (deadline_ns - time.monotonic_ns()) / 1e9
