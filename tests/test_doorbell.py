@@ -513,3 +513,21 @@ def test_parked_server_is_rung_by_a_client_message(driver_dir: Path, mode: str) 
         thread.join(30)
         if invoker:
             shutil.rmtree(client_dir, ignore_errors=True)
+
+
+def test_the_c_ring_and_drain_refuse_bad_arguments() -> None:
+    from slipstream.files import doorbell
+
+    if doorbell._c_send_ring is None or doorbell._c_drain is None:
+        pytest.skip("C fast path not active")
+    for fd in (-1, 2**40):
+        with pytest.raises(ValueError, match="bad fd"):
+            doorbell._c_drain(fd)
+        with pytest.raises(ValueError, match="bad fd"):
+            doorbell._c_send_ring(fd, doorbell_address(1))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        for address in (b"", b"x" * 200):
+            with pytest.raises(ValueError, match="bad address"):
+                doorbell._c_send_ring(sock.fileno(), address)
+        with pytest.raises(TypeError):
+            doorbell._c_send_ring(sock.fileno(), "not bytes")

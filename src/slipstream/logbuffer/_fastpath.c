@@ -2114,6 +2114,19 @@ static PyObject *fp_receive_batches(PyObject *module, PyObject *const *args, Py_
     return list;
 }
 
+/* A file descriptor argument: its value, or -1 with ValueError (or the conversion's error) set. */
+static int fd_argument(PyObject *arg, const char *what) {
+    long fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (fd < 0 || fd > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: bad fd %ld", what, fd);
+        return -1;
+    }
+    return (int)fd;
+}
+
 /* send_ring(fd, address) -> errno: one byte sent from the UNIX datagram socket ``fd`` to ``address`` (the bytes of a
  * sun_path: a doorbell's abstract name), non-blocking (MSG_DONTWAIT); 0 when sent, else the errno (ECONNREFUSED or
  * ENOENT: nobody listens there; EAGAIN: its queue is full). The GIL stays held: a writer that rings on every append
@@ -2126,18 +2139,15 @@ static PyObject *fp_send_ring(PyObject *module, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "send_ring(fd, address)");
         return NULL;
     }
-    long fd = PyLong_AsLong(args[0]);
-    if (fd == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
+    int fd = fd_argument(args[0], "send_ring");
     char *name;
     Py_ssize_t length;
-    if (PyBytes_AsStringAndSize(args[1], &name, &length) < 0) {
+    if (fd < 0 || PyBytes_AsStringAndSize(args[1], &name, &length) < 0) {
         return NULL;
     }
     struct sockaddr_un address;
-    if (fd < 0 || fd > INT32_MAX || length <= 0 || (size_t)length > sizeof address.sun_path) {
-        PyErr_SetString(PyExc_ValueError, "send_ring: bad fd or address");
+    if (length <= 0 || (size_t)length > sizeof address.sun_path) {
+        PyErr_SetString(PyExc_ValueError, "send_ring: bad address");
         return NULL;
     }
     memset(&address, 0, sizeof address);
@@ -2147,7 +2157,7 @@ static PyObject *fp_send_ring(PyObject *module, PyObject *const *args, Py_ssize_
     static const char ring_byte = 1;
     ssize_t sent;
     do {
-        sent = sendto((int)fd, &ring_byte, 1, MSG_DONTWAIT, (const struct sockaddr *)&address, address_length);
+        sent = sendto(fd, &ring_byte, 1, MSG_DONTWAIT, (const struct sockaddr *)&address, address_length);
     } while (sent < 0 && errno == EINTR);
     return PyLong_FromLong(sent < 0 ? errno : 0);
 }
@@ -2161,18 +2171,14 @@ static PyObject *fp_send_ring(PyObject *module, PyObject *const *args, Py_ssize_
  * runs Python. */
 static PyObject *fp_drain_datagrams(PyObject *module, PyObject *arg) {
     (void)module;
-    long fd = PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (fd < 0 || fd > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "drain_datagrams: bad fd");
+    int fd = fd_argument(arg, "drain_datagrams");
+    if (fd < 0) {
         return NULL;
     }
     char scratch[64];
     long count = 0;
     while (count < DRAIN_LIMIT) {
-        ssize_t size = recv((int)fd, scratch, sizeof scratch, MSG_DONTWAIT);
+        ssize_t size = recv(fd, scratch, sizeof scratch, MSG_DONTWAIT);
         if (size < 0) {
             if (errno == EINTR) {
                 continue;
