@@ -1818,9 +1818,10 @@ static PyObject *fp_store_release_i32(PyObject *module, PyObject *const *args, P
  * for a connected socket, from ``datagrams[start]`` on. Runs of equal size (a shorter last one allowed) go
  * in one sendmsg with UDP_SEGMENT when ``gso``, the rest one send each, as the Python code groups them;
  * up to GIL_HELD_BYTES the system calls run with the GIL held and never block (MSG_DONTWAIT), a bulk batch's
- * with it released (the datagrams' buffers are held meanwhile, so a view of a log stays valid). It stops at the first failure: ``error`` is its errno (-1: a short send) and
- * [group_start, group_end) the datagrams of that call, for the caller's counters and GSO fallback; no
- * failure gives (len, len, 0). None: a datagram is not a plain byte buffer (the Python path sends it). */
+ * with it released (the datagrams' buffers are held meanwhile, so a view of a log stays valid). It stops at the
+ * first failure: ``error`` is its errno (-1: a short send) and [group_start, group_end) the datagrams of that
+ * call, for the caller's counters and GSO fallback; no failure gives (len, len, 0). None: a datagram is not a
+ * plain byte buffer (the Python path sends it). */
 static PyObject *fp_send_datagrams(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 4 || !PyList_Check(args[1])) {
@@ -2004,9 +2005,10 @@ static PyObject *source_address(const struct sockaddr_storage *addr, socklen_t l
 
 /* receive_batches(fd, buffer, budget, gro) -> [(start, end, segment, source), ...]: up to ``budget``
  * non-blocking receive calls into ``buffer`` (each into the next 64 KiB of it, while that much is left), the
- * GIL released only once more than GIL_HELD_BYTES came in; each entry is what one call received: ``buffer[start:end]``, datagrams
- * of ``segment`` bytes back to back but the last (GRO), from ``source``. Stops at the first call that
- * fails (nothing queued: EAGAIN; or an error such as ECONNREFUSED, which a receiver ignores). */
+ * GIL released only once more than GIL_HELD_BYTES came in; each entry is what one call received:
+ * ``buffer[start:end]``, datagrams of ``segment`` bytes back to back but the last (GRO), from ``source``. Stops
+ * at the first call that fails (nothing queued: EAGAIN; or an error such as ECONNREFUSED, which a receiver
+ * ignores). */
 static PyObject *fp_receive_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 4) {
